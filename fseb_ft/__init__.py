@@ -1,0 +1,1 @@
+"""fseb_ft: function-space empirical Bayes fine-tuning for timm vision models."""

@@ -1,0 +1,301 @@
+"""The FS-EB training objective: a trainable model, its frozen starting copy φ0, named loss terms.
+
+Loss (design §1, the negative of Rudner et al. 2023, eq. 8, divided by N_train)::
+
+    loss = mean_CE(f(x; θ), y) + (reg_scale · R_f + R_θ) / N_train
+
+with ``R_f = ½ Σ_k f_kᵀ Kc⁻¹ f_k`` at the context points and ``R_θ = ‖θ − θ_anchor‖² / (2σ_p²)``.
+``reg_scale = 0`` is PS-MAP (plain weight decay ``1 / (prior_var · N_train)``): one objective, two
+configurations.
+
+Multi-process training: each process regularises its own context batch, so the prior is
+block-diagonal across processes, and gradient averaging turns ``R_f`` into its mean over
+processes; ``num_train`` must be the *global* training-set size, counted once.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+import torch.nn.functional as nnf
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from fseb_ft.regularizer import function_space_term, parameter_term
+
+__all__ = ["FSEBObjective", "FeatureFn", "timm_features", "unwrap_model"]
+
+FeatureFn = Callable[[nn.Module, Tensor], Tensor]
+"""``feature_fn(prior_model, x) -> (M, D)`` penultimate features of φ0 at ``x``."""
+
+
+def timm_features(model: nn.Module, x: Tensor) -> Tensor:
+    """Penultimate features of a timm model: ``forward_head(forward_features(x), pre_logits=True)``.
+
+    This is ``h(x; φ0)`` of design §1: the pooled representation the classifier head reads, of
+    dimension ``model.num_features`` (after timm's optional ``head_hidden_size`` pre-logits layer).
+    """
+    return model.forward_head(model.forward_features(x), pre_logits=True)  # (M, D)
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The user's module inside DDP / ``torch.compile`` / Accelerate wrappers."""
+    while True:
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner
+
+
+class FSEBObjective(nn.Module):
+    """FS-EB (or, with ``reg_scale = 0``, PS-MAP) loss for a classifier.
+
+    Holds the trainable ``model`` and a frozen copy of it at its starting point, ``prior`` (φ0):
+    eval mode forever (BatchNorm running statistics, no dropout), ``requires_grad = False``, and
+    excluded from :meth:`trainable_parameters`, so it never enters an optimiser.
+
+    Args:
+        model: the classifier ``f(·; θ)`` returning logits (N, K); may be wrapped by DDP or
+            Accelerate (φ0 is copied from the unwrapped module).
+        num_train: global training-set size N_train that scales the prior terms.
+        reg_scale: weight of the function-space term ``R_f``; 0 gives PS-MAP.
+        prior_var: variance ``σ_p²`` of the Gaussian parameter prior.
+        prior_cov_scale: ``s`` in ``Kc = s (H Hᵀ + 1 1ᵀ) + d I``.
+        prior_cov_diag: ``d`` in ``Kc``.
+        forward_mode: ``"joint"`` runs one forward over ``[x; x̂]`` (BatchNorm sees both, as in
+            the reference code); ``"separate"`` runs two.
+        param_anchor: ``"zero"`` (the paper) or ``"init"`` (the starting weights: L2-SP).
+        param_noise_std: σ of the EB-VI form ``θ + σ ε`` (Rudner et al. 2023, eq. e-vi); 0 is
+            EB-MAP. The paper's σ² = 1e-20 is numerically MAP.
+        likelihood_samples: Monte-Carlo samples S for the likelihood when σ > 0.
+        reg_samples: Monte-Carlo samples J for ``R_f`` when σ > 0.
+        solver: ``"auto"``, ``"cholesky"`` or ``"woodbury"`` (see :mod:`fseb_ft.regularizer`).
+        prior: φ0; defaults to a deep copy of ``model`` as it is now.
+        feature_fn: ``h(·; φ0)``; defaults to :func:`timm_features`, so any timm model works and
+            other modules pass their own.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        num_train: int,
+        *,
+        reg_scale: float = 1.0,
+        prior_var: float = 1.0,
+        prior_cov_scale: float = 1e-5,
+        prior_cov_diag: float = 1e-2,
+        forward_mode: Literal["joint", "separate"] = "joint",
+        param_anchor: Literal["zero", "init"] = "zero",
+        param_noise_std: float = 0.0,
+        likelihood_samples: int = 1,
+        reg_samples: int = 1,
+        solver: Literal["auto", "cholesky", "woodbury"] = "auto",
+        prior: nn.Module | None = None,
+        feature_fn: FeatureFn | None = None,
+    ) -> None:
+        super().__init__()
+        _validate(
+            num_train=num_train,
+            reg_scale=reg_scale,
+            prior_var=prior_var,
+            forward_mode=forward_mode,
+            param_anchor=param_anchor,
+            param_noise_std=param_noise_std,
+            likelihood_samples=likelihood_samples,
+            reg_samples=reg_samples,
+        )
+        self.model = model
+        self.num_train = num_train
+        self.reg_scale = reg_scale
+        self.prior_var = prior_var
+        self.prior_cov_scale = prior_cov_scale
+        self.prior_cov_diag = prior_cov_diag
+        self.forward_mode = forward_mode
+        self.param_anchor = param_anchor
+        self.param_noise_std = param_noise_std
+        self.likelihood_samples = likelihood_samples
+        self.reg_samples = reg_samples
+        self.solver = solver
+        self.feature_fn = feature_fn or timm_features
+        base = unwrap_model(model)
+        if feature_fn is None and not (
+            hasattr(base, "forward_features") and hasattr(base, "forward_head")
+        ):
+            raise TypeError(
+                f"{type(base).__name__} has no timm forward_features/forward_head; pass "
+                "feature_fn=lambda prior, x: <(M, D) penultimate features of prior at x>"
+            )
+        self.prior = copy.deepcopy(base) if prior is None else prior
+        self.prior.requires_grad_(False)
+        self.prior.eval()
+        self._anchor_names = [n for n, p in base.named_parameters() if p.requires_grad]
+        if param_anchor == "init":
+            prior_params = dict(self.prior.named_parameters())
+            missing = [n for n in self._anchor_names if n not in prior_params]
+            if missing:
+                raise ValueError(
+                    f"param_anchor='init' needs φ0 to have the trainable parameters' names; "
+                    f"missing in the prior: {missing[:5]}"
+                )
+
+    def train(self, mode: bool = True) -> FSEBObjective:
+        """Set the trainable model's mode; φ0 stays in eval mode whatever ``mode`` is."""
+        super().train(mode)
+        self.prior.eval()
+        return self
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """The parameters θ an optimiser should update (never φ0's)."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    @torch.no_grad()
+    def prior_features(self, context: Tensor) -> Tensor:
+        """``H = h(x̂; φ0)``: frozen features of the context batch, no autograd graph."""
+        return self.feature_fn(self.prior, context)  # (M, D)
+
+    def forward(
+        self,
+        x: Tensor,
+        y: Tensor,
+        context: Tensor | None = None,
+        context_features: Tensor | None = None,
+    ) -> dict[str, Tensor]:
+        """Named loss terms for one step.
+
+        Args:
+            x: training inputs (B, ...).
+            y: integer labels (B,).
+            context: context inputs x̂ (M, ...); required when ``reg_scale > 0``.
+            context_features: precomputed ``h(x̂; φ0)`` (M, D) — e.g. cached once for a fixed,
+                un-augmented context pool; computed from ``prior`` when omitted.
+
+        Returns:
+            ``loss`` (to minimise), ``nll`` (mean cross-entropy), ``fs_reg`` (``R_f``, unscaled),
+            ``param_reg`` (``R_θ``) and ``logits`` (B, K) of the training batch.
+        """
+        use_fs = self.reg_scale > 0
+        if use_fs and context is None:
+            raise ValueError("reg_scale > 0 needs a context batch: pass context=x̂ (M, ...)")
+        if use_fs and context_features is None:
+            context_features = self.prior_features(context)  # (M, D)
+        if use_fs and context_features.shape[0] != context.shape[0]:
+            raise ValueError(
+                f"context_features has {context_features.shape[0]} rows for a context batch "
+                f"of {context.shape[0]}"
+            )
+        if self.param_noise_std > 0:
+            nll, fs_reg, logits = self._sampled_terms(x, y, context, context_features, use_fs)
+        else:
+            nll, fs_reg, logits = self._terms(self.model, x, y, context, context_features, use_fs)
+        param_reg = self._param_reg()
+        loss = nll + (self.reg_scale * fs_reg + param_reg) / self.num_train
+        return {
+            "loss": loss,
+            "nll": nll,
+            "fs_reg": fs_reg,
+            "param_reg": param_reg,
+            "logits": logits,
+        }
+
+    def _terms(
+        self,
+        call: Callable[[Tensor], Tensor],
+        x: Tensor,
+        y: Tensor,
+        context: Tensor | None,
+        features: Tensor | None,
+        use_fs: bool,
+        want_nll: bool = True,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """(mean CE, R_f, train logits) for one draw of the parameters, computed by ``call``."""
+        if use_fs and self.forward_mode == "joint":
+            logits_all = call(torch.cat([x, context], dim=0))  # (B + M, K)
+            logits, ctx_logits = logits_all[: x.shape[0]], logits_all[x.shape[0] :]
+        else:
+            logits = call(x) if want_nll else None  # (B, K)
+            ctx_logits = call(context) if use_fs else None  # (M, K)
+        if want_nll:
+            # At least float32 (autocast may hand us bf16 logits), never narrower than the input.
+            nll = nnf.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), y)
+        else:
+            nll = x.new_zeros((), dtype=torch.float32)
+        if use_fs:
+            fs_reg = function_space_term(
+                ctx_logits, features, self.prior_cov_scale, self.prior_cov_diag, self.solver
+            )
+        else:
+            fs_reg = x.new_zeros((), dtype=torch.float32)
+        return nll, fs_reg, logits
+
+    def _sampled_terms(
+        self,
+        x: Tensor,
+        y: Tensor,
+        context: Tensor | None,
+        features: Tensor | None,
+        use_fs: bool,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Monte-Carlo EB-VI terms: S likelihood and J regulariser draws of ``θ + σ ε``."""
+        named = dict(self.model.named_parameters())
+        S, J = self.likelihood_samples, self.reg_samples
+        nlls, regs, first_logits = [], [], None
+        for i in range(max(S, J) if use_fs else S):
+            # Reparameterised draw: gradients reach θ through θ + σ ε.
+            params = {
+                n: p + self.param_noise_std * torch.randn_like(p) if p.requires_grad else p
+                for n, p in named.items()
+            }
+
+            def call(inp: Tensor, params: dict[str, Tensor] = params) -> Tensor:
+                return functional_call(self.model, params, (inp,))
+
+            nll, fs_reg, logits = self._terms(
+                call, x, y, context, features, use_fs and i < J, want_nll=i < S
+            )
+            if i < S:
+                nlls.append(nll)
+                first_logits = logits if first_logits is None else first_logits
+            if use_fs and i < J:
+                regs.append(fs_reg)
+        nll = torch.stack(nlls).mean()
+        fs_reg = torch.stack(regs).mean() if regs else x.new_zeros((), dtype=torch.float32)
+        return nll, fs_reg, first_logits
+
+    def _param_reg(self) -> Tensor:
+        params = self.trainable_parameters()
+        if self.param_anchor == "zero":
+            return parameter_term(params, self.prior_var)
+        prior_params = dict(self.prior.named_parameters())
+        anchors = [prior_params[n] for n in self._anchor_names]
+        return parameter_term(params, self.prior_var, anchors)
+
+
+def _validate(
+    *,
+    num_train: int,
+    reg_scale: float,
+    prior_var: float,
+    forward_mode: str,
+    param_anchor: str,
+    param_noise_std: float,
+    likelihood_samples: int,
+    reg_samples: int,
+) -> None:
+    if not (isinstance(num_train, int) and num_train > 0):
+        raise ValueError(f"num_train must be a positive int; got {num_train!r}")
+    if not reg_scale >= 0:
+        raise ValueError(f"reg_scale must be ≥ 0 (0 is PS-MAP); got {reg_scale}")
+    if not prior_var > 0:
+        raise ValueError(f"prior_var must be > 0; got {prior_var}")
+    if forward_mode not in ("joint", "separate"):
+        raise ValueError(f"forward_mode must be 'joint' or 'separate'; got {forward_mode!r}")
+    if param_anchor not in ("zero", "init"):
+        raise ValueError(f"param_anchor must be 'zero' or 'init'; got {param_anchor!r}")
+    if not param_noise_std >= 0:
+        raise ValueError(f"param_noise_std must be ≥ 0; got {param_noise_std}")
+    for name, value in (("likelihood_samples", likelihood_samples), ("reg_samples", reg_samples)):
+        if not (isinstance(value, int) and value >= 1):
+            raise ValueError(f"{name} must be an int ≥ 1; got {value!r}")

@@ -1,0 +1,236 @@
+"""Pure tensor maths of the FS-EB regulariser (Rudner et al., ICML 2023).
+
+Everything here takes tensors and returns tensors: no Accelerate, files or logging. The only
+side channel is a :class:`CholeskyJitterWarning` raised through :mod:`warnings` when a prior
+covariance had to be stabilised, so callers decide whether to log it.
+
+Notation (design §1): ``H = h(x̂; φ0)`` are the penultimate features of the frozen starting model
+at the M context points (M, D); ``F = f(x̂; θ)`` are the trainable model's logits there (M, K).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterable
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "CholeskyJitterWarning",
+    "function_space_term",
+    "parameter_term",
+    "prior_covariance",
+    "select_solver",
+]
+
+Solver = Literal["auto", "cholesky", "woodbury"]
+
+_MAX_JITTER_TRIES = 8
+
+
+class CholeskyJitterWarning(RuntimeWarning):
+    """A prior covariance was not numerically positive definite and got extra diagonal jitter."""
+
+
+def prior_covariance(
+    features: Tensor, scale: float, diag: float, dtype: torch.dtype = torch.float64
+) -> Tensor:
+    """Prior covariance of function values at the context points.
+
+    ``Kc = s · (H Hᵀ + 1 1ᵀ) + d · I`` — the paper's ``τ_f⁻¹ (h hᵀ + I)`` (Rudner et al. 2023,
+    §4, the linearised prior over the last layer of φ0) with the bias column ``1 1ᵀ`` and the
+    separate scale ``s`` and diagonal ``d`` of the reference implementation.
+
+    Args:
+        features: ``H``, (M, D) features of the frozen model at the context points.
+        scale: ``s`` = ``prior_cov_scale`` (≥ 0).
+        diag: ``d`` = ``prior_cov_diag`` (≥ 0).
+        dtype: dtype to build ``Kc`` in; float64 by default because the factorisation needs it.
+
+    Returns:
+        ``Kc``, (M, M) in ``dtype``.
+    """
+    _check_features(features)
+    _check_hyper(scale, diag)
+    H = features.to(dtype)  # (M, D)
+    M = H.shape[0]
+    K = scale * (H @ H.mT + 1.0)  # (M, M)
+    return K + diag * torch.eye(M, dtype=dtype, device=H.device)  # (M, M)
+
+
+def select_solver(num_context: int, feature_dim: int, scale: float, diag: float) -> str:
+    """Pick the cheaper exact way to apply ``Kc⁻¹``.
+
+    Woodbury factorises a (D+1)×(D+1) matrix instead of M×M, so it wins when ``M > D + 1``; it
+    needs ``d > 0`` and ``s > 0`` (otherwise ``Kc`` is not "diagonal plus low rank").
+    """
+    if diag > 0 and scale > 0 and num_context > feature_dim + 1:
+        return "woodbury"
+    return "cholesky"
+
+
+def function_space_term(
+    logits: Tensor,
+    features: Tensor,
+    scale: float,
+    diag: float,
+    solver: Solver = "auto",
+    jitter: float = 1e-10,
+) -> Tensor:
+    """Function-space prior term ``R_f = ½ Σ_k f_kᵀ Kc⁻¹ f_k`` (negative log prior + const).
+
+    This is the Gaussian log-density of the context logits under the empirical prior
+    ``N(0, Kc)`` summed over the K output dimensions (Rudner et al. 2023, eq. 8 / the
+    ``log p(f(x̂; θ))`` term of the FS-EB objective). It is computed in float64 outside any
+    autocast region, so bf16/fp16 never reach the factorisation, and returned in the caller's
+    dtype widened to at least float32 (the same policy autocast applies to losses).
+
+    Args:
+        logits: ``F = f(x̂; θ)``, (M, K); gradients flow through it.
+        features: ``H = h(x̂; φ0)``, (M, D); usually detached (φ0 is frozen).
+        scale: ``s`` = ``prior_cov_scale``.
+        diag: ``d`` = ``prior_cov_diag``.
+        solver: ``"cholesky"`` (M×M), ``"woodbury"`` ((D+1)×(D+1), needs ``s, d > 0``) or
+            ``"auto"`` (the cheaper of the two, :func:`select_solver`).
+        jitter: first relative jitter tried if a factorisation fails; multiplied by 10 on each
+            retry (a :class:`CholeskyJitterWarning` says how much was needed).
+
+    Returns:
+        0-dim tensor ``R_f``.
+    """
+    if logits.ndim != 2:
+        raise ValueError(f"logits must be (M, K); got shape {tuple(logits.shape)}")
+    _check_features(features)
+    if features.shape[0] != logits.shape[0]:
+        raise ValueError(
+            f"features and logits must have the same number of context points M; got "
+            f"{features.shape[0]} feature rows and {logits.shape[0]} logit rows"
+        )
+    _check_hyper(scale, diag)
+    if solver == "auto":
+        solver = select_solver(features.shape[0], features.shape[1], scale, diag)
+    if solver not in ("cholesky", "woodbury"):
+        raise ValueError(f"solver must be 'auto', 'cholesky' or 'woodbury'; got {solver!r}")
+    if solver == "woodbury" and not (scale > 0 and diag > 0):
+        raise ValueError(
+            f"the woodbury solver needs prior_cov_scale > 0 and prior_cov_diag > 0; got "
+            f"scale={scale}, diag={diag}"
+        )
+    out_dtype = torch.promote_types(logits.dtype, torch.float32)
+    # A float64 solve of a (near-)singular Kc is meaningless under bf16 autocast, so switch it off.
+    with torch.autocast(device_type=logits.device.type, enabled=False):
+        compute = torch.float64 if logits.device.type != "mps" else torch.float32
+        F = logits.to(compute)  # (M, K)
+        H = features.to(compute)  # (M, D)
+        if solver == "cholesky":
+            quad = _quad_cholesky(F, H, scale, diag, jitter)
+        else:
+            quad = _quad_woodbury(F, H, scale, diag, jitter)
+    return (0.5 * quad).to(out_dtype)
+
+
+def parameter_term(
+    params: Iterable[Tensor], prior_var: float, anchors: Iterable[Tensor] | None = None
+) -> Tensor:
+    """Parameter-space prior term ``R_θ = ‖θ − θ_anchor‖² / (2 · prior_var)``.
+
+    The isotropic Gaussian prior ``N(θ_anchor, prior_var · I)`` of the FS-EB objective (Rudner
+    et al. 2023, eq. 8, ``log p(θ)``). With ``θ_anchor = 0`` (the paper) and the loss divided by
+    N_train this is plain weight decay ``1 / (prior_var · N)``; with the starting weights as
+    anchors it is an L2-SP regulariser.
+
+    Args:
+        params: trainable parameters θ.
+        prior_var: prior variance (> 0).
+        anchors: ``θ_anchor``, one tensor per parameter in the same order, or ``None`` for zero.
+
+    Returns:
+        0-dim float32 (or float64 if any parameter is float64) tensor ``R_θ``.
+    """
+    if not prior_var > 0:
+        raise ValueError(f"prior_var must be > 0; got {prior_var}")
+    params = list(params)
+    if not params:
+        raise ValueError("parameter_term got no parameters")
+    if anchors is None:
+        diffs = params
+    else:
+        anchors = list(anchors)
+        if len(anchors) != len(params):
+            raise ValueError(
+                f"anchors must match params one to one; got {len(anchors)} anchors for "
+                f"{len(params)} parameters"
+            )
+        diffs = [p - a.to(p.dtype) for p, a in zip(params, anchors, strict=True)]
+    acc_dtype = torch.promote_types(params[0].dtype, torch.float32)
+    # One fused reduction per parameter; summing norms² avoids concatenating a copy of θ.
+    sq = torch.stack([d.to(acc_dtype).pow(2).sum() for d in diffs]).sum()
+    return sq / (2.0 * prior_var)
+
+
+def _quad_cholesky(F: Tensor, H: Tensor, scale: float, diag: float, jitter: float) -> Tensor:
+    """``Σ_k f_kᵀ Kc⁻¹ f_k`` via ``Kc = L Lᵀ``: ``‖L⁻¹ F‖²_F``."""
+    Kc = prior_covariance(H, scale, diag, dtype=F.dtype)  # (M, M)
+    L = _cholesky_with_jitter(Kc, jitter, what="the prior covariance Kc")  # (M, M)
+    Z = torch.linalg.solve_triangular(L, F, upper=False)  # (M, K)
+    return Z.pow(2).sum()
+
+
+def _quad_woodbury(F: Tensor, H: Tensor, scale: float, diag: float, jitter: float) -> Tensor:
+    """``Σ_k f_kᵀ Kc⁻¹ f_k`` via Woodbury with ``U = [H, 1]``.
+
+    ``Kc⁻¹ = d⁻¹ [I − U (d/s · I + UᵀU)⁻¹ Uᵀ]``, so with ``A = d/s · I + UᵀU = L Lᵀ`` the quadratic
+    form is ``(‖F‖² − ‖L⁻¹ Uᵀ F‖²) / d``.
+    """
+    ones = torch.ones(H.shape[0], 1, dtype=H.dtype, device=H.device)  # (M, 1)
+    U = torch.cat([H, ones], dim=1)  # (M, P), P = D + 1
+    P = U.shape[1]
+    A = U.mT @ U + (diag / scale) * torch.eye(P, dtype=U.dtype, device=U.device)  # (P, P)
+    L = _cholesky_with_jitter(A, jitter, what="the Woodbury capacitance matrix")  # (P, P)
+    G = torch.linalg.solve_triangular(L, U.mT @ F, upper=False)  # (P, K)
+    return (F.pow(2).sum() - G.pow(2).sum()) / diag
+
+
+def _cholesky_with_jitter(A: Tensor, jitter: float, what: str) -> Tensor:
+    """Lower Cholesky factor of ``A``, adding ``jitter · mean(diag A) · 10^i`` until it succeeds."""
+    L, info = torch.linalg.cholesky_ex(A)
+    if not bool(info.any()):
+        return L
+    eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
+    level = A.diagonal().abs().mean().clamp_min(torch.finfo(A.dtype).tiny)
+    for i in range(_MAX_JITTER_TRIES):
+        added = jitter * 10.0**i * level
+        L, info = torch.linalg.cholesky_ex(A + added * eye)
+        if not bool(info.any()):
+            warnings.warn(
+                f"Cholesky of {what} ({A.shape[-1]}×{A.shape[-1]}) failed; succeeded after adding "
+                f"{float(added):.3g} to the diagonal ({jitter * 10.0**i:.0e} × mean diagonal). "
+                "Duplicate context points with prior_cov_diag = 0 cause this; raise "
+                "fseb.prior_cov_diag to silence it.",
+                CholeskyJitterWarning,
+                stacklevel=3,
+            )
+            return L
+    raise torch.linalg.LinAlgError(
+        f"Cholesky of {what} failed even with {float(added):.3g} added to the diagonal; its "
+        "entries may be NaN/inf (check the φ0 features) or the prior hyper-parameters extreme."
+    )
+
+
+def _check_features(features: Tensor) -> None:
+    if features.ndim != 2:
+        raise ValueError(f"features must be (M, D); got shape {tuple(features.shape)}")
+    if not features.is_floating_point():
+        raise ValueError(f"features must be a floating tensor; got {features.dtype}")
+
+
+def _check_hyper(scale: float, diag: float) -> None:
+    if not (scale >= 0 and math.isfinite(scale)):
+        raise ValueError(f"prior_cov_scale must be a finite number ≥ 0; got {scale}")
+    if not (diag >= 0 and math.isfinite(diag)):
+        raise ValueError(f"prior_cov_diag must be a finite number ≥ 0; got {diag}")
+    if scale == 0 and diag == 0:
+        raise ValueError("prior_cov_scale and prior_cov_diag are both 0: Kc would be 0")

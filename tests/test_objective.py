@@ -1,0 +1,215 @@
+"""FSEBObjective: reg_scale 0 ≡ weight decay, σ 0 ≡ MAP, φ0 frozen, the timm interface."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+import torch.nn.functional as nnf
+from torch import nn
+
+from fseb_ft.objective import FSEBObjective, timm_features
+
+N_TRAIN = 500
+
+
+class TinyNet(nn.Module):
+    """A timm-shaped classifier: forward_features → forward_head(pre_logits) → linear head."""
+
+    def __init__(self, d_in: int = 6, width: int = 5, k: int = 3, bn: bool = False) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(d_in, width), nn.Tanh())
+        self.norm = nn.BatchNorm1d(width) if bn else nn.Identity()
+        self.head = nn.Linear(width, k)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.body(x))
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+
+def _batch(seed: int = 0, B: int = 8, M: int = 10) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    return (
+        torch.randn(B, 6, generator=g, dtype=torch.float64),
+        torch.randint(0, 3, (B,), generator=g),
+        torch.randn(M, 6, generator=g, dtype=torch.float64),
+    )
+
+
+def _net(**kwargs: object) -> TinyNet:
+    torch.manual_seed(0)
+    return TinyNet(**kwargs).double()
+
+
+def _naive_loss(
+    net: TinyNet, prior: TinyNet, x, y, ctx, reg_scale: float, pv: float, s: float, d: float
+) -> torch.Tensor:
+    """The design §1 loss written out with an explicit matrix inverse, float64."""
+    H = prior.forward_features(ctx).detach()
+    M = H.shape[0]
+    Kc = s * (H @ H.T + torch.ones(M, M, dtype=H.dtype)) + d * torch.eye(M, dtype=H.dtype)
+    F = net(ctx)
+    r_f = 0.5 * torch.trace(F.T @ torch.linalg.inv(Kc) @ F)
+    r_theta = sum((p**2).sum() for p in net.parameters()) / (2 * pv)
+    return nnf.cross_entropy(net(x), y) + (reg_scale * r_f + r_theta) / N_TRAIN
+
+
+def test_loss_equals_the_written_out_objective() -> None:
+    net = _net()
+    obj = FSEBObjective(net, N_TRAIN, reg_scale=2.0, prior_var=0.1, prior_cov_scale=0.01,
+                        prior_cov_diag=1.0)  # fmt: skip
+    x, y, ctx = _batch()
+    # Move θ away from φ0 so the two models differ.
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(0.3)
+    out = obj(x, y, ctx)
+    ref = _naive_loss(net, obj.prior, x, y, ctx, 2.0, 0.1, 0.01, 1.0)
+    torch.testing.assert_close(out["loss"], ref, rtol=1e-10, atol=1e-12)
+    assert set(out) == {"loss", "nll", "fs_reg", "param_reg", "logits"}
+    assert out["logits"].shape == (8, 3)
+
+
+def test_reg_scale_zero_is_cross_entropy_plus_weight_decay() -> None:
+    x, y, _ = _batch()
+    net_a, net_b = _net(), _net()
+    obj = FSEBObjective(net_a, N_TRAIN, reg_scale=0.0, prior_var=0.05)
+    wd = 1.0 / (0.05 * N_TRAIN)
+    opt_a = torch.optim.SGD(obj.trainable_parameters(), lr=0.1, momentum=0.9)
+    opt_b = torch.optim.SGD(net_b.parameters(), lr=0.1, momentum=0.9, weight_decay=wd)
+    for _ in range(3):
+        opt_a.zero_grad()
+        obj(x, y)["loss"].backward()
+        opt_a.step()
+        opt_b.zero_grad()
+        nnf.cross_entropy(net_b(x), y).backward()
+        opt_b.step()
+    for pa, pb in zip(net_a.parameters(), net_b.parameters(), strict=True):
+        torch.testing.assert_close(pa, pb, rtol=1e-12, atol=1e-14)
+
+
+def test_reg_scale_zero_needs_no_context_and_ignores_it() -> None:
+    x, y, ctx = _batch()
+    obj = FSEBObjective(_net(), N_TRAIN, reg_scale=0.0)
+    a, b = obj(x, y), obj(x, y, ctx)
+    assert a["fs_reg"] == 0 and b["fs_reg"] == 0
+    torch.testing.assert_close(a["loss"], b["loss"])
+
+
+def test_sigma_zero_is_exactly_map_and_tiny_sigma_is_numerically_map() -> None:
+    x, y, ctx = _batch()
+    net = _net()
+    kw = {"reg_scale": 1.0, "prior_var": 0.1, "prior_cov_scale": 0.01, "prior_cov_diag": 1.0}
+    ref = _naive_loss(net, _net(), x, y, ctx, 1.0, 0.1, 0.01, 1.0)
+    exact = FSEBObjective(net, N_TRAIN, param_noise_std=0.0, **kw)(x, y, ctx)["loss"]
+    torch.testing.assert_close(exact, ref, rtol=1e-12, atol=1e-12)
+    # The paper's σ² = 1e-20 goes through the Monte-Carlo path and must agree with MAP.
+    sampled = FSEBObjective(
+        net, N_TRAIN, param_noise_std=1e-10, likelihood_samples=2, reg_samples=3, **kw
+    )(x, y, ctx)
+    torch.testing.assert_close(sampled["loss"], ref, rtol=1e-8, atol=1e-9)
+
+
+def test_parameter_noise_draws_the_requested_samples_and_trains() -> None:
+    x, y, ctx = _batch()
+    net = _net()
+    calls = []
+    net.register_forward_hook(lambda m, i, o: calls.append(i[0].shape[0]))
+    obj = FSEBObjective(
+        net, N_TRAIN, param_noise_std=0.1, likelihood_samples=2, reg_samples=3,
+        forward_mode="separate",
+    )  # fmt: skip
+    calls.clear()
+    out = obj(x, y, ctx)
+    assert sorted(calls) == [8, 8, 10, 10, 10]  # S = 2 likelihood, J = 3 regulariser forwards
+    out["loss"].backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in net.parameters())
+    torch.manual_seed(1)
+    again = obj(x, y, ctx)["loss"]
+    assert not torch.allclose(out["loss"], again)  # a fresh draw each call
+
+
+def test_prior_is_frozen_in_eval_and_outside_the_optimiser() -> None:
+    net = _net(bn=True)
+    obj = FSEBObjective(net, N_TRAIN, reg_scale=1.0, prior_cov_scale=0.01, prior_cov_diag=1.0)
+    obj.train()
+    assert net.training and not obj.prior.training
+    assert all(not p.requires_grad for p in obj.prior.parameters())
+    trainable = {id(p) for p in obj.trainable_parameters()}
+    assert trainable == {id(p) for p in net.parameters()}
+    assert not trainable & {id(p) for p in obj.prior.parameters()}
+    before = {k: v.clone() for k, v in obj.prior.state_dict().items()}
+    opt = torch.optim.SGD(obj.trainable_parameters(), lr=0.5)
+    for seed in range(3):
+        x, y, ctx = _batch(seed)
+        opt.zero_grad()
+        obj(x, y, ctx)["loss"].backward()
+        opt.step()
+    for k, v in obj.prior.state_dict().items():
+        torch.testing.assert_close(v, before[k], rtol=0, atol=0)  # incl. BN running stats
+    assert any(not torch.equal(p, before[n]) for n, p in net.named_parameters())
+
+
+def test_joint_and_separate_agree_without_batchnorm_and_cached_features_match() -> None:
+    x, y, ctx = _batch()
+    net = _net()
+    kw = {"reg_scale": 1.0, "prior_cov_scale": 0.01, "prior_cov_diag": 1.0}
+    joint = FSEBObjective(net, N_TRAIN, forward_mode="joint", **kw)
+    sep = FSEBObjective(net, N_TRAIN, forward_mode="separate", **kw)
+    torch.testing.assert_close(joint(x, y, ctx)["loss"], sep(x, y, ctx)["loss"])
+    cached = joint.prior_features(ctx)
+    assert not cached.requires_grad
+    torch.testing.assert_close(
+        joint(x, y, ctx, context_features=cached)["loss"], joint(x, y, ctx)["loss"]
+    )
+
+
+def test_init_anchor_is_zero_at_the_start() -> None:
+    x, y, _ = _batch()
+    obj = FSEBObjective(_net(), N_TRAIN, param_anchor="init", reg_scale=0.0)
+    assert obj(x, y)["param_reg"] == 0
+
+
+def test_works_with_a_real_timm_model_and_any_module_with_a_feature_fn() -> None:
+    model = timm.create_model("resnet10t", pretrained=False, num_classes=4)
+    obj = FSEBObjective(model, N_TRAIN, reg_scale=1.0)
+    x, ctx = torch.randn(2, 3, 32, 32), torch.randn(3, 3, 32, 32)
+    assert obj.prior_features(ctx).shape == (3, model.num_features)
+    torch.testing.assert_close(timm_features(obj.prior, ctx), obj.prior_features(ctx))
+    obj.train()
+    out = obj(x, torch.tensor([0, 3]), ctx)
+    out["loss"].backward()
+    assert torch.isfinite(out["loss"])
+
+    plain = nn.Sequential(nn.Flatten(), nn.Linear(12, 7), nn.ReLU(), nn.Linear(7, 2))
+    with pytest.raises(TypeError, match="feature_fn"):
+        FSEBObjective(plain, N_TRAIN)
+    obj = FSEBObjective(plain, N_TRAIN, feature_fn=lambda m, inp: m[:3](inp))
+    out = obj(torch.randn(4, 3, 2, 2), torch.tensor([0, 1, 1, 0]), torch.randn(5, 3, 2, 2))
+    assert torch.isfinite(out["loss"])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"reg_scale": -1.0}, "reg_scale"),
+        ({"prior_var": 0.0}, "prior_var"),
+        ({"forward_mode": "both"}, "forward_mode"),
+        ({"param_anchor": "pretrained"}, "param_anchor"),
+        ({"likelihood_samples": 0}, "likelihood_samples"),
+    ],
+)
+def test_bad_settings_are_named(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        FSEBObjective(_net(), N_TRAIN, **kwargs)
+
+
+def test_missing_context_is_a_clear_error() -> None:
+    x, y, _ = _batch()
+    with pytest.raises(ValueError, match="context"):
+        FSEBObjective(_net(), N_TRAIN, reg_scale=1.0)(x, y)

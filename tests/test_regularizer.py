@@ -1,0 +1,167 @@
+"""The FS-EB regulariser against naive float64 references (design §1)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from fseb_ft.regularizer import (
+    CholeskyJitterWarning,
+    function_space_term,
+    parameter_term,
+    prior_covariance,
+    select_solver,
+)
+
+
+def _naive_kc(H: torch.Tensor, s: float, d: float) -> torch.Tensor:
+    H = H.double()
+    M = H.shape[0]
+    return s * (H @ H.T + torch.ones(M, M, dtype=torch.float64)) + d * torch.eye(
+        M, dtype=torch.float64
+    )
+
+
+def _naive_term(F: torch.Tensor, H: torch.Tensor, s: float, d: float) -> torch.Tensor:
+    Kinv = torch.linalg.inv(_naive_kc(H, s, d))
+    F = F.double()
+    return 0.5 * sum(F[:, k] @ Kinv @ F[:, k] for k in range(F.shape[1]))
+
+
+def _data(M: int, D: int, K: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    H = torch.randn(M, D, generator=g, dtype=torch.float64)
+    F = torch.randn(M, K, generator=g, dtype=torch.float64)
+    return F, H
+
+
+def test_prior_covariance_formula() -> None:
+    _, H = _data(6, 3, 2)
+    torch.testing.assert_close(prior_covariance(H, 0.3, 0.7), _naive_kc(H, 0.3, 0.7))
+
+
+@pytest.mark.parametrize(
+    ("M", "D", "s", "d"),
+    [(40, 5, 0.01, 1.0), (8, 30, 0.01, 1.0), (64, 16, 1e-5, 1e-2), (32, 31, 1.0, 0.5)],
+)
+def test_solvers_match_naive_inverse(M: int, D: int, s: float, d: float) -> None:
+    F, H = _data(M, D, 4, seed=M + D)
+    ref = _naive_term(F, H, s, d)
+    chol = function_space_term(F, H, s, d, solver="cholesky")
+    wood = function_space_term(F, H, s, d, solver="woodbury")
+    auto = function_space_term(F, H, s, d)
+    for value in (chol, wood, auto):
+        assert value.dtype == torch.float64
+        torch.testing.assert_close(value, ref, rtol=1e-8, atol=1e-8)
+
+
+def test_auto_picks_woodbury_only_when_cheaper() -> None:
+    assert select_solver(129, 127, 1.0, 1.0) == "woodbury"
+    assert select_solver(128, 127, 1.0, 1.0) == "cholesky"
+    assert select_solver(1000, 10, 1.0, 0.0) == "cholesky"  # d = 0: not diagonal + low rank
+    assert select_solver(1000, 10, 0.0, 1.0) == "cholesky"
+
+
+@pytest.mark.parametrize("solver", ["cholesky", "woodbury"])
+def test_gradient_wrt_logits_is_kc_inverse_f(solver: str) -> None:
+    F, H = _data(24, 6, 3, seed=3)
+    F.requires_grad_(True)
+    function_space_term(F, H, 0.05, 0.2, solver=solver).backward()
+    expected = torch.linalg.solve(_naive_kc(H, 0.05, 0.2), F.detach())
+    torch.testing.assert_close(F.grad, expected, rtol=1e-8, atol=1e-10)
+
+
+def test_float32_logits_come_back_float32_with_float64_accuracy() -> None:
+    F, H = _data(16, 4, 3, seed=5)
+    out = function_space_term(F.float(), H.float(), 0.1, 0.5)
+    assert out.dtype == torch.float32
+    ref = _naive_term(F.float().double(), H.float().double(), 0.1, 0.5)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-6, atol=0)
+
+
+def test_bf16_autocast_is_finite_and_close_to_fp32() -> None:
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 5)
+    x = torch.randn(32, 8)
+    H = torch.randn(32, 8)
+    ref = function_space_term(head(x), H, 0.01, 1.0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = head(x)
+        assert logits.dtype == torch.bfloat16
+        out = function_space_term(logits, H.bfloat16(), 0.01, 1.0)
+    assert out.dtype == torch.float32
+    assert torch.isfinite(out)
+    # bf16 keeps ~3 significant digits of the logits and features.
+    torch.testing.assert_close(out, ref, rtol=3e-2, atol=0)
+    out.backward()
+    assert torch.isfinite(head.weight.grad).all()
+
+
+def test_duplicate_points_with_zero_diag_take_the_jitter_path() -> None:
+    g = torch.Generator().manual_seed(1)
+    H = torch.randn(4, 3, generator=g, dtype=torch.float64).repeat(3, 1)  # 12 points, rank ≤ 4
+    F = torch.randn(12, 2, generator=g, dtype=torch.float64)
+    with pytest.warns(CholeskyJitterWarning, match="prior_cov_diag"):
+        out = function_space_term(F, H, 1.0, 0.0)
+    assert torch.isfinite(out) and out > 0
+
+
+def test_well_conditioned_kc_does_not_warn() -> None:
+    F, H = _data(12, 3, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        function_space_term(F, H, 1.0, 1.0)
+
+
+def test_nan_features_fail_with_a_clear_error() -> None:
+    F, H = _data(6, 3, 2)
+    H[0, 0] = float("nan")
+    with pytest.raises(torch.linalg.LinAlgError, match="NaN"):
+        function_space_term(F, H, 1.0, 1.0, solver="cholesky")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"scale": -1.0, "diag": 1.0}, "prior_cov_scale"),
+        ({"scale": 1.0, "diag": float("nan")}, "prior_cov_diag"),
+        ({"scale": 0.0, "diag": 0.0}, "both 0"),
+        ({"scale": 1.0, "diag": 0.0, "solver": "woodbury"}, "woodbury"),
+        ({"scale": 1.0, "diag": 1.0, "solver": "qr"}, "solver"),
+    ],
+)
+def test_bad_hyper_parameters_are_named(kwargs: dict, match: str) -> None:
+    F, H = _data(6, 3, 2)
+    with pytest.raises(ValueError, match=match):
+        function_space_term(F, H, **kwargs)
+
+
+def test_shape_mismatch_is_named() -> None:
+    F, H = _data(6, 3, 2)
+    with pytest.raises(ValueError, match="same number of context points"):
+        function_space_term(F, H[:5], 1.0, 1.0)
+    with pytest.raises(ValueError, match="logits must be"):
+        function_space_term(F[:, 0], H, 1.0, 1.0)
+
+
+def test_parameter_term_matches_naive() -> None:
+    g = torch.Generator().manual_seed(2)
+    params = [torch.randn(3, 4, generator=g), torch.randn(5, generator=g)]
+    anchors = [torch.randn(3, 4, generator=g), torch.randn(5, generator=g)]
+    flat = torch.cat([p.flatten() for p in params]).double()
+    flat_a = torch.cat([a.flatten() for a in anchors]).double()
+    torch.testing.assert_close(
+        parameter_term(params, 0.1).double(), (flat**2).sum() / 0.2, rtol=1e-6, atol=0
+    )
+    torch.testing.assert_close(
+        parameter_term(params, 0.1, anchors).double(),
+        ((flat - flat_a) ** 2).sum() / 0.2,
+        rtol=1e-6,
+        atol=0,
+    )
+    with pytest.raises(ValueError, match="prior_var"):
+        parameter_term(params, 0.0)
+    with pytest.raises(ValueError, match="one to one"):
+        parameter_term(params, 1.0, anchors[:1])

@@ -1,0 +1,502 @@
+"""Recipes: frozen dataclasses loaded from YAML with ``key.sub=value`` overrides.
+
+A recipe is validated when it is loaded: an unknown key, a value of the wrong type or one out of
+range raises :class:`ConfigError` naming the dotted key, the value and what is allowed. Every
+run saves its resolved recipe (:func:`dump_recipe`) so it can be re-run or re-evaluated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+__all__ = [
+    "ConfigError",
+    "ContextConfig",
+    "DataConfig",
+    "DatasetSpec",
+    "EvalConfig",
+    "FSEBConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "OutputConfig",
+    "Recipe",
+    "TrainConfig",
+    "apply_overrides",
+    "dump_recipe",
+    "load_recipe",
+    "recipe_from_dict",
+]
+
+
+class ConfigError(ValueError):
+    """A recipe key is unknown or its value has the wrong type or range."""
+
+
+def _check(ok: bool, key: str, value: object, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value!r}: {allowed}")
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """Where one split of labelled images comes from."""
+
+    source: Literal["hub", "imagefolder", "disk", "arrays", "idx", "sklearn_digits"]
+    """``hub``: an HF Hub dataset id; ``imagefolder``: ``path/<split>/<class>/*.jpg``;
+    ``disk``: a ``save_to_disk`` folder; ``arrays``: an ``.npz`` with ``images``/``labels``;
+    ``idx``: MNIST-style ``{split}-images-idx3-ubyte.gz`` files in ``path``;
+    ``sklearn_digits``: scikit-learn's 8×8 digits (no download)."""
+    path: str = ""
+    """Hub id, directory or file, by ``source`` (unused for ``sklearn_digits``)."""
+    split: str = "train"
+    """Split name (``train``, ``test``, ``validation``; ``t10k`` for MNIST-style IDX files)."""
+    revision: str | None = None
+    """Hub revision (tag, branch or commit) to pin a ``hub`` dataset."""
+    image_column: str = "image"
+    """Column holding the image (HF sources)."""
+    label_column: str = "label"
+    """Column holding the integer class label (HF sources)."""
+    classes: tuple[int, ...] | None = None
+    """Keep only these original labels, relabelled 0..len-1 in this order (``None``: all)."""
+    limit: int | None = None
+    """Use a seeded random subset of at most this many images (quick runs)."""
+
+    def __post_init__(self) -> None:
+        needs_path = self.source != "sklearn_digits"
+        _check(not needs_path or bool(self.path), "path", self.path, f"required for {self.source}")
+        _check(self.limit is None or self.limit > 0, "limit", self.limit, "must be > 0 or null")
+        _check(
+            self.classes is None or len(set(self.classes)) == len(self.classes) > 0,
+            "classes",
+            self.classes,
+            "must be a non-empty list of distinct labels or null",
+        )
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The timm backbone: both the starting weights and φ0."""
+
+    name: str = "resnet18"
+    """timm model name, ``hf-hub:org/name`` or ``local-dir:/path`` (timm's Hub folder format)."""
+    pretrained: bool = True
+    """Load pretrained weights (then φ0 is the pretrained model); else φ0 is the initialisation."""
+    num_classes: int | None = None
+    """Classifier outputs K; ``null`` takes the training set's class count."""
+    input_size: int | None = None
+    """Square input resolution; ``null`` uses the model's pretrained data config."""
+    drop_rate: float = 0.0
+    """Dropout before the classifier (timm ``drop_rate``)."""
+    drop_path_rate: float = 0.0
+    """Stochastic depth rate (timm ``drop_path_rate``)."""
+
+    def __post_init__(self) -> None:
+        _check(bool(self.name), "name", self.name, "a timm name, hf-hub:… or local-dir:…")
+        _check(
+            self.num_classes is None or self.num_classes >= 2,
+            "num_classes",
+            self.num_classes,
+            "must be ≥ 2 or null",
+        )
+        _check(
+            self.input_size is None or self.input_size >= 8,
+            "input_size",
+            self.input_size,
+            "must be ≥ 8 or null",
+        )
+        for name in ("drop_rate", "drop_path_rate"):
+            value = getattr(self, name)
+            _check(0 <= value < 1, name, value, "must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Training, validation, test and OOD data, and how images are fed to the model."""
+
+    train: DatasetSpec
+    """The training split."""
+    val: DatasetSpec | None = None
+    """Validation split for model selection; ``null`` holds out ``val_fraction`` of ``train``
+    (stratified, seeded) — the test split is never used for selection."""
+    test: DatasetSpec | None = None
+    """The in-distribution test split reported at the end."""
+    ood: dict[str, DatasetSpec] = field(default_factory=dict)
+    """Named semantic-shift (OOD) sets, scored against ``test``."""
+    val_fraction: float = 0.1
+    """Fraction of ``train`` held out when ``val`` is ``null``."""
+    augment: Literal["none", "flip", "crop_flip", "randaug-lite"] = "crop_flip"
+    """Training augmentation (albumentations)."""
+    channels: Literal[1, 3] = 3
+    """Image channels fed to the model; grayscale sources are repeated to 3 by default."""
+    mean: tuple[float, ...] | None = None
+    """Normalisation mean in [0, 1] units; ``null`` takes the model's data config."""
+    std: tuple[float, ...] | None = None
+    """Normalisation std; ``null`` takes the model's data config."""
+    batch_size: int = 128
+    """Training batch size B per process."""
+    num_workers: int = 2
+    """DataLoader worker processes."""
+
+    def __post_init__(self) -> None:
+        _check(0 < self.val_fraction < 1, "val_fraction", self.val_fraction, "must be in (0, 1)")
+        _check(self.batch_size >= 1, "batch_size", self.batch_size, "must be ≥ 1")
+        _check(self.num_workers >= 0, "num_workers", self.num_workers, "must be ≥ 0")
+        for name in ("mean", "std"):
+            value = getattr(self, name)
+            _check(
+                value is None or len(value) == self.channels,
+                name,
+                value,
+                f"must have {self.channels} values (one per channel) or be null",
+            )
+        _check(self.std is None or all(s > 0 for s in self.std), "std", self.std, "must be > 0")
+
+
+@dataclass(frozen=True)
+class ContextConfig:
+    """The context distribution of design §2: where the points x̂ of ``R_f`` come from."""
+
+    kind: Literal["train", "dataset", "mixture"] = "train"
+    """``train``: the training inputs; ``dataset``: ``datasets``; ``mixture``: both, by weight."""
+    datasets: tuple[DatasetSpec, ...] = ()
+    """Other datasets (labels ignored) for ``dataset`` and ``mixture``."""
+    weights: tuple[float, ...] = ()
+    """Mixture weights: training inputs first, then each of ``datasets`` (``mixture`` only)."""
+    corrupt: bool = True
+    """Apply the reference corruption transform (crop, flip, blur, solarise, colour jitter);
+    ``false`` makes the pool fixed so φ0 features are computed once and cached."""
+    pool_size: int = 10_000
+    """Size of the fixed, seeded pool drawn from the sources; reshuffled each epoch."""
+    batch_size: int = 32
+    """Context batch size M per process and step."""
+
+    def __post_init__(self) -> None:
+        _check(self.pool_size >= 1, "pool_size", self.pool_size, "must be ≥ 1")
+        _check(self.batch_size >= 2, "batch_size", self.batch_size, "must be ≥ 2")
+        _check(
+            self.kind != "dataset" or len(self.datasets) == 1,
+            "datasets",
+            self.datasets,
+            "kind='dataset' needs exactly one dataset (use kind='mixture' to combine several)",
+        )
+        _check(
+            self.kind != "mixture" or len(self.datasets) > 0,
+            "datasets",
+            self.datasets,
+            "kind='mixture' needs at least one dataset besides the training inputs",
+        )
+        if self.kind == "mixture":
+            n = len(self.datasets) + 1
+            _check(
+                len(self.weights) == n
+                and all(w >= 0 for w in self.weights)
+                and sum(self.weights) > 0,
+                "weights",
+                self.weights,
+                f"mixture needs {n} non-negative weights (train first), not all zero",
+            )
+
+
+@dataclass(frozen=True)
+class FSEBConfig:
+    """The objective (design §1); ``reg_scale = 0`` is the PS-MAP baseline."""
+
+    reg_scale: float = 1.0
+    """Weight of the function-space term R_f; 0 gives PS-MAP (plain weight decay)."""
+    prior_var: float = 1.0
+    """Parameter prior variance σ_p²; weight decay 1 / (σ_p² N_train)."""
+    prior_cov_scale: float = 1e-5
+    """s in Kc = s (H Hᵀ + 1 1ᵀ) + d I (reference: 1e-5 pretrained ResNet-50, 0.01 FMNIST CNN)."""
+    prior_cov_diag: float = 1e-2
+    """d in Kc (reference: 1e-2 pretrained ResNet-50, 1 FMNIST CNN)."""
+    forward_mode: Literal["joint", "separate"] = "joint"
+    """One forward over [x; x̂] (BatchNorm sees both) or two separate ones."""
+    param_anchor: Literal["zero", "init"] = "zero"
+    """Centre of the parameter prior: zero (the paper) or the starting weights (L2-SP)."""
+    param_noise_std: float = 0.0
+    """σ of the EB-VI form θ + σε; 0 is EB-MAP (the paper's σ² = 1e-20 is numerically MAP)."""
+    likelihood_samples: int = 1
+    """Monte-Carlo samples S for the likelihood when param_noise_std > 0."""
+    reg_samples: int = 1
+    """Monte-Carlo samples J for R_f when param_noise_std > 0."""
+    solver: Literal["auto", "cholesky", "woodbury"] = "auto"
+    """How Kc⁻¹ is applied; ``auto`` picks the cheaper exact one by size."""
+
+    def __post_init__(self) -> None:
+        _check(self.reg_scale >= 0, "reg_scale", self.reg_scale, "must be ≥ 0 (0 is PS-MAP)")
+        _check(self.prior_var > 0, "prior_var", self.prior_var, "must be > 0")
+        _check(self.prior_cov_scale >= 0, "prior_cov_scale", self.prior_cov_scale, "must be ≥ 0")
+        _check(self.prior_cov_diag >= 0, "prior_cov_diag", self.prior_cov_diag, "must be ≥ 0")
+        _check(
+            self.prior_cov_scale > 0 or self.prior_cov_diag > 0,
+            "prior_cov_diag",
+            self.prior_cov_diag,
+            "prior_cov_scale and prior_cov_diag cannot both be 0",
+        )
+        _check(self.param_noise_std >= 0, "param_noise_std", self.param_noise_std, "must be ≥ 0")
+        for name in ("likelihood_samples", "reg_samples"):
+            _check(getattr(self, name) >= 1, name, getattr(self, name), "must be ≥ 1")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Optimiser and learning-rate schedule (stepped every optimiser step)."""
+
+    name: Literal["sgd", "adamw"] = "sgd"
+    """SGD with momentum (the paper) or AdamW (its decoupled decay is off: the prior decays)."""
+    lr: float = 0.005
+    """Peak learning rate."""
+    momentum: float = 0.9
+    """SGD momentum."""
+    nesterov: bool = False
+    """Nesterov momentum for SGD."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    schedule: Literal["cosine", "constant"] = "cosine"
+    """Cosine decay to ``min_lr_ratio · lr`` (the reference) or constant."""
+    min_lr_ratio: float = 0.05
+    """Final learning rate as a fraction of ``lr`` for the cosine schedule."""
+    warmup_steps: int = 0
+    """Linear warm-up steps from 0 to ``lr``."""
+    grad_clip_norm: float | None = None
+    """Clip the global gradient norm (``null``: no clipping)."""
+
+    def __post_init__(self) -> None:
+        _check(self.lr > 0, "lr", self.lr, "must be > 0")
+        _check(0 <= self.momentum < 1, "momentum", self.momentum, "must be in [0, 1)")
+        _check(all(0 <= b < 1 for b in self.betas), "betas", self.betas, "each in [0, 1)")
+        _check(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", self.min_lr_ratio, "in [0, 1]")
+        _check(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "must be ≥ 0")
+        _check(
+            self.grad_clip_norm is None or self.grad_clip_norm > 0,
+            "grad_clip_norm",
+            self.grad_clip_norm,
+            "must be > 0 or null",
+        )
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The Accelerate loop."""
+
+    epochs: int = 10
+    """Passes over the training set."""
+    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    """Autocast dtype for forward passes (the Cholesky always runs in float64)."""
+    grad_accum_steps: int = 1
+    """Micro-batches accumulated per optimiser step."""
+    seed: int = 0
+    """Seed for initialisation, splits, shuffling, augmentation and the context pool."""
+    select_metric: Literal["nll", "accuracy", "ece", "brier"] = "nll"
+    """Validation metric that picks the best checkpoint (accuracy: higher is better)."""
+    resume: Literal["auto", "never"] = "auto"
+    """``auto`` continues from the last complete checkpoint in the run directory."""
+    cpu: bool = False
+    """Force CPU even when an accelerator is present."""
+    log_every: int = 10
+    """Optimiser steps between progress-bar / tracker updates."""
+    trackers: tuple[Literal["tensorboard"], ...] = ()
+    """Accelerate trackers to log to (``tensorboard`` needs the package installed)."""
+
+    def __post_init__(self) -> None:
+        _check(self.epochs >= 1, "epochs", self.epochs, "must be ≥ 1")
+        _check(self.grad_accum_steps >= 1, "grad_accum_steps", self.grad_accum_steps, "must be ≥ 1")
+        _check(self.log_every >= 1, "log_every", self.log_every, "must be ≥ 1")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """What the final report contains."""
+
+    batch_size: int = 256
+    """Evaluation batch size per process (validation, test and OOD sets)."""
+
+    def __post_init__(self) -> None:
+        _check(self.batch_size >= 1, "batch_size", self.batch_size, "must be ≥ 1")
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """Where the run writes its checkpoints, recipe and results."""
+
+    dir: str = "runs/default"
+    """Run directory (created; a rerun with ``train.resume=auto`` continues in it)."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A complete fine-tuning recipe."""
+
+    data: DataConfig
+    """Datasets and input pipeline."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Backbone and starting weights."""
+    context: ContextConfig = field(default_factory=ContextConfig)
+    """Context distribution for the function-space term."""
+    fseb: FSEBConfig = field(default_factory=FSEBConfig)
+    """The objective; ``fseb.reg_scale=0`` is PS-MAP."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimiser and schedule."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Loop settings."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Evaluation settings."""
+    output: OutputConfig = field(default_factory=OutputConfig)
+    """Output location."""
+
+
+def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:
+    """Read a YAML recipe, apply ``key.sub=value`` overrides and validate everything."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"recipe file {str(path)!r} does not exist")
+    raw = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"{path}: a recipe must be a mapping of sections, got {type(raw).__name__}"
+        )
+    return recipe_from_dict(apply_overrides(raw, overrides))
+
+
+def recipe_from_dict(raw: Mapping[str, Any]) -> Recipe:
+    """Validate a nested mapping (as read from YAML) into a :class:`Recipe`."""
+    return _build(Recipe, raw, "")
+
+
+def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Return a copy of ``raw`` with each ``a.b.c=value`` set (value parsed as YAML)."""
+    out: dict[str, Any] = _deep_copy(raw)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} must look like section.key=value")
+        parts = key.split(".")
+        node = out
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"{'.'.join(parts[: i + 1])} is a value, not a section")
+            node = child
+        node[parts[-1]] = yaml.safe_load(text) if text.strip() else None
+    return out
+
+
+def dump_recipe(recipe: Recipe) -> str:
+    """The resolved recipe as YAML (defaults filled in), loadable by :func:`load_recipe`."""
+    return yaml.safe_dump(_plain(dataclasses.asdict(recipe)), sort_keys=False)
+
+
+def _deep_copy(node: Any) -> Any:
+    if isinstance(node, Mapping):
+        return {k: _deep_copy(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_deep_copy(v) for v in node]
+    return node
+
+
+def _plain(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _plain(v) for k, v in node.items()}
+    if isinstance(node, list | tuple):
+        return [_plain(v) for v in node]
+    return node
+
+
+def _build(cls: type, raw: Any, path: str) -> Any:
+    where = path or "recipe"
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where} must be a mapping of keys, got {raw!r}")
+    hints = get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in raw:
+        if key not in names:
+            raise ConfigError(f"unknown key {_join(path, key)!r}; allowed keys here: {names}")
+    kwargs = {k: _coerce(hints[k], v, _join(path, k)) for k, v in raw.items()}
+    missing = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.name not in kwargs
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise ConfigError(f"{where} is missing required key(s) {[_join(path, m) for m in missing]}")
+    try:
+        return cls(**kwargs)
+    except ConfigError as err:
+        raise ConfigError(f"{_join(path, str(err))}") from None
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _coerce(tp: Any, value: Any, key: str) -> Any:
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(arg, value, key)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{key}={value!r}: {errors}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key}={value!r}: allowed values are {list(args)}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, key)
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{key}={value!r}: expected a list")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise ConfigError(f"{key}={value!r}: expected a list of {len(args)} values")
+        return tuple(
+            _coerce(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True))
+        )
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}={value!r}: expected a mapping of name: value")
+        return {str(k): _coerce(args[1], v, f"{key}.{k}") for k, v in value.items()}
+    return _coerce_scalar(tp, value, key)
+
+
+def _coerce_scalar(tp: Any, value: Any, key: str) -> Any:
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}={value!r}: expected true or false")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}={value!r}: expected an integer")
+    if tp is float:
+        # PyYAML reads "1e-5" (no dot) as a string; accept it as the number people mean.
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                raise ConfigError(f"{key}={value!r}: expected a number") from None
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+        raise ConfigError(f"{key}={value!r}: expected a finite number")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{key}={value!r}: expected a string")
+    raise TypeError(f"unsupported recipe field type {tp!r} at {key}")

@@ -1,0 +1,296 @@
+"""Fine-tune a timm backbone with FS-EB (or PS-MAP) from a YAML recipe.
+
+    python -m fseb_ft.finetune RECIPE.yaml [section.key=value ...]
+    accelerate launch -m fseb_ft.finetune RECIPE.yaml [section.key=value ...]
+    fseb-ft RECIPE.yaml fseb.reg_scale=0          # the PS-MAP baseline
+
+A run directory (``output.dir``) receives the resolved recipe, per-epoch checkpoints, the best
+model (``model/model.safetensors``), ``run.json`` (inputs, classes, context provenance, history)
+and ``results.json`` / ``results.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator, PartialState
+from accelerate.utils import DataLoaderConfiguration, set_seed
+from safetensors.torch import load_model, save_model
+from torch import nn
+
+from fseb_ft.config import Recipe, dump_recipe, load_recipe
+from fseb_ft.context import build_context_pool
+from fseb_ft.data import (
+    Splits,
+    TransformedImages,
+    build_splits,
+    eval_transform,
+    load_spec,
+    make_loader,
+    train_transform,
+)
+from fseb_ft.evaluate import evaluate_predictions, markdown_table, predict, write_results
+from fseb_ft.models import InputSpec, create_model, input_spec
+from fseb_ft.objective import FSEBObjective
+from fseb_ft.train import ContextStream, build_optimizer, build_scheduler, fit
+
+__all__ = ["cli", "evaluate_run", "main", "run"]
+
+_MODEL_FILE = Path("model") / "model.safetensors"
+
+
+def run(recipe: Recipe) -> dict[str, Any]:
+    """Train, select on validation, evaluate on test and OOD sets; return the results dict."""
+    run_dir = Path(recipe.output.dir)
+    accelerator = _accelerator(recipe, run_dir)
+    start = time.perf_counter()
+    set_seed(recipe.train.seed)
+    splits = build_splits(recipe.data, recipe.train.seed)
+    num_classes = _num_classes(recipe, splits)
+    model = create_model(recipe.model, num_classes, in_chans=recipe.data.channels)
+    spec = input_spec(model, recipe.model, recipe.data)
+    seed = recipe.train.seed
+    train_set = TransformedImages(
+        splits.train, train_transform(spec.size, spec.mean, spec.std, recipe.data.augment, seed)
+    )
+    loader_kw = {"num_workers": recipe.data.num_workers, "seed": seed}
+    train_loader = make_loader(train_set, recipe.data.batch_size, shuffle=True, **loader_kw)
+    val_loader = _eval_loader(splits.val, spec, recipe)
+
+    objective = FSEBObjective(model, num_train=len(splits.train), **dataclasses.asdict(recipe.fseb))
+    optimizer = build_optimizer(recipe.optim, objective.trainable_parameters())
+    model, optimizer, train_loader, val_loader = accelerator.prepare(
+        model, optimizer, train_loader, val_loader
+    )
+    objective.model = model
+    objective.prior.to(accelerator.device)
+    steps_per_epoch = math.ceil(len(train_loader) / recipe.train.grad_accum_steps)
+    scheduler = build_scheduler(recipe.optim, optimizer, steps_per_epoch * recipe.train.epochs)
+    context = _context_stream(recipe, splits, spec, accelerator, objective)
+
+    run_info = {
+        "num_classes": num_classes,
+        "class_names": splits.train.class_names,
+        "input": dataclasses.asdict(spec),
+        "num_train": len(splits.train),
+        "data": splits.identities(),
+        "context": None if context is None else context.pool.identity,
+        "num_processes": accelerator.num_processes,
+    }
+    if accelerator.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "recipe.yaml").write_text(dump_recipe(recipe))
+        _write_json(run_dir / "run.json", run_info)
+    if recipe.train.trackers:
+        accelerator.init_trackers(run_dir.name, config=_flat(dataclasses.asdict(recipe)))
+
+    state = fit(
+        recipe=recipe,
+        accelerator=accelerator,
+        objective=objective,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        train_loader=train_loader,
+        val_loader=val_loader,
+        context=context,
+        run_dir=run_dir,
+        save_best=lambda m: _save_weights(m, run_dir / _MODEL_FILE),
+    )
+    accelerator.wait_for_everyone()
+    train_seconds = time.perf_counter() - start
+    load_model(accelerator.unwrap_model(model), str(run_dir / _MODEL_FILE))
+    results = _evaluate(model, splits, spec, recipe, accelerator)
+    results["training"] = {
+        "best_epoch": state.best_epoch,
+        f"best_val_{recipe.train.select_metric}": state.best_value,
+        "epochs": state.epoch,
+        "steps": state.step,
+        "seconds": train_seconds,
+        "history": state.history,
+    }
+    if accelerator.is_main_process:
+        write_results(run_dir, results, title=_title(recipe))
+        run_info["training"] = results["training"]
+        _write_json(run_dir / "run.json", run_info)
+    accelerator.end_training()
+    return results
+
+
+def evaluate_run(run_dir: str | Path, cpu: bool = False) -> dict[str, Any]:
+    """Re-evaluate a finished run from its ``recipe.yaml``, ``run.json`` and best weights."""
+    run_dir = Path(run_dir)
+    for needed in ("recipe.yaml", "run.json", str(_MODEL_FILE)):
+        if not (run_dir / needed).exists():
+            raise FileNotFoundError(f"{run_dir} is not a finished run: {needed} is missing")
+    recipe = load_recipe(run_dir / "recipe.yaml", [f"train.cpu={str(cpu).lower()}"])
+    info = json.loads((run_dir / "run.json").read_text())
+    accelerator = _accelerator(recipe, run_dir)
+    splits = build_splits(recipe.data, recipe.train.seed)
+    # The weights come from the run, so never fetch pretrained ones again.
+    model_cfg = dataclasses.replace(recipe.model, pretrained=False)
+    model = create_model(model_cfg, info["num_classes"], in_chans=recipe.data.channels)
+    load_model(model, str(run_dir / _MODEL_FILE))
+    spec = InputSpec(**{k: tuple(v) for k, v in info["input"].items()})
+    model = accelerator.prepare(model)
+    results = _evaluate(model, splits, spec, recipe, accelerator)
+    previous = run_dir / "results.json"
+    if previous.exists():
+        results["training"] = json.loads(previous.read_text()).get("training")
+    if accelerator.is_main_process:
+        write_results(run_dir, results, title=_title(recipe))
+    return results
+
+
+def _evaluate(
+    model: nn.Module, splits: Splits, spec: InputSpec, recipe: Recipe, accelerator: Accelerator
+) -> dict[str, Any]:
+    if splits.test is None:
+        raise ValueError("data.test is not set: there is no test split to evaluate")
+    test = predict(model, accelerator.prepare(_eval_loader(splits.test, spec, recipe)), accelerator)
+    ood = {
+        name: predict(model, accelerator.prepare(_eval_loader(data, spec, recipe)), accelerator)[0]
+        for name, data in splits.ood.items()
+    }
+    return evaluate_predictions(test, ood)
+
+
+def _accelerator(recipe: Recipe, run_dir: Path) -> Accelerator:
+    return Accelerator(
+        mixed_precision=recipe.train.mixed_precision,
+        gradient_accumulation_steps=recipe.train.grad_accum_steps,
+        cpu=recipe.train.cpu,
+        log_with=list(recipe.train.trackers) or None,
+        project_dir=str(run_dir),
+        # Per-epoch seeded shuffling (set_epoch) is what makes a resumed run match.
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+    )
+
+
+def _num_classes(recipe: Recipe, splits: Splits) -> int:
+    found = splits.train.num_classes
+    k = recipe.model.num_classes or found
+    if k < found:
+        raise ValueError(
+            f"model.num_classes={k} but the training labels go up to {found - 1}; "
+            f"set model.num_classes to at least {found} or null"
+        )
+    splits.check_labels(k)
+    return k
+
+
+def _eval_loader(data: Any, spec: InputSpec, recipe: Recipe) -> torch.utils.data.DataLoader:
+    dataset = TransformedImages(data, eval_transform(spec.size, spec.mean, spec.std))
+    return make_loader(
+        dataset,
+        recipe.eval.batch_size,
+        shuffle=False,
+        num_workers=recipe.data.num_workers,
+        seed=recipe.train.seed,
+    )
+
+
+def _context_stream(
+    recipe: Recipe,
+    splits: Splits,
+    spec: InputSpec,
+    accelerator: Accelerator,
+    objective: FSEBObjective,
+) -> ContextStream | None:
+    if recipe.fseb.reg_scale == 0:
+        return None
+    ctx = recipe.context
+    others = [load_spec(s, recipe.data.channels, recipe.train.seed) for s in ctx.datasets]
+    pool = build_context_pool(
+        kind=ctx.kind,
+        train=splits.train if ctx.kind in ("train", "mixture") else None,
+        datasets=others,
+        weights=list(ctx.weights) or None,
+        size=ctx.pool_size,
+        seed=recipe.train.seed,
+        input_size=spec.size,
+        mean=spec.mean,
+        std=spec.std,
+        corrupt=ctx.corrupt,
+    )
+    accelerator.print(f"context: {pool!r}")
+    return ContextStream(
+        pool,
+        ctx.batch_size,
+        recipe.train.seed,
+        accelerator,
+        objective,
+        num_workers=recipe.data.num_workers,
+    )
+
+
+def _save_weights(model: nn.Module, path: Path) -> None:
+    """Atomically replace the best weights (a killed run never leaves a half-written file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    save_model(model, str(tmp))
+    os.replace(tmp, path)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _title(recipe: Recipe) -> str:
+    method = "FS-EB" if recipe.fseb.reg_scale > 0 else "PS-MAP"
+    return f"{method} · {recipe.model.name}"
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{name}."))
+        else:
+            out[name] = value if isinstance(value, int | float | str | bool) else str(value)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Parse ``RECIPE [key=value ...]``, run it and print the results table."""
+    parser = argparse.ArgumentParser(
+        prog="fseb-ft", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("recipe", type=Path, help="YAML recipe (see recipes/)")
+    parser.add_argument("overrides", nargs="*", help="section.key=value overrides")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # Regulariser warnings (Cholesky jitter) go to the log like everything else.
+    logging.captureWarnings(True)
+    recipe = load_recipe(args.recipe, args.overrides)
+    results = run(recipe)
+    if PartialState().is_main_process:
+        print(markdown_table({_title(recipe): results}))
+    return results
+
+
+def cli() -> None:
+    """Console script ``fseb-ft``: ``fseb-ft RECIPE.yaml [key=value ...]``."""
+    if len(sys.argv) > 1 and sys.argv[1] == "evaluate":
+        from fseb_ft.evaluate import main as evaluate_main
+
+        evaluate_main(sys.argv[2:])
+        return
+    main()
+
+
+if __name__ == "__main__":
+    main()

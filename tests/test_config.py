@@ -1,0 +1,81 @@
+"""Recipes: every shipped recipe validates; bad keys and values fail with a message naming them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fseb_ft.config import (
+    ConfigError,
+    DatasetSpec,
+    apply_overrides,
+    dump_recipe,
+    load_recipe,
+    recipe_from_dict,
+)
+
+RECIPES = sorted((Path(__file__).parents[1] / "recipes").glob("*.yaml"))
+MINIMAL = {"data": {"train": {"source": "sklearn_digits"}}}
+
+
+def test_there_are_recipes() -> None:
+    assert any(p.name == "quickstart.yaml" for p in RECIPES)
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
+def test_every_recipe_loads_and_round_trips(path: Path, tmp_path: Path) -> None:
+    recipe = load_recipe(path)
+    resolved = tmp_path / "resolved.yaml"
+    resolved.write_text(dump_recipe(recipe))
+    assert load_recipe(resolved) == recipe
+
+
+def test_overrides_reach_nested_keys_and_parse_yaml_values() -> None:
+    path = RECIPES[0]
+    recipe = load_recipe(
+        path, ["fseb.reg_scale=0", "optim.lr=1e-3", "data.ood.extra.source=sklearn_digits"]
+    )
+    assert recipe.fseb.reg_scale == 0.0
+    assert recipe.optim.lr == pytest.approx(1e-3)  # "1e-3" is a string to PyYAML
+    assert recipe.data.ood["extra"] == DatasetSpec(source="sklearn_digits")
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("fseb.reg_scal=1", r"unknown key 'fseb.reg_scal'; allowed keys here: \['reg_scale'"),
+        ("fseb.reg_scale=-1", r"fseb.reg_scale=-1.0: must be ≥ 0"),
+        ("train.epochs=ten", r"train.epochs='ten': expected an integer"),
+        ("train.epochs=0", r"train.epochs=0: must be ≥ 1"),
+        ("train.mixed_precision=fp8", r"train.mixed_precision='fp8': allowed values are \['no'"),
+        ("data.val_fraction=1.5", r"data.val_fraction=1.5: must be in \(0, 1\)"),
+        ("data.train.source=kaggle", r"data.train.source='kaggle': allowed values"),
+        ("model.pretrained=yes please", r"model.pretrained='yes please': expected true or false"),
+        ("optim.lr=.nan", r"optim.lr=nan: expected a finite number"),
+        ("context.kind=mixture", r"context.datasets=\(\): kind='mixture' needs"),
+        ("data.mean=[0.5]", r"data.mean=\(0.5,\): must have 3 values"),
+    ],
+)
+def test_bad_values_name_key_value_and_what_is_allowed(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_recipe(RECIPES[0], [override])
+
+
+def test_missing_sections_and_malformed_overrides() -> None:
+    with pytest.raises(ConfigError, match=r"missing required key\(s\) \['data'\]"):
+        recipe_from_dict({})
+    with pytest.raises(ConfigError, match=r"section\.key=value"):
+        apply_overrides({}, ["fseb.reg_scale"])
+    with pytest.raises(ConfigError, match="is a value, not a section"):
+        apply_overrides({"fseb": 1}, ["fseb.reg_scale=1"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_recipe("no/such/recipe.yaml")
+    with pytest.raises(ConfigError, match=r"data.train.path='': required for imagefolder"):
+        recipe_from_dict({"data": {"train": {"source": "imagefolder"}}})
+
+
+def test_recipes_are_frozen() -> None:
+    recipe = recipe_from_dict(MINIMAL)
+    with pytest.raises(AttributeError):
+        recipe.fseb.reg_scale = 0.0  # type: ignore[misc]

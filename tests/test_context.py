@@ -1,0 +1,150 @@
+"""Tests for fseb_ft.context: pools, mixtures, corruption transform and context batches."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from fseb_ft.context import (
+    ContextPool,
+    build_context_pool,
+    context_loader,
+    corruption_transform,
+    infinite_batches,
+)
+from fseb_ft.data import ArrayImages, eval_transform
+
+MEAN, STD = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)  # identity normalisation: pixel value / 255
+SIZE = (8, 8)
+
+
+def _distinct(n: int, offset: int = 0, name: str = "src") -> ArrayImages:
+    """n constant 8x8 images whose pixel value ``offset + i`` identifies the sample."""
+    images = (offset + np.arange(n, dtype=np.uint8))[:, None, None] * np.ones((1, 8, 8), np.uint8)
+    return ArrayImages(images, np.zeros(n, np.int64), ["x"], identity=name)  # (n, 8, 8)
+
+
+def _ids(batch: torch.Tensor) -> list[int]:
+    """Recover the sample ids of an identity-normalised batch (B, C, H, W)."""
+    return torch.round(batch[:, 0, 0, 0] * 255).long().tolist()
+
+
+def _pool(kind: str = "dataset", seed: int = 0, size: int = 20, **kw: object) -> ContextPool:
+    datasets = kw.pop("datasets", [_distinct(50)])
+    return build_context_pool(
+        kind,
+        kw.pop("train", None),
+        datasets,
+        kw.pop("weights", None),
+        size,
+        seed,
+        SIZE,
+        MEAN,
+        STD,
+        **kw,
+    )
+
+
+def test_pool_is_deterministic_under_a_seed() -> None:
+    a, b, c = _pool(seed=1), _pool(seed=1), _pool(seed=2)
+    assert len(a) == 20 and a.identity["size"] == 20
+    assert a.identity["fingerprint"] == b.identity["fingerprint"]
+    assert np.array_equal(a.pairs, b.pairs)
+    assert a.identity["fingerprint"] != c.identity["fingerprint"]
+    assert len(set(a.pairs[:, 1].tolist())) == 20  # drawn without replacement
+    assert a.identity["kind"] == "dataset" and a.identity["sources"] == ["src"]
+    assert a.identity["seed"] == 1 and "eval(" in a.identity["transform"]
+
+
+def test_pool_uses_whole_source_when_smaller() -> None:
+    pool = _pool(size=10_000)
+    assert len(pool) == 50 and sorted(pool.pairs[:, 1].tolist()) == list(range(50))
+
+
+def test_mixture_counts_follow_weights() -> None:
+    train, other = _distinct(100, 0, "train"), _distinct(100, 100, "other")
+    pool = _pool("mixture", size=40, train=train, datasets=[other], weights=[3, 1])
+    assert pool.identity["counts"] == [30, 10]
+    assert pool.identity["sources"] == ["train", "other"]
+    ids = [int(_ids(pool[i][None])[0]) for i in range(len(pool))]
+    assert sum(i >= 100 for i in ids) == 10
+    three = _pool(
+        "mixture", size=10, datasets=[_distinct(9, 0, "a"), _distinct(9, 9, "b"), _distinct(9, 18)]
+    )
+    assert three.identity["counts"] == [4, 3, 3] and len(three) == 10
+
+
+def test_kind_validation_lists_allowed_values() -> None:
+    with pytest.raises(
+        ValueError, match=r"one of \['train', 'dataset', 'mixture'\], got 'imagenet'"
+    ):
+        _pool("imagenet")
+    with pytest.raises(ValueError, match="needs the training dataset"):
+        _pool("train")
+    with pytest.raises(ValueError, match="exactly one dataset, got 2"):
+        _pool("dataset", datasets=[_distinct(5), _distinct(5)])
+    with pytest.raises(ValueError, match="at least two sources"):
+        _pool("mixture")
+    with pytest.raises(ValueError, match="2 mixture weights for 3"):
+        _pool("mixture", train=_distinct(5), datasets=[_distinct(5), _distinct(5)], weights=[1, 1])
+
+
+def test_sources_must_agree_on_channels() -> None:
+    gray = ArrayImages(np.zeros((4, 8, 8), np.uint8), np.zeros(4, int), identity="g", channels=1)
+    with pytest.raises(ValueError, match="disagree on image channels"):
+        _pool("mixture", train=gray, datasets=[_distinct(5)])
+
+
+def test_train_pool_with_corruption_is_not_fixed() -> None:
+    plain = _pool("train", train=_distinct(30), datasets=[])
+    corrupted = _pool("train", train=_distinct(30), datasets=[], corrupt=True)
+    assert plain.is_fixed and not corrupted.is_fixed
+    assert corrupted.identity["transform"].startswith("corruption(strength=1.0")
+    assert corrupted[0].shape == plain[0].shape == (3, *SIZE)
+
+
+def test_corruption_transform_changes_pixels_keeps_shape_and_is_seeded() -> None:
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, (12, 12, 3), dtype=np.uint8)  # (H, W, 3)
+    clean = eval_transform(SIZE, MEAN, STD)(image=image)["image"]
+    first = corruption_transform(SIZE, MEAN, STD, seed=5)
+    second = corruption_transform(SIZE, MEAN, STD, seed=5)
+    outs = [first(image=image)["image"] for _ in range(4)]
+    assert all(
+        out.shape == clean.shape == (3, *SIZE) and out.dtype == torch.float32 for out in outs
+    )
+    assert all(not torch.allclose(out, clean) for out in outs)
+    assert all(torch.equal(out, second(image=image)["image"]) for out in outs)
+    with pytest.raises(ValueError, match="strength must be positive"):
+        corruption_transform(SIZE, MEAN, STD, strength=0.0)
+
+
+def test_loader_reshuffles_each_epoch_over_the_same_pool() -> None:
+    pool = _pool(size=24)
+    loader = context_loader(pool, batch_size=5, seed=0)
+    epochs = [[i for batch in loader for i in _ids(batch)] for _ in range(2)]
+    assert len(epochs[0]) == len(epochs[1]) == 20  # drop_last: 4 full batches of 5 out of 24
+    assert epochs[0] != epochs[1]
+    expected = sorted(pool.pairs[:, 1].tolist())
+    assert set(epochs[0]) <= set(expected) and set(epochs[1]) <= set(expected)
+    again = [i for batch in context_loader(_pool(size=24), 5, seed=0) for i in _ids(batch)]
+    assert again == epochs[0]
+
+
+def test_infinite_batches_cycles_epochs() -> None:
+    pool = _pool(size=10)
+    batches = list(itertools.islice(infinite_batches(context_loader(pool, 4, seed=1)), 7))
+    assert all(batch.shape == (4, 3, *SIZE) for batch in batches)
+    # Two full batches per epoch (drop_last): each epoch draws 8 distinct pool images.
+    for epoch in range(3):
+        assert len(set(_ids(batches[2 * epoch]) + _ids(batches[2 * epoch + 1]))) == 8
+    with pytest.raises(ValueError, match="produced no batches"):
+        next(infinite_batches([]))
+
+
+def test_context_batch_larger_than_pool_is_refused() -> None:
+    with pytest.raises(ValueError, match="exceeds the pool of 10"):
+        context_loader(_pool(size=10), batch_size=11, seed=0)

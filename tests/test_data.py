@@ -1,0 +1,468 @@
+"""Tests for fseb_ft.data: loaders, splits, label checks, transforms and loaders.
+
+Fixtures are tiny generated files in tmp_path; the real-data tests read ../shared in place (or
+extract a few members to tmp_path) and skip when it is absent.
+"""
+
+from __future__ import annotations
+
+import gzip
+import struct
+import tarfile
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from fseb_ft import data as fdata
+from fseb_ft.data import (
+    FASHION_MNIST_CLASSES,
+    ArrayImages,
+    HFImages,
+    IndexedImages,
+    TransformedImages,
+    allocate,
+    check_labels,
+    eval_transform,
+    is_deterministic,
+    load_arrays,
+    load_disk,
+    load_hub,
+    load_idx,
+    load_imagefolder,
+    load_sklearn_digits,
+    make_loader,
+    read_idx,
+    stratified_split,
+    train_transform,
+)
+
+SHARED = Path(__file__).parents[1] / ".." / "shared"
+SHARED_DATA = SHARED / "data"
+needs_shared = pytest.mark.skipif(
+    not SHARED_DATA.is_dir(),
+    reason=f"real data folder {SHARED_DATA.resolve()} is absent (only CI/dev checkouts have it)",
+)
+CIFAR10_CLASSES = [
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
+]
+MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
+
+datasets.disable_progress_bars()
+
+
+# --------------------------------------------------------------------------- fixtures / helpers
+
+
+def _write_folder(root: Path, layout: dict[str, dict[str, int]], size: tuple[int, int]) -> None:
+    """PNG image folder ``root/<split>/<class>/<i>.png``; split "" means the flat layout.
+
+    Pixel value encodes the class index, so a test can check images and labels agree.
+    """
+    for split, classes in layout.items():
+        for class_index, (name, count) in enumerate(sorted(classes.items())):
+            folder = root / split / name if split else root / name
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                pixels = np.full((*size, 3), 40 * class_index + i, np.uint8)  # (H, W, 3)
+                Image.fromarray(pixels).save(folder / f"{i}.png")
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    """Three classes, written out of alphabetical order, with train and test splits."""
+    root = tmp_path / "folder"
+    _write_folder(root, {"train": {"cat": 3, "ant": 2, "bee": 2}}, (6, 5))
+    _write_folder(root, {"test": {"cat": 1, "ant": 1, "bee": 1}}, (6, 5))
+    return root
+
+
+def _hf_dataset(n: int = 6) -> datasets.Dataset:
+    """In-memory HF dataset with an Image column and a ClassLabel column."""
+    images = [Image.fromarray(np.full((4, 4, 3), 10 * i, np.uint8)) for i in range(n)]
+    features = datasets.Features(
+        {"image": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b"])}
+    )
+    return datasets.Dataset.from_dict(
+        {"image": images, "label": [i % 2 for i in range(n)]}, features=features
+    )
+
+
+def _write_idx(path: Path, array: np.ndarray) -> None:
+    """Hand-built IDX gzip: >HBB header (0, 0x08, ndim), big-endian uint32 dims, raw bytes."""
+    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    path.write_bytes(gzip.compress(header + array.astype(np.uint8).tobytes()))
+
+
+# --------------------------------------------------------------------------- image folders
+
+
+def test_imagefolder_loads_labels_names_and_shapes(folder: Path, tmp_path: Path) -> None:
+    train = load_imagefolder(folder, "train", cache_dir=tmp_path / "cache")
+    assert train.class_names == ["ant", "bee", "cat"]
+    assert len(train) == 7
+    assert sorted(train.labels.tolist()) == [0, 0, 1, 1, 2, 2, 2]
+    assert train.labels.dtype == np.int64
+    for i in range(len(train)):
+        image, label = train[i]
+        assert image.shape == (6, 5, 3) and image.dtype == np.uint8
+        assert image[0, 0, 0] // 40 == label  # pixel value was written from the class index
+    assert "imagefolder" in train.identity and ":train#" in train.identity
+    test = load_imagefolder(folder, "test", cache_dir=tmp_path / "cache")
+    assert test.labels.tolist() == [0, 1, 2]
+
+
+def test_imagefolder_flat_layout_is_train_and_gray_channels(tmp_path: Path) -> None:
+    root = tmp_path / "flat"
+    _write_folder(root, {"": {"zebra": 2, "aardvark": 1}}, (3, 4))
+    data = load_imagefolder(root, "train", cache_dir=tmp_path / "cache", channels=1)
+    assert data.class_names == ["aardvark", "zebra"]
+    assert data[0][0].shape == (3, 4, 1)
+
+
+def test_imagefolder_missing_folder_is_named(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        load_imagefolder(tmp_path / "nowhere")
+
+
+def test_unreadable_image_error_names_index_and_file(folder: Path, tmp_path: Path) -> None:
+    (folder / "train" / "bee" / "broken.png").write_bytes(b"\x89PNG not really")
+    data = load_imagefolder(folder, "train", cache_dir=tmp_path / "cache")
+    broken = [i for i in range(len(data)) if data.labels[i] == 1][-1]
+    with pytest.raises(ValueError, match=rf"image {broken} .*broken\.png"):
+        data[broken]
+
+
+# --------------------------------------------------------------------------- HF datasets
+
+
+def test_save_to_disk_round_trip(tmp_path: Path) -> None:
+    dataset = _hf_dataset()
+    dataset_dict = datasets.DatasetDict({"train": dataset, "test": dataset.select([0, 1])})
+    dataset_dict.save_to_disk(str(tmp_path / "dd"))
+    train = load_disk(tmp_path / "dd", "train")
+    assert train.class_names == ["a", "b"]
+    assert train.labels.tolist() == [0, 1, 0, 1, 0, 1]
+    assert np.array_equal(train[3][0], np.full((4, 4, 3), 30, np.uint8))
+    assert len(load_disk(tmp_path / "dd", "test")) == 2
+    with pytest.raises(ValueError, match=r"split 'validation' not found.*\['train', 'test'\]"):
+        load_disk(tmp_path / "dd", "validation")
+    dataset.save_to_disk(str(tmp_path / "single"))
+    assert len(load_disk(tmp_path / "single")) == 6
+
+
+def test_empty_split_is_an_error(tmp_path: Path) -> None:
+    dataset = _hf_dataset()
+    empty = dataset.filter(lambda row: False)
+    datasets.DatasetDict({"train": dataset, "test": empty}).save_to_disk(str(tmp_path / "dd"))
+    with pytest.raises(ValueError, match=r"disk:.*:test.* is empty"):
+        load_disk(tmp_path / "dd", "test")
+    np.savez(tmp_path / "e.npz", images=np.zeros((0, 4, 4), np.uint8), labels=np.zeros(0, int))
+    with pytest.raises(ValueError, match="is empty"):
+        load_arrays(tmp_path / "e.npz")
+
+
+def test_missing_column_error_names_column_and_lists_columns() -> None:
+    with pytest.raises(ValueError, match=r"'fine_label' not found.*\['image', 'label'\]"):
+        HFImages(_hf_dataset(), label_column="fine_label")
+    with pytest.raises(ValueError, match=r"column 'img' not found"):
+        HFImages(_hf_dataset(), image_column="img")
+
+
+def test_hf_images_from_arrays_and_subset() -> None:
+    rows = {"pixels": [np.full((3, 3), i, np.uint8) for i in range(4)], "y": [3, 1, 2, 0]}
+    data = HFImages(datasets.Dataset.from_dict(rows), "pixels", "y")
+    assert data.class_names == ["0", "1", "2", "3"]  # no ClassLabel: names from the label range
+    image, label = data[-1]
+    assert image.shape == (3, 3, 3) and image[0, 0, 0] == 3 and label == 0
+    subset = IndexedImages(data, [2, 0])
+    assert subset.labels.tolist() == [2, 3]
+    assert subset[0][0][0, 0, 0] == 2
+    assert subset.identity.startswith(data.identity) and subset.identity != data.identity
+    with pytest.raises(IndexError):
+        subset[2]
+
+
+def test_string_labels_are_refused() -> None:
+    rows = {"image": [np.zeros((2, 2), np.uint8)], "label": ["cat"]}
+    with pytest.raises(ValueError, match=r"label column 'label'.*integer class ids"):
+        HFImages(datasets.Dataset.from_dict(rows))
+
+
+def test_load_hub_forwards_id_revision_and_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+
+    def fake_load_dataset(path: str, name: str | None, **kwargs: object) -> datasets.Dataset:
+        calls.append((path, name, kwargs))
+        return _hf_dataset()
+
+    monkeypatch.setattr(fdata.datasets, "load_dataset", fake_load_dataset)
+    data = load_hub("org/set", "test", revision="abc123", cache_dir="/tmp/c")
+    assert calls == [
+        ("org/set", None, {"revision": "abc123", "split": "test", "cache_dir": "/tmp/c"})
+    ]
+    assert data.identity.startswith("hub:org/set@abc123:test#")
+    assert data.class_names == ["a", "b"]
+
+
+# --------------------------------------------------------------------------- arrays and IDX
+
+
+def test_npz_round_trip_and_missing_key(tmp_path: Path) -> None:
+    images = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)  # (N, H, W)
+    np.savez(tmp_path / "a.npz", images=images, labels=[1, 0], class_names=["x", "y"])
+    data = load_arrays(tmp_path / "a.npz")
+    assert data.class_names == ["x", "y"]
+    assert data.labels.tolist() == [1, 0]
+    assert np.array_equal(data[1][0][..., 2], images[1])
+    assert data.identity.startswith("npz:a.npz#")
+    np.savez(tmp_path / "b.npz", images=images)
+    with pytest.raises(ValueError, match=r"b\.npz lacks array\(s\) \['labels'\]"):
+        load_arrays(tmp_path / "b.npz")
+
+
+def test_array_images_validate_dtype_and_shape() -> None:
+    with pytest.raises(ValueError, match="uint8"):
+        ArrayImages(np.zeros((2, 3, 3), np.float32), np.zeros(2, int))
+    with pytest.raises(ValueError, match=r"labels must have shape \(2,\)"):
+        ArrayImages(np.zeros((2, 3, 3), np.uint8), np.zeros(3, int))
+    with pytest.raises(ValueError, match="channels must be 1 or 3"):
+        ArrayImages(np.zeros((2, 3, 3), np.uint8), np.zeros(2, int), channels=2)
+
+
+def test_channels_rgb_to_gray_and_back() -> None:
+    rgb = np.zeros((1, 2, 2, 3), np.uint8)
+    rgb[..., 0] = 200  # pure red: luma 0.299 * 200
+    gray = ArrayImages(rgb, np.zeros(1, int), channels=1)[0][0]
+    assert gray.shape == (2, 2, 1) and gray[0, 0, 0] == round(0.299 * 200)
+    expanded = ArrayImages(rgb[..., :1], np.zeros(1, int))[0][0]
+    assert expanded.shape == (2, 2, 3) and (expanded == 200).all()
+
+
+def test_idx_round_trip(tmp_path: Path) -> None:
+    images = np.random.default_rng(0).integers(0, 256, (5, 4, 3), dtype=np.uint8)
+    _write_idx(tmp_path / "img.gz", images)
+    _write_idx(tmp_path / "lab.gz", np.array([0, 1, 2, 1, 0], np.uint8))
+    assert np.array_equal(read_idx(tmp_path / "img.gz"), images)
+    data = load_idx(tmp_path / "img.gz", tmp_path / "lab.gz")
+    assert len(data) == 5 and data.class_names == ["0", "1", "2"]
+    assert np.array_equal(data[4][0][..., 1], images[4])
+
+
+def test_idx_truncated_and_malformed_files_are_named(tmp_path: Path) -> None:
+    images = np.zeros((5, 4, 3), np.uint8)
+    _write_idx(tmp_path / "ok.gz", images)
+    raw = (tmp_path / "ok.gz").read_bytes()
+    (tmp_path / "cut.gz").write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(ValueError, match=r"cut\.gz is not a complete gzip stream"):
+        read_idx(tmp_path / "cut.gz")
+    header = struct.pack(">HBB3I", 0, 0x08, 3, 5, 4, 3)
+    (tmp_path / "short.gz").write_bytes(gzip.compress(header + bytes(50)))
+    with pytest.raises(ValueError, match=r"short\.gz: header announces shape \(5, 4, 3\) = 60"):
+        read_idx(tmp_path / "short.gz")
+    (tmp_path / "float.gz").write_bytes(gzip.compress(struct.pack(">HBBI", 0, 0x0D, 1, 0)))
+    with pytest.raises(ValueError, match=r"float\.gz has IDX dtype 0x0d"):
+        read_idx(tmp_path / "float.gz")
+    (tmp_path / "magic.gz").write_bytes(gzip.compress(b"\x12\x34\x08\x01" + bytes(8)))
+    with pytest.raises(ValueError, match=r"magic\.gz is not an IDX file"):
+        read_idx(tmp_path / "magic.gz")
+
+
+def test_idx_count_mismatch(tmp_path: Path) -> None:
+    _write_idx(tmp_path / "img.gz", np.zeros((3, 2, 2), np.uint8))
+    _write_idx(tmp_path / "lab.gz", np.zeros(4, np.uint8))
+    with pytest.raises(ValueError, match=r"3 images but .*lab\.gz has 4 labels"):
+        load_idx(tmp_path / "img.gz", tmp_path / "lab.gz")
+
+
+# --------------------------------------------------------------------------- real data
+
+
+@needs_shared
+def test_real_fashion_mnist_train() -> None:
+    folder = SHARED_DATA / "fashion-mnist"
+    data = load_idx(
+        folder / "train-images-idx3-ubyte.gz",
+        folder / "train-labels-idx1-ubyte.gz",
+        FASHION_MNIST_CLASSES,
+    )
+    assert data.images.shape == (60000, 28, 28) and data.images.dtype == np.uint8
+    assert np.bincount(data.labels).tolist() == [6000] * 10
+    image, label = data[0]
+    # The first training sample is an ankle boot on a black background (Zalando's README).
+    assert label == 9 and data.class_names[label] == "Ankle boot"
+    assert image.shape == (28, 28, 3) and image[0, 0].tolist() == [0, 0, 0]
+    assert image.max() > 200
+
+
+@needs_shared
+def test_real_mnist_test_split() -> None:
+    folder = SHARED_DATA / "mnist"
+    data = load_idx(folder / "t10k-images-idx3-ubyte.gz", folder / "t10k-labels-idx1-ubyte.gz")
+    assert data.images.shape == (10000, 28, 28)
+    assert data.labels[:3].tolist() == [7, 2, 1]  # the well-known first LeCun test digits
+
+
+@needs_shared
+def test_real_cifar10_members_as_imagefolder(tmp_path: Path) -> None:
+    root, per_class = tmp_path / "cifar", 2
+    taken: dict[str, int] = {}
+    # Stream the tar and stop once the test split (stored first) is behind us: ~15 MB read.
+    with tarfile.open(SHARED_DATA / "cifar10-jpeg" / "CIFAR-10-images.tar", "r|") as tar:
+        for member in tar:
+            parts = member.name.split("/")
+            if parts[0] == "train":
+                break
+            if not member.isfile() or len(parts) != 3 or taken.get(parts[1], 0) >= per_class:
+                continue
+            taken[parts[1]] = taken.get(parts[1], 0) + 1
+            target = root / "test" / parts[1] / parts[2]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(tar.extractfile(member).read())
+    data = load_imagefolder(root, "test", cache_dir=tmp_path / "cache")
+    assert data.class_names == CIFAR10_CLASSES
+    assert np.bincount(data.labels).tolist() == [per_class] * 10
+    assert data[0][0].shape == (32, 32, 3)
+
+
+# --------------------------------------------------------------------------- digits, splits
+
+
+def test_sklearn_digits_filter_and_remap() -> None:
+    full = load_sklearn_digits()
+    assert len(full) == 1797 and full.identity == "sklearn.load_digits"
+    ood = load_sklearn_digits([9, 5])
+    assert ood.identity == "sklearn.load_digits[9,5]"
+    assert ood.class_names == ["9", "5"]
+    assert set(ood.labels.tolist()) == {0, 1}
+    assert (ood.labels == 0).sum() == (full.labels == 9).sum()
+    assert ood.images.dtype == np.uint8 and ood.images.max() == 255 and ood.images.min() == 0
+    with pytest.raises(ValueError, match=r"distinct digits in 0\.\.9"):
+        load_sklearn_digits([3, 3])
+    with pytest.raises(ValueError, match=r"distinct digits in 0\.\.9"):
+        load_sklearn_digits([10])
+
+
+def test_stratified_split_preserves_proportions_and_partitions() -> None:
+    labels = np.repeat([0, 1, 2], [60, 30, 10])
+    train, val = stratified_split(labels, 0.2, seed=1)
+    assert np.bincount(labels[val]).tolist() == [12, 6, 2]
+    assert len(np.intersect1d(train, val)) == 0
+    assert np.array_equal(np.sort(np.concatenate([train, val])), np.arange(100))
+    again = stratified_split(labels, 0.2, seed=1)
+    other = stratified_split(labels, 0.2, seed=2)
+    assert np.array_equal(again[1], val) and not np.array_equal(other[1], val)
+
+
+def test_stratified_split_keeps_a_training_sample_per_class() -> None:
+    labels = np.array([0, 0, 0, 0, 1, 2, 2])
+    train, _ = stratified_split(labels, 0.5, seed=0)
+    assert set(labels[train].tolist()) == {0, 1, 2}
+    for fraction in (0.0, 1.0, -0.1):
+        with pytest.raises(ValueError, match=r"must lie in \(0, 1\)"):
+            stratified_split(labels, fraction, seed=0)
+
+
+def test_allocate_sums_exactly() -> None:
+    assert allocate(10, [1, 1, 1]).tolist() == [4, 3, 3]
+    assert allocate(7, [0.5, 0.25, 0.25]).sum() == 7
+    with pytest.raises(ValueError, match="non-negative"):
+        allocate(5, [1, -1])
+
+
+def test_check_labels_names_offending_values() -> None:
+    data = ArrayImages(np.zeros((4, 2, 2), np.uint8), np.array([0, 5, -1, 2]))
+    with pytest.raises(ValueError, match=r"label values -1, 5 outside the allowed range \[0, 3\)"):
+        check_labels(data, 3)
+    data.labels = np.array([0, 1, 2, 2])
+    check_labels(data, 3)
+
+
+# --------------------------------------------------------------------------- transforms
+
+
+@pytest.mark.parametrize("augment", ["none", "flip", "crop_flip", "randaug-lite"])
+def test_train_transform_shapes(augment: str) -> None:
+    transform = train_transform((12, 10), MEAN, STD, augment, seed=0)
+    out = transform(image=np.zeros((7, 9, 3), np.uint8))["image"]
+    assert out.shape == (3, 12, 10) and out.dtype == torch.float32
+
+
+def test_eval_transform_normalises_a_constant_image() -> None:
+    out = eval_transform((8, 8), (0.2, 0.4, 0.6), (0.1, 0.2, 0.3))(
+        image=np.full((5, 5, 3), 102, np.uint8)
+    )["image"]  # 102 / 255 = 0.4
+    assert out.shape == (3, 8, 8)
+    assert torch.allclose(out.mean(dim=(1, 2)), torch.tensor([2.0, 0.0, -2 / 3]), atol=1e-5)
+
+
+def test_transform_argument_errors() -> None:
+    with pytest.raises(ValueError, match=r"augment must be one of \['none', 'flip'"):
+        train_transform((8, 8), MEAN, STD, "mixup")
+    with pytest.raises(ValueError, match="1 or 3 entries"):
+        eval_transform((8, 8), (0.5, 0.5), (0.5, 0.5))
+    gray = ArrayImages(np.zeros((2, 4, 4), np.uint8), np.zeros(2, int), channels=1)
+    with pytest.raises(ValueError, match=r"normalises 3 channels but .* 1-channel"):
+        TransformedImages(gray, eval_transform((8, 8), MEAN, STD))
+
+
+def test_transformed_images_expand_gray_to_three_channels() -> None:
+    data = ArrayImages(np.full((2, 5, 5), 128, np.uint8), np.array([1, 0]))
+    image, label = TransformedImages(data, eval_transform((6, 6), MEAN, STD))[0]
+    assert image.shape == (3, 6, 6) and image.dtype == torch.float32 and label == 1
+    single = ArrayImages(np.full((2, 5, 5), 128, np.uint8), np.array([1, 0]), channels=1)
+    image, _ = TransformedImages(single, eval_transform((6, 6), (0.5,), (0.5,)))[0]
+    assert image.shape == (1, 6, 6)
+
+
+def test_is_deterministic() -> None:
+    assert is_deterministic(eval_transform((8, 8), MEAN, STD))
+    assert is_deterministic(train_transform((8, 8), MEAN, STD, "none"))
+    assert not is_deterministic(train_transform((8, 8), MEAN, STD, "flip"))
+
+
+# --------------------------------------------------------------------------- loaders
+
+
+def _augmented_digits() -> TransformedImages:
+    return TransformedImages(
+        load_sklearn_digits([0, 1]), train_transform((8, 8), MEAN, STD, "randaug-lite")
+    )
+
+
+def test_make_loader_is_reproducible_under_a_seed() -> None:
+    def first_batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return next(iter(make_loader(_augmented_digits(), 16, shuffle=True, seed=seed)))
+
+    (x1, y1), (x2, y2), (x3, _) = first_batch(3), first_batch(3), first_batch(4)
+    assert x1.shape == (16, 3, 8, 8) and y1.dtype == torch.int64
+    assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    assert not torch.equal(x1, x3)
+
+
+def test_worker_streams_differ_and_repeat() -> None:
+    # Same image everywhere: any difference between batches comes from the augmentation.
+    same = ArrayImages(
+        np.tile(np.arange(64, dtype=np.uint8).reshape(1, 8, 8), (8, 1, 1)), np.zeros(8, int)
+    )
+
+    def batches() -> list[torch.Tensor]:
+        data = TransformedImages(same, train_transform((8, 8), MEAN, STD, "randaug-lite"))
+        return [x for x, _ in make_loader(data, 4, shuffle=False, num_workers=2, seed=0)]
+
+    first, second = batches(), batches()
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+    # Worker 0 yields batch 0, worker 1 batch 1: without the per-worker reseed they are equal.
+    assert not torch.equal(first[0], first[1])

@@ -1,0 +1,151 @@
+"""End to end on a tiny image folder: train, evaluate, re-evaluate, resume, two processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+from safetensors.torch import load_file
+
+import fseb_ft.train as train_module
+from fseb_ft.config import recipe_from_dict
+from fseb_ft.finetune import evaluate_run, run
+
+REPO = Path(__file__).parents[1]
+N_TEST = 13  # odd, so two processes see an uneven last batch
+N_OOD = 5
+
+
+def _write_folder(root: Path, split: str, classes: dict[str, int], size: int = 16) -> None:
+    rng = np.random.default_rng(abs(hash((str(root), split))) % 2**32)
+    for name, count in classes.items():
+        base = rng.integers(0, 256, size=3)
+        (root / split / name).mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            noise = rng.integers(-40, 40, size=(size, size, 3))
+            pixels = np.clip(base + noise, 0, 255).astype(np.uint8)
+            Image.fromarray(pixels).save(root / split / name / f"{i:03d}.png")
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("data")
+    _write_folder(root / "ind", "train", {"cat": 12, "dog": 12, "fox": 12})
+    _write_folder(root / "ind", "test", {"cat": 5, "dog": 4, "fox": 4})
+    _write_folder(root / "ood", "test", {"owl": N_OOD})
+    return {"ind": root / "ind", "ood": root / "ood"}
+
+
+def _recipe_dict(folders: dict[str, Path], out: Path, epochs: int = 2) -> dict:
+    return {
+        "model": {"name": "test_byobnet", "pretrained": False, "input_size": 16},
+        "data": {
+            "train": {"source": "imagefolder", "path": str(folders["ind"]), "split": "train"},
+            "test": {"source": "imagefolder", "path": str(folders["ind"]), "split": "test"},
+            "ood": {
+                "owls": {"source": "imagefolder", "path": str(folders["ood"]), "split": "test"}
+            },
+            "val_fraction": 0.25,
+            "augment": "crop_flip",
+            "batch_size": 8,
+            "num_workers": 0,
+        },
+        "context": {"kind": "train", "corrupt": True, "pool_size": 20, "batch_size": 4},
+        "fseb": {"prior_var": 1.0, "prior_cov_scale": 0.01, "prior_cov_diag": 1.0},
+        "optim": {"lr": 0.05, "warmup_steps": 2},
+        "train": {"epochs": epochs, "cpu": True, "log_every": 2},
+        "eval": {"batch_size": 4},
+        "output": {"dir": str(out)},
+    }
+
+
+def test_end_to_end_run_writes_everything_and_reevaluates_identically(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    results = run(recipe_from_dict(_recipe_dict(folders, out)))
+    for name in (
+        "recipe.yaml",
+        "run.json",
+        "results.json",
+        "results.md",
+        "model/model.safetensors",
+    ):
+        assert (out / name).is_file(), name
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["epoch-0002"]
+    assert results["test"]["n"] == N_TEST and results["ood"]["owls"]["n"] == N_OOD
+    info = json.loads((out / "run.json").read_text())
+    assert info["class_names"] == ["cat", "dog", "fox"]
+    assert info["num_train"] == 27  # 36 minus a stratified 25 % validation split
+    assert info["context"]["kind"] == "train" and len(info["context"]["fingerprint"]) == 64
+    assert len(info["training"]["history"]) == 2
+    assert yaml.safe_load((out / "recipe.yaml").read_text())["fseb"]["prior_cov_diag"] == 1.0
+    assert "| FS-EB" in (out / "results.md").read_text()
+
+    again = evaluate_run(out, cpu=True)
+    for key, value in results["test"].items():
+        assert again["test"][key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
+    for key, value in results["ood"]["owls"].items():
+        assert again["ood"]["owls"][key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
+
+
+def test_killed_run_resumes_to_the_same_weights(
+    folders: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    straight = tmp_path / "straight"
+    run(recipe_from_dict(_recipe_dict(folders, straight)))
+
+    resumed = tmp_path / "resumed"
+    original_save = train_module._save_checkpoint
+
+    def save_then_die(accelerator, run_dir, state) -> None:
+        original_save(accelerator, run_dir, state)
+        if state.epoch == 1:
+            raise KeyboardInterrupt("simulated kill after the first epoch's checkpoint")
+
+    monkeypatch.setattr(train_module, "_save_checkpoint", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        run(recipe_from_dict(_recipe_dict(folders, resumed)))
+    monkeypatch.setattr(train_module, "_save_checkpoint", original_save)
+    assert [p.name for p in (resumed / "checkpoints").iterdir()] == ["epoch-0001"]
+
+    epochs_trained = []
+    original_epoch = train_module._train_epoch
+
+    def counting_epoch(*args, **kwargs):
+        epochs_trained.append(args[-1])
+        return original_epoch(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "_train_epoch", counting_epoch)
+    run(recipe_from_dict(_recipe_dict(folders, resumed)))
+    assert epochs_trained == [1]  # only the second epoch was trained again
+
+    for name in ("checkpoints/epoch-0002/model.safetensors", "model/model.safetensors"):
+        a, b = load_file(straight / name), load_file(resumed / name)
+        assert a.keys() == b.keys()
+        for key in a:
+            assert np.array_equal(a[key].numpy(), b[key].numpy()), f"{name}: {key}"
+
+
+def test_two_process_run_counts_every_test_sample_once(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "ddp"
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(_recipe_dict(folders, out, epochs=1)))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+           "--master_port=29533", "-m", "fseb_ft.finetune", str(recipe)]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["test"]["n"] == N_TEST
+    assert results["ood"]["owls"]["n"] == N_OOD
+    assert json.loads((out / "run.json").read_text())["num_processes"] == 2

@@ -303,8 +303,11 @@ class TrainConfig:
     """Force CPU even when an accelerator is present."""
     log_every: int = 10
     """Optimiser steps between progress-bar / tracker updates."""
-    trackers: tuple[Literal["tensorboard"], ...] = ()
-    """Accelerate trackers to log to (``tensorboard`` needs the package installed)."""
+    trackers: tuple[Literal["tensorboard", "wandb", "mlflow", "comet_ml", "aim"], ...] = (
+        "tensorboard",
+    )
+    """Accelerate trackers for per-epoch metrics; one whose package is not installed is skipped
+    with a log message (``pip install tensorboard`` to get the default)."""
 
     def __post_init__(self) -> None:
         _check(self.epochs >= 1, "epochs", self.epochs, "must be ≥ 1")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import logging
 import math
@@ -45,8 +46,9 @@ from fseb_ft.models import InputSpec, create_model, input_spec
 from fseb_ft.objective import FSEBObjective
 from fseb_ft.train import ContextStream, build_optimizer, build_scheduler, fit
 
-__all__ = ["cli", "evaluate_run", "main", "run"]
+__all__ = ["cli", "compare", "evaluate_run", "main", "run"]
 
+logger = logging.getLogger("fseb_ft")
 _MODEL_FILE = Path("model") / "model.safetensors"
 
 
@@ -92,7 +94,7 @@ def run(recipe: Recipe) -> dict[str, Any]:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "recipe.yaml").write_text(dump_recipe(recipe))
         _write_json(run_dir / "run.json", run_info)
-    if recipe.train.trackers:
+    if accelerator.log_with:
         accelerator.init_trackers(run_dir.name, config=_flat(dataclasses.asdict(recipe)))
 
     state = fit(
@@ -165,12 +167,19 @@ def _evaluate(
     return evaluate_predictions(test, ood)
 
 
+def _trackers(names: Sequence[str]) -> list[str]:
+    available = [n for n in names if importlib.util.find_spec(n) is not None]
+    for name in sorted(set(names) - set(available)):
+        logger.info("tracker %r is not installed (pip install %s); not logging to it", name, name)
+    return available
+
+
 def _accelerator(recipe: Recipe, run_dir: Path) -> Accelerator:
     return Accelerator(
         mixed_precision=recipe.train.mixed_precision,
         gradient_accumulation_steps=recipe.train.grad_accum_steps,
         cpu=recipe.train.cpu,
-        log_with=list(recipe.train.trackers) or None,
+        log_with=_trackers(recipe.train.trackers) or None,
         project_dir=str(run_dir),
         # Per-epoch seeded shuffling (set_epoch) is what makes a resumed run match.
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
@@ -271,14 +280,49 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("recipe", type=Path, help="YAML recipe (see recipes/)")
     parser.add_argument("overrides", nargs="*", help="section.key=value overrides")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="train the PS-MAP baseline (fseb.reg_scale=0) and the recipe's FS-EB into "
+        "OUTPUT/psmap and OUTPUT/fseb, and print them side by side",
+    )
+    # Intermixed: overrides may come before or after --compare.
+    args = parser.parse_intermixed_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # Regulariser warnings (Cholesky jitter) go to the log like everything else.
     logging.captureWarnings(True)
     recipe = load_recipe(args.recipe, args.overrides)
+    if args.compare:
+        return compare(args.recipe, args.overrides)
     results = run(recipe)
     if PartialState().is_main_process:
         print(markdown_table({_title(recipe): results}))
+    return results
+
+
+def compare(recipe_path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """Train PS-MAP and FS-EB from one recipe and write ``comparison.md`` / ``.json``.
+
+    The two runs differ only in ``fseb.reg_scale`` (0 for PS-MAP): same data, seed, backbone,
+    optimiser and schedule — one loop, two configurations.
+    """
+    recipe = load_recipe(recipe_path, overrides)
+    if recipe.fseb.reg_scale == 0:
+        raise ValueError("--compare needs a recipe with fseb.reg_scale > 0 (its FS-EB setting)")
+    out = Path(recipe.output.dir)
+    results: dict[str, Any] = {}
+    for label, slug, extra in (
+        ("PS-MAP", "psmap", ["fseb.reg_scale=0"]),
+        ("FS-EB", "fseb", []),
+    ):
+        sub = load_recipe(recipe_path, [*overrides, *extra, f"output.dir={out / slug}"])
+        results[label] = run(sub)
+    if PartialState().is_main_process:
+        table = markdown_table(results)
+        seconds = {k: round(v["training"]["seconds"], 1) for k, v in results.items()}
+        (out / "comparison.md").write_text(f"# {recipe.model.name}: PS-MAP vs FS-EB\n\n{table}")
+        _write_json(out / "comparison.json", results)
+        print(f"\n{table}\ntraining seconds: {seconds}; written to {out}")
     return results
 
 

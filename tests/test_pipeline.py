@@ -17,6 +17,8 @@ from safetensors.torch import load_file
 import fseb_ft.train as train_module
 from fseb_ft.config import recipe_from_dict
 from fseb_ft.finetune import evaluate_run, run
+from fseb_ft.objective import FSEBObjective
+from fseb_ft.train import NonFiniteLossError
 
 REPO = Path(__file__).parents[1]
 N_TEST = 13  # odd, so two processes see an uneven last batch
@@ -149,3 +151,26 @@ def test_two_process_run_counts_every_test_sample_once(
     assert results["test"]["n"] == N_TEST
     assert results["ood"]["owls"]["n"] == N_OOD
     assert json.loads((out / "run.json").read_text())["num_processes"] == 2
+
+
+def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(
+    folders: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "nan"
+    recipe = recipe_from_dict(_recipe_dict(folders, out))
+    steps_per_epoch = 4  # 27 training images, batches of 8
+    original = FSEBObjective.forward
+    calls = []
+
+    def poisoned(self, *args, **kwargs):
+        terms = original(self, *args, **kwargs)
+        calls.append(1)
+        if len(calls) > steps_per_epoch + 1:  # the second step of epoch 2
+            terms["loss"] = terms["loss"] * float("nan")
+        return terms
+
+    monkeypatch.setattr(FSEBObjective, "forward", poisoned)
+    with pytest.raises(NonFiniteLossError, match=r"non-finite in epoch 2 .*last good checkpoint"):
+        run(recipe)
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["epoch-0001"]
+    assert (out / "model" / "model.safetensors").is_file()

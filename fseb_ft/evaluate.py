@@ -7,27 +7,42 @@ best weights, and rewrites its ``results.json`` and ``results.md``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate import Accelerator
+from safetensors.torch import load_model
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
+from fseb_ft.config import Recipe, load_recipe
+from fseb_ft.data import Splits, TransformedImages, build_splits, eval_transform, make_loader
 from fseb_ft.metrics import classification_metrics, ood_metrics
+from fseb_ft.models import InputSpec, create_model
 
 __all__ = [
+    "MODEL_WEIGHTS",
+    "eval_loader",
     "evaluate_predictions",
+    "evaluate_run",
+    "evaluate_splits",
     "main",
     "markdown_table",
+    "method_title",
     "predict",
+    "write_json",
     "write_results",
 ]
+
+MODEL_WEIGHTS = Path("model") / "model.safetensors"
+"""Where a run directory keeps its best (validation-selected) weights."""
 
 # (results key, column title, scale) — percentages as in the paper's tables.
 _COLUMNS: tuple[tuple[str, str, float], ...] = (
@@ -118,6 +133,70 @@ def write_results(run_dir: Path, results: Mapping[str, Any], title: str) -> None
     (run_dir / "results.md").write_text(md)
 
 
+def evaluate_run(run_dir: str | Path, cpu: bool = False) -> dict[str, Any]:
+    """Re-evaluate a finished run from its ``recipe.yaml``, ``run.json`` and best weights."""
+    run_dir = Path(run_dir)
+    for needed in ("recipe.yaml", "run.json", str(MODEL_WEIGHTS)):
+        if not (run_dir / needed).exists():
+            raise FileNotFoundError(f"{run_dir} is not a finished run: {needed} is missing")
+    recipe = load_recipe(run_dir / "recipe.yaml", [f"train.cpu={str(cpu).lower()}"])
+    info = json.loads((run_dir / "run.json").read_text())
+    accelerator = Accelerator(cpu=cpu, mixed_precision=recipe.train.mixed_precision)
+    splits = build_splits(recipe.data, recipe.train.seed)
+    # The weights come from the run, so never fetch pretrained ones again.
+    model_cfg = dataclasses.replace(recipe.model, pretrained=False)
+    model = create_model(model_cfg, info["num_classes"], in_chans=recipe.data.channels)
+    load_model(model, str(run_dir / MODEL_WEIGHTS))
+    spec = InputSpec(**{k: tuple(v) for k, v in info["input"].items()})
+    model = accelerator.prepare(model)
+    results = evaluate_splits(model, splits, spec, recipe, accelerator)
+    previous = run_dir / "results.json"
+    if previous.exists():
+        results["training"] = json.loads(previous.read_text()).get("training")
+    if accelerator.is_main_process:
+        write_results(run_dir, results, title=method_title(recipe))
+    return results
+
+
+def evaluate_splits(
+    model: nn.Module, splits: Splits, spec: InputSpec, recipe: Recipe, accelerator: Accelerator
+) -> dict[str, Any]:
+    """Predict the test split and every OOD set with ``model`` and compute their metrics."""
+    if splits.test is None:
+        raise ValueError("data.test is not set: there is no test split to evaluate")
+    test = predict(model, accelerator.prepare(eval_loader(splits.test, spec, recipe)), accelerator)
+    ood = {
+        name: predict(model, accelerator.prepare(eval_loader(data, spec, recipe)), accelerator)[0]
+        for name, data in splits.ood.items()
+    }
+    return evaluate_predictions(test, ood)
+
+
+def eval_loader(data: Any, spec: InputSpec, recipe: Recipe) -> torch.utils.data.DataLoader:
+    """Un-augmented, un-shuffled loader (resize + normalise) for evaluation."""
+    dataset = TransformedImages(data, eval_transform(spec.size, spec.mean, spec.std))
+    return make_loader(
+        dataset,
+        recipe.eval.batch_size,
+        shuffle=False,
+        num_workers=recipe.data.num_workers,
+        seed=recipe.train.seed,
+    )
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Write JSON atomically (temporary file, then rename)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def method_title(recipe: Recipe) -> str:
+    """ "FS-EB · model" or "PS-MAP · model" for tables and titles."""
+    method = "FS-EB" if recipe.fseb.reg_scale > 0 else "PS-MAP"
+    return f"{method} · {recipe.model.name}"
+
+
 def _num(value: float | None, scale: float) -> str:
     if value is None or not math.isfinite(value):
         return "–"
@@ -130,8 +209,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("run_dir", type=Path, help="a run directory written by fseb_ft.finetune")
     parser.add_argument("--cpu", action="store_true", help="evaluate on CPU")
     args = parser.parse_args(argv)
-    from fseb_ft.finetune import evaluate_run
-
     return evaluate_run(args.run_dir, cpu=args.cpu)
 
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
-import json
 import logging
 import math
 import os
@@ -24,9 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 from accelerate import Accelerator, PartialState
-from accelerate.utils import DataLoaderConfiguration, set_seed
+from accelerate.utils import set_seed
 from safetensors.torch import load_model, save_model
 from torch import nn
 
@@ -36,29 +33,43 @@ from fseb_ft.data import (
     Splits,
     TransformedImages,
     build_splits,
-    eval_transform,
     load_spec,
     make_loader,
     train_transform,
 )
-from fseb_ft.evaluate import evaluate_predictions, markdown_table, predict, write_results
+from fseb_ft.evaluate import (
+    MODEL_WEIGHTS,
+    eval_loader,
+    evaluate_splits,
+    markdown_table,
+    method_title,
+    write_json,
+    write_results,
+)
 from fseb_ft.models import InputSpec, create_model, input_spec
 from fseb_ft.objective import FSEBObjective
-from fseb_ft.train import ContextStream, build_optimizer, build_scheduler, fit
+from fseb_ft.train import (
+    ContextStream,
+    build_optimizer,
+    build_scheduler,
+    fit,
+    make_accelerator,
+)
 
-__all__ = ["cli", "compare", "evaluate_run", "main", "run"]
-
-logger = logging.getLogger("fseb_ft")
-_MODEL_FILE = Path("model") / "model.safetensors"
+__all__ = ["cli", "compare", "main", "run"]
 
 
-def run(recipe: Recipe) -> dict[str, Any]:
-    """Train, select on validation, evaluate on test and OOD sets; return the results dict."""
+def run(recipe: Recipe, splits: Splits | None = None) -> dict[str, Any]:
+    """Train, select on validation, evaluate on test and OOD sets; return the results dict.
+
+    ``splits`` replaces the datasets named in ``recipe.data`` (the Python API passes its own).
+    """
     run_dir = Path(recipe.output.dir)
-    accelerator = _accelerator(recipe, run_dir)
+    accelerator = make_accelerator(recipe, run_dir)
     start = time.perf_counter()
     set_seed(recipe.train.seed)
-    splits = build_splits(recipe.data, recipe.train.seed)
+    if splits is None:
+        splits = build_splits(recipe.data, recipe.train.seed)
     num_classes = _num_classes(recipe, splits)
     model = create_model(recipe.model, num_classes, in_chans=recipe.data.channels)
     spec = input_spec(model, recipe.model, recipe.data)
@@ -68,7 +79,7 @@ def run(recipe: Recipe) -> dict[str, Any]:
     )
     loader_kw = {"num_workers": recipe.data.num_workers, "seed": seed}
     train_loader = make_loader(train_set, recipe.data.batch_size, shuffle=True, **loader_kw)
-    val_loader = _eval_loader(splits.val, spec, recipe)
+    val_loader = eval_loader(splits.val, spec, recipe)
 
     objective = FSEBObjective(model, num_train=len(splits.train), **dataclasses.asdict(recipe.fseb))
     optimizer = build_optimizer(recipe.optim, objective.trainable_parameters())
@@ -93,7 +104,7 @@ def run(recipe: Recipe) -> dict[str, Any]:
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "recipe.yaml").write_text(dump_recipe(recipe))
-        _write_json(run_dir / "run.json", run_info)
+        write_json(run_dir / "run.json", run_info)
     if accelerator.log_with:
         accelerator.init_trackers(run_dir.name, config=_flat(dataclasses.asdict(recipe)))
 
@@ -107,12 +118,12 @@ def run(recipe: Recipe) -> dict[str, Any]:
         val_loader=val_loader,
         context=context,
         run_dir=run_dir,
-        save_best=lambda m: _save_weights(m, run_dir / _MODEL_FILE),
+        save_best=lambda m: _save_weights(m, run_dir / MODEL_WEIGHTS),
     )
     accelerator.wait_for_everyone()
     train_seconds = time.perf_counter() - start
-    load_model(accelerator.unwrap_model(model), str(run_dir / _MODEL_FILE))
-    results = _evaluate(model, splits, spec, recipe, accelerator)
+    load_model(accelerator.unwrap_model(model), str(run_dir / MODEL_WEIGHTS))
+    results = evaluate_splits(model, splits, spec, recipe, accelerator)
     results["training"] = {
         "best_epoch": state.best_epoch,
         f"best_val_{recipe.train.select_metric}": state.best_value,
@@ -122,68 +133,11 @@ def run(recipe: Recipe) -> dict[str, Any]:
         "history": state.history,
     }
     if accelerator.is_main_process:
-        write_results(run_dir, results, title=_title(recipe))
+        write_results(run_dir, results, title=method_title(recipe))
         run_info["training"] = results["training"]
-        _write_json(run_dir / "run.json", run_info)
+        write_json(run_dir / "run.json", run_info)
     accelerator.end_training()
     return results
-
-
-def evaluate_run(run_dir: str | Path, cpu: bool = False) -> dict[str, Any]:
-    """Re-evaluate a finished run from its ``recipe.yaml``, ``run.json`` and best weights."""
-    run_dir = Path(run_dir)
-    for needed in ("recipe.yaml", "run.json", str(_MODEL_FILE)):
-        if not (run_dir / needed).exists():
-            raise FileNotFoundError(f"{run_dir} is not a finished run: {needed} is missing")
-    recipe = load_recipe(run_dir / "recipe.yaml", [f"train.cpu={str(cpu).lower()}"])
-    info = json.loads((run_dir / "run.json").read_text())
-    accelerator = _accelerator(recipe, run_dir)
-    splits = build_splits(recipe.data, recipe.train.seed)
-    # The weights come from the run, so never fetch pretrained ones again.
-    model_cfg = dataclasses.replace(recipe.model, pretrained=False)
-    model = create_model(model_cfg, info["num_classes"], in_chans=recipe.data.channels)
-    load_model(model, str(run_dir / _MODEL_FILE))
-    spec = InputSpec(**{k: tuple(v) for k, v in info["input"].items()})
-    model = accelerator.prepare(model)
-    results = _evaluate(model, splits, spec, recipe, accelerator)
-    previous = run_dir / "results.json"
-    if previous.exists():
-        results["training"] = json.loads(previous.read_text()).get("training")
-    if accelerator.is_main_process:
-        write_results(run_dir, results, title=_title(recipe))
-    return results
-
-
-def _evaluate(
-    model: nn.Module, splits: Splits, spec: InputSpec, recipe: Recipe, accelerator: Accelerator
-) -> dict[str, Any]:
-    if splits.test is None:
-        raise ValueError("data.test is not set: there is no test split to evaluate")
-    test = predict(model, accelerator.prepare(_eval_loader(splits.test, spec, recipe)), accelerator)
-    ood = {
-        name: predict(model, accelerator.prepare(_eval_loader(data, spec, recipe)), accelerator)[0]
-        for name, data in splits.ood.items()
-    }
-    return evaluate_predictions(test, ood)
-
-
-def _trackers(names: Sequence[str]) -> list[str]:
-    available = [n for n in names if importlib.util.find_spec(n) is not None]
-    for name in sorted(set(names) - set(available)):
-        logger.info("tracker %r is not installed (pip install %s); not logging to it", name, name)
-    return available
-
-
-def _accelerator(recipe: Recipe, run_dir: Path) -> Accelerator:
-    return Accelerator(
-        mixed_precision=recipe.train.mixed_precision,
-        gradient_accumulation_steps=recipe.train.grad_accum_steps,
-        cpu=recipe.train.cpu,
-        log_with=_trackers(recipe.train.trackers) or None,
-        project_dir=str(run_dir),
-        # Per-epoch seeded shuffling (set_epoch) is what makes a resumed run match.
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
-    )
 
 
 def _num_classes(recipe: Recipe, splits: Splits) -> int:
@@ -196,17 +150,6 @@ def _num_classes(recipe: Recipe, splits: Splits) -> int:
         )
     splits.check_labels(k)
     return k
-
-
-def _eval_loader(data: Any, spec: InputSpec, recipe: Recipe) -> torch.utils.data.DataLoader:
-    dataset = TransformedImages(data, eval_transform(spec.size, spec.mean, spec.std))
-    return make_loader(
-        dataset,
-        recipe.eval.batch_size,
-        shuffle=False,
-        num_workers=recipe.data.num_workers,
-        seed=recipe.train.seed,
-    )
 
 
 def _context_stream(
@@ -251,17 +194,6 @@ def _save_weights(model: nn.Module, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
-def _title(recipe: Recipe) -> str:
-    method = "FS-EB" if recipe.fseb.reg_scale > 0 else "PS-MAP"
-    return f"{method} · {recipe.model.name}"
-
-
 def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in tree.items():
@@ -296,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         return compare(args.recipe, args.overrides)
     results = run(recipe)
     if PartialState().is_main_process:
-        print(markdown_table({_title(recipe): results}))
+        print(markdown_table({method_title(recipe): results}))
     return results
 
 
@@ -321,7 +253,7 @@ def compare(recipe_path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
         table = markdown_table(results)
         seconds = {k: round(v["training"]["seconds"], 1) for k, v in results.items()}
         (out / "comparison.md").write_text(f"# {recipe.model.name}: PS-MAP vs FS-EB\n\n{table}")
-        _write_json(out / "comparison.json", results)
+        write_json(out / "comparison.json", results)
         print(f"\n{table}\ntraining seconds: {seconds}; written to {out}")
     return results
 

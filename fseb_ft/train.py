@@ -9,17 +9,20 @@ result as an uninterrupted one: shuffling, augmentation and the context stream a
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import logging
 import math
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Sampler
 from tqdm.auto import tqdm
@@ -38,8 +41,10 @@ __all__ = [
     "build_scheduler",
     "fit",
     "latest_checkpoint",
+    "make_accelerator",
 ]
 
+logger = logging.getLogger("fseb_ft")
 _HIGHER_IS_BETTER = {"accuracy"}
 _STATE_FILE = "trainer_state.json"
 
@@ -170,6 +175,26 @@ class ContextStream:
             x = x.to(self.device, non_blocking=True)  # (M, C, H, W)
             feats = None if self.features is None else self.features[idx.to(self.device)]
             yield x, feats
+
+
+def _trackers(names: Sequence[str]) -> list[str]:
+    available = [n for n in names if importlib.util.find_spec(n) is not None]
+    for name in sorted(set(names) - set(available)):
+        logger.info("tracker %r is not installed (pip install %s); not logging to it", name, name)
+    return available
+
+
+def make_accelerator(recipe: Recipe, run_dir: Path) -> Accelerator:
+    """The run's Accelerator: precision, accumulation, trackers, and seedable shuffling."""
+    return Accelerator(
+        mixed_precision=recipe.train.mixed_precision,
+        gradient_accumulation_steps=recipe.train.grad_accum_steps,
+        cpu=recipe.train.cpu,
+        log_with=_trackers(recipe.train.trackers) or None,
+        project_dir=str(run_dir),
+        # Per-epoch seeded shuffling (set_epoch) is what makes a resumed run match.
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+    )
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

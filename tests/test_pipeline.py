@@ -16,7 +16,8 @@ from safetensors.torch import load_file
 
 import fseb_ft.train as train_module
 from fseb_ft.config import recipe_from_dict
-from fseb_ft.finetune import evaluate_run, run
+from fseb_ft.evaluate import evaluate_run
+from fseb_ft.finetune import run
 from fseb_ft.objective import FSEBObjective
 from fseb_ft.train import NonFiniteLossError
 

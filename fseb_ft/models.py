@@ -5,12 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import timm
+import torch
 from timm.data import resolve_data_config
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from torch import nn
 
 from fseb_ft.config import DataConfig, ModelConfig
 
-__all__ = ["InputSpec", "create_model", "input_spec"]
+__all__ = ["InputSpec", "PaperCNN", "create_model", "fseb_cnn", "input_spec"]
 
 
 @dataclass(frozen=True)
@@ -69,3 +71,88 @@ def input_spec(model: nn.Module, model_cfg: ModelConfig, data_cfg: DataConfig) -
         mean = (sum(mean) / len(mean),) * data_cfg.channels
         std = (sum(std) / len(std),) * data_cfg.channels
     return InputSpec(size=size, mean=mean, std=std)
+
+
+class PaperCNN(nn.Module):
+    """The FashionMNIST CNN of the paper's reference configuration (design §1).
+
+    conv3×3-32 → ReLU → maxpool2 → conv3×3-64 → ReLU → maxpool2 → dense 256 → ReLU → dense K,
+    'same' padding as in the reference (flax) code. It follows timm's interface:
+    ``forward_features`` returns the flattened conv maps, ``forward_head(pre_logits=True)`` the
+    256-d hidden layer — the features ``h(x; φ0)`` of the FS-EB prior.
+    """
+
+    def __init__(
+        self,
+        num_classes: int = 10,
+        in_chans: int = 1,
+        img_size: int = 28,
+        hidden: int = 256,
+        drop_rate: float = 0.0,
+        **kwargs: object,
+    ) -> None:
+        super().__init__()
+        unknown = set(kwargs) - {"drop_path_rate"}
+        if unknown:
+            raise TypeError(f"PaperCNN got unexpected arguments {sorted(unknown)}")
+        self.num_classes = num_classes
+        self.num_features = self.head_hidden_size = hidden
+        self.features = nn.Sequential(
+            nn.Conv2d(in_chans, 32, 3, padding=1),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
+        )
+        side = img_size // 4
+        self.pre_logits = nn.Sequential(nn.Linear(64 * side * side, hidden), nn.ReLU(inplace=True))
+        self.drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(hidden, num_classes) if num_classes > 0 else nn.Identity()
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Flattened convolutional features (N, 64·(S/4)²)."""
+        return self.features(x).flatten(1)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Hidden features (N, 256) when ``pre_logits``, else logits (N, K)."""
+        x = self.pre_logits(x)  # (N, hidden)
+        return x if pre_logits else self.head(self.drop(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits (N, K)."""
+        return self.forward_head(self.forward_features(x))
+
+    def get_classifier(self) -> nn.Module:
+        """The final linear layer (timm interface)."""
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """Replace the head with a fresh ``num_classes`` one (timm interface)."""
+        self.num_classes = num_classes
+        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+
+
+default_cfgs = generate_default_cfgs(
+    {
+        "fseb_cnn.untrained": {
+            "input_size": (1, 28, 28),
+            "mean": (0.5,),
+            "std": (0.5,),
+            "crop_pct": 1.0,
+            "interpolation": "bilinear",
+            "num_classes": 10,
+            "first_conv": "features.0",
+            "classifier": "head",
+        }
+    }
+)
+
+
+@register_model
+def fseb_cnn(pretrained: bool = False, **kwargs: object) -> PaperCNN:
+    """timm entry point: ``timm.create_model("fseb_cnn", num_classes=K, in_chans=C)``.
+
+    Registered when ``fseb_ft.models`` is imported; it has no pretrained weights.
+    """
+    return build_model_with_cfg(PaperCNN, "fseb_cnn", pretrained, **kwargs)

@@ -1,0 +1,59 @@
+"""Model creation: timm names, local-dir folders, the paper's CNN, input specs, clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+from timm.models import save_for_hf
+
+from fseb_ft.config import DataConfig, DatasetSpec, ModelConfig
+from fseb_ft.models import create_model, input_spec
+from fseb_ft.objective import timm_features
+
+DIGITS = DataConfig(train=DatasetSpec(source="sklearn_digits"))
+
+
+def test_paper_cnn_has_the_reference_architecture() -> None:
+    model = timm.create_model("fseb_cnn", num_classes=10)
+    # conv 1→32 (320) + conv 32→64 (18 496) + dense 3136→256 (803 072) + dense 256→10 (2 570)
+    assert sum(p.numel() for p in model.parameters()) == 320 + 18_496 + 803_072 + 2_570
+    x = torch.randn(3, 1, 28, 28)
+    assert model(x).shape == (3, 10)
+    assert timm_features(model, x).shape == (3, 256)
+    assert (timm_features(model, x) >= 0).all()  # post-ReLU hidden layer
+    model.reset_classifier(4)
+    assert model(x).shape == (3, 4)
+
+
+def test_create_model_resets_the_head_and_reads_the_data_config() -> None:
+    cfg = ModelConfig(name="fseb_cnn", pretrained=False)
+    model = create_model(cfg, num_classes=5, in_chans=1)
+    assert model(torch.randn(2, 1, 28, 28)).shape == (2, 5)
+    spec = input_spec(model, cfg, DataConfig(train=DIGITS.train, channels=1))
+    assert spec.size == (28, 28) and spec.mean == (0.5,) and spec.std == (0.5,)
+    # An RGB pipeline on a model whose statistics are grayscale repeats them per channel.
+    spec3 = input_spec(model, ModelConfig(name="fseb_cnn", input_size=32), DIGITS)
+    assert spec3.size == (32, 32) and spec3.mean == (0.5, 0.5, 0.5)
+
+
+def test_local_dir_folder_gives_starting_weights_and_a_new_head(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    source = timm.create_model("test_byobnet", num_classes=7)
+    save_for_hf(source, tmp_path / "folder")
+    cfg = ModelConfig(name=f"local-dir:{tmp_path / 'folder'}", pretrained=True)
+    model = create_model(cfg, num_classes=3)
+    assert model.get_classifier().out_features == 3
+    body = {k: v for k, v in source.state_dict().items() if not k.startswith("head")}
+    loaded = model.state_dict()
+    for key, value in body.items():
+        torch.testing.assert_close(loaded[key], value, rtol=0, atol=0)
+
+
+def test_unknown_model_and_missing_weights_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"model.name='no_such_net' is not a timm model"):
+        create_model(ModelConfig(name="no_such_net"), num_classes=3)
+    with pytest.raises((OSError, FileNotFoundError, RuntimeError)):
+        create_model(ModelConfig(name=f"local-dir:{tmp_path / 'missing'}"), num_classes=3)

@@ -7,8 +7,12 @@ run saves its resolved recipe (:func:`dump_recipe`) so it can be re-run or re-ev
 
 from __future__ import annotations
 
+import argparse
+import ast
 import dataclasses
+import inspect
 import math
+import sys
 import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +37,7 @@ __all__ = [
     "dump_recipe",
     "load_recipe",
     "recipe_from_dict",
+    "reference_markdown",
 ]
 
 
@@ -328,10 +333,37 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class OutputConfig:
-    """Where the run writes its checkpoints, recipe and results."""
+    """Where the run writes its checkpoints, recipe and results, and where it shares the model."""
 
     dir: str = "runs/default"
     """Run directory (created; a rerun with ``train.resume=auto`` continues in it)."""
+    push_to_hub: str | None = None
+    """Hub repo ``user/name`` to upload the model folder (``model/``: weights, config, card,
+    plots; never checkpoints) to after training; ``null``: keep it on disk only. Retry or push
+    later with ``fseb-ft push RUN_DIR user/name``."""
+    private: bool = False
+    """Create the Hub repo as private (an existing repo keeps its visibility)."""
+    revision: str | None = None
+    """Hub branch to push to (created if missing); ``null``: the default branch."""
+    commit_message: str = "Upload model fine-tuned with fseb_ft"
+    """Commit message of the Hub upload."""
+    license: str | None = None
+    """Model-card license (a Hub license id, e.g. ``apache-2.0``, ``mit``, ``cc-by-nc-4.0``);
+    ``null``: the pretrained source's license as recorded by timm, else ``apache-2.0``. Check
+    the training data's terms too."""
+
+    def __post_init__(self) -> None:
+        repo = self.push_to_hub
+        well_formed = repo is not None and repo.count("/") == 1 and all(repo.split("/"))
+        _check(
+            repo is None or (well_formed and not any(c.isspace() for c in repo)),
+            "push_to_hub",
+            repo,
+            "a Hub repo id 'user/name' or null",
+        )
+        _check(self.revision is None or bool(self.revision), "revision", self.revision, "a branch")
+        _check(bool(self.commit_message), "commit_message", self.commit_message, "non-empty")
+        _check(self.license is None or bool(self.license), "license", self.license, "an id or null")
 
 
 @dataclass(frozen=True)
@@ -503,3 +535,198 @@ def _coerce_scalar(tp: Any, value: Any, key: str) -> Any:
             return value
         raise ConfigError(f"{key}={value!r}: expected a string")
     raise TypeError(f"unsupported recipe field type {tp!r} at {key}")
+
+
+# The smallest valid recipe; the reference shows every default by resolving it.
+_MINIMAL_RECIPE = {"data": {"train": {"source": "sklearn_digits"}}}
+_REFERENCE_INTRO = """\
+# Recipe reference
+
+<!-- Generated from the dataclasses in fseb_ft/config.py by
+     `python -m fseb_ft.config --reference > docs/recipes.md`: edit the docstrings there, not
+     this file. tests/test_docs.py fails when the two disagree. -->
+
+A recipe is a YAML file with the sections below; only `data.train` is required, every other key
+has a default. Any key can be overridden on the command line as `section.key=value`, the value
+parsed as YAML (`fseb.reg_scale=0`, `data.ood.other.source=imagefolder`, `train.trackers=[]`).
+An unknown key, a value of the wrong type or one out of range stops the run at load with a
+`ConfigError` naming the dotted key, the value and what is allowed. `null` is YAML's "none";
+lists are written `[a, b]`; a number such as `1e-5` is accepted although PyYAML reads it as a
+string. Every run saves its resolved recipe, defaults filled in, as `recipe.yaml` in its run
+directory.
+"""
+
+
+def reference_markdown() -> str:
+    """The recipe reference (``docs/recipes.md``) generated from the recipe dataclasses.
+
+    One table per recipe section, one row per key: dotted name, type, default and the docstring
+    written under the field. Nested specs (:class:`DatasetSpec`) get a table of their own listing
+    where they are used, and the defaults of the smallest valid recipe close the page. New fields
+    and sections appear without touching this function. Regenerate the file with
+    ``python -m fseb_ft.config --reference > docs/recipes.md``.
+
+    Raises:
+        ValueError: a field has no docstring.
+    """
+    hints = get_type_hints(Recipe)
+    used_in: dict[type, list[str]] = {}
+    parts = [_REFERENCE_INTRO]
+    for section in dataclasses.fields(Recipe):
+        cls = hints[section.name]
+        _collect_nested(cls, section.name, used_in)
+        required = " Required." if _is_required(section) else ""
+        parts.append(f"## `{section.name}`\n\n{_markdown_text(_doc(cls))}{required}\n")
+        parts.append(_field_table(cls, f"{section.name}."))
+    for cls, places in used_in.items():
+        where = ", ".join(f"`{p}`" for p in places)
+        parts.append(f"## {cls.__name__}\n\n{_markdown_text(_doc(cls))} Used by {where}.\n")
+        parts.append(_field_table(cls, ""))
+    defaults = dump_recipe(recipe_from_dict(_MINIMAL_RECIPE))
+    parts.append(
+        "## All defaults\n\nThe smallest valid recipe, "
+        f"`{_inline_yaml(_MINIMAL_RECIPE)}`, resolves to:\n\n```yaml\n{defaults}```\n"
+    )
+    return "\n".join(parts)
+
+
+def _field_table(cls: type, prefix: str) -> str:
+    docs = _field_docs(cls)
+    hints = get_type_hints(cls)
+    missing = [f.name for f in dataclasses.fields(cls) if not docs.get(f.name)]
+    if missing:
+        raise ValueError(
+            f"{cls.__name__} field(s) {missing} have no docstring: write one as a string literal "
+            "on the line under the field"
+        )
+    rows = ["| key | type | default | description |", "|---|---|---|---|"]
+    for f in dataclasses.fields(cls):
+        cells = (
+            f"`{prefix}{f.name}`",
+            _type_text(hints[f.name]),
+            _default_text(f),
+            _markdown_text(docs[f.name]),
+        )
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """Field name → the string literal under that field in ``cls``'s source (its docstring)."""
+    tree = ast.parse(inspect.getsource(inspect.getmodule(cls)))
+    node = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls.__name__)
+    docs = {}
+    for stmt, after in zip(node.body, node.body[1:], strict=False):
+        if (
+            isinstance(stmt, ast.AnnAssign)
+            and isinstance(stmt.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            docs[stmt.target.id] = inspect.cleandoc(after.value.value)
+    return docs
+
+
+def _collect_nested(tp: Any, where: str, found: dict[type, list[str]]) -> None:
+    """Record every dataclass reachable from ``tp`` (below a section) and its dotted places."""
+    for f in dataclasses.fields(tp) if dataclasses.is_dataclass(tp) else ():
+        inner, suffix = _unwrap(get_type_hints(tp)[f.name])
+        if inner is not None:
+            first = inner not in found
+            found.setdefault(inner, []).append(f"{where}.{f.name}{suffix}")
+            if first:
+                _collect_nested(inner, inner.__name__, found)
+
+
+def _unwrap(tp: Any) -> tuple[type | None, str]:
+    """(dataclass inside ``tp`` or None, how one is addressed: ``""``, ``[i]`` or ``.<name>``)."""
+    origin, args = get_origin(tp), get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        return tp, ""
+    if origin in (Union, types.UnionType):
+        for arg in args:
+            found = _unwrap(arg)
+            if found[0] is not None:
+                return found
+    if origin is tuple and args:
+        return _unwrap(args[0])[0], "[i]"
+    if origin is dict:
+        return _unwrap(args[1])[0], ".<name>"
+    return None, ""
+
+
+def _type_text(tp: Any) -> str:
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (Union, types.UnionType):
+        text = " or ".join(_type_text(a) for a in args if a is not type(None))
+        return f"{text} or null" if type(None) in args else text
+    if origin is Literal:
+        values = [f"`{_inline_yaml(a)}`" for a in args]
+        return values[0] if len(values) == 1 else f"{', '.join(values[:-1])} or {values[-1]}"
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return f"list of {_type_text(args[0])}"
+        return f"list of {len(args)} {' / '.join(sorted({_type_text(a) for a in args}))}"
+    if origin is dict:
+        return f"mapping of name to {_type_text(args[1])}"
+    if dataclasses.is_dataclass(tp):
+        return f"[{tp.__name__}](#{tp.__name__.lower()})"
+    return {bool: "bool", int: "int", float: "float", str: "string"}.get(tp, str(tp))
+
+
+def _is_required(f: dataclasses.Field) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+
+def _default_text(f: dataclasses.Field) -> str:
+    if _is_required(f):
+        return "required"
+    value = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    return f"`{_inline_yaml(value)}`"
+
+
+def _inline_yaml(value: Any) -> str:
+    """``value`` as one line of flow-style YAML."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k}: {_inline_yaml(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_inline_yaml(v) for v in value) + "]"
+    if isinstance(value, str) and yaml.safe_load(value) != value:
+        return repr(value)  # "no" would read as false, "" as null: quote them
+    return str(value)
+
+
+def _doc(cls: type) -> str:
+    return inspect.cleandoc(cls.__doc__ or "")
+
+
+def _markdown_text(doc: str) -> str:
+    """A docstring as one Markdown line: reST ````code```` becomes ```code```."""
+    return " ".join(doc.split()).replace("``", "`")
+
+
+def _main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m fseb_ft.config",
+        description="Recipe tools. --reference prints the recipe reference (docs/recipes.md).",
+    )
+    parser.add_argument(
+        "--reference",
+        action="store_true",
+        help="print the Markdown reference of every recipe key, generated from the dataclasses",
+    )
+    args = parser.parse_args(argv)
+    if not args.reference:
+        parser.error("nothing to do: pass --reference")
+    # Bytes, so the file is UTF-8 with \n line ends whatever the console's encoding.
+    sys.stdout.buffer.write(reference_markdown().encode("utf-8"))
+    sys.stdout.buffer.flush()
+
+
+if __name__ == "__main__":
+    _main()

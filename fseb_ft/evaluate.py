@@ -1,7 +1,14 @@
-"""Evaluation: predictions → metrics (test split and named OOD sets) → JSON and Markdown.
+"""Evaluation: predictions → metrics (test split and named OOD sets) → JSON, Markdown, plots.
 
-``python -m fseb_ft.evaluate RUN_DIR`` re-evaluates a saved run from its resolved recipe and
-best weights, and rewrites its ``results.json`` and ``results.md``.
+    python -m fseb_ft.evaluate RUN_DIR [RUN_DIR ...]            # fseb-ft evaluate RUN_DIR ...
+    python -m fseb_ft.evaluate RUN_A RUN_B ... --ensemble [--out DIR]
+
+The first form re-evaluates each saved run from its resolved recipe and best weights, and
+rewrites its ``results.json``, ``results.md`` and plots (``reliability.png``,
+``selective_prediction.png``, ``entropy_ood.png``). The second loads every run's best weights,
+predicts the test split and OOD sets they share, averages the members' probabilities and writes
+the ensemble's results and plots, with every member as a row of the table, to ``--out``
+(default: ``ensemble/`` beside the runs when they share a parent folder, else ``./ensemble``).
 """
 
 from __future__ import annotations
@@ -9,14 +16,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, PartialState
 from safetensors.torch import load_model
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
@@ -24,12 +32,18 @@ from tqdm.auto import tqdm
 
 from fseb_ft.config import Recipe, load_recipe
 from fseb_ft.data import Splits, TransformedImages, build_splits, eval_transform, make_loader
-from fseb_ft.metrics import classification_metrics, ood_metrics
+from fseb_ft.metrics import classification_metrics, ensemble_log_probs, ood_metrics
 from fseb_ft.models import InputSpec, create_model
 
 __all__ = [
+    "COMPARISON_PLOTS",
     "MODEL_WEIGHTS",
+    "PLOTS",
+    "EvalResults",
+    "Predictions",
+    "default_ensemble_dir",
     "eval_loader",
+    "evaluate_ensemble",
     "evaluate_predictions",
     "evaluate_run",
     "evaluate_splits",
@@ -37,12 +51,46 @@ __all__ = [
     "markdown_table",
     "method_title",
     "predict",
+    "predict_splits",
+    "write_comparison_plots",
     "write_json",
+    "write_plots",
     "write_results",
 ]
 
+logger = logging.getLogger(__name__)
+
 MODEL_WEIGHTS = Path("model") / "model.safetensors"
 """Where a run directory keeps its best (validation-selected) weights."""
+
+PLOTS = ("reliability.png", "selective_prediction.png", "entropy_ood.png")
+"""Figures written beside ``results.json`` (``entropy_ood.png`` only when there are OOD sets)."""
+
+COMPARISON_PLOTS = ("comparison_reliability.png", "comparison_selective.png")
+"""Side-by-side figures that ``fseb-ft RECIPE --compare`` writes beside ``comparison.md``."""
+
+
+@dataclasses.dataclass
+class Predictions:
+    """One model's (or ensemble's) predictions on the evaluation sets, on CPU."""
+
+    test: tuple[Tensor, Tensor]
+    """(log-probabilities (N, K), labels (N,)) on the in-distribution test split."""
+    ood: dict[str, Tensor] = dataclasses.field(default_factory=dict)
+    """OOD set name → log-probabilities (N_o, K)."""
+
+
+class EvalResults(dict):
+    """A results dict (JSON-ready, as :func:`evaluate_predictions` returns) that also carries the
+    :class:`Predictions` it was computed from as ``.predictions``, so figures can be drawn
+    without predicting again. The predictions are not part of the dict and never serialised.
+    """
+
+    def __init__(self, results: Mapping[str, Any], predictions: Predictions | None = None):
+        """Copy ``results`` and attach ``predictions``."""
+        super().__init__(results)
+        self.predictions = predictions
+
 
 # (results key, column title, scale) — percentages as in the paper's tables.
 _COLUMNS: tuple[tuple[str, str, float], ...] = (
@@ -53,6 +101,10 @@ _COLUMNS: tuple[tuple[str, str, float], ...] = (
     ("brier", "Brier", 1.0),
     ("sel_pred_auc", "Sel. Pred. (%)", 100.0),
     ("aurc", "AURC (%)", 100.0),
+)
+# Shown only when some result has it (binary tasks, see metrics.classification_metrics).
+_OPTIONAL_COLUMNS: tuple[tuple[str, str, float], ...] = (
+    ("auroc_positive", "AUROC pos. (%)", 100.0),
 )
 _OOD_COLUMNS: tuple[tuple[str, str], ...] = (
     ("entropy_auroc", "AUROC (%)"),
@@ -110,14 +162,19 @@ def evaluate_predictions(
 
 
 def markdown_table(results: Mapping[str, Mapping[str, Any]]) -> str:
-    """A Markdown table of several runs' results, one row per method (e.g. PS-MAP, FS-EB)."""
+    """A Markdown table of several runs' results, one row per method (e.g. PS-MAP, FS-EB).
+
+    Binary tasks get an ``AUROC pos. (%)`` column (positive class = label 1).
+    """
     ood_names = sorted({n for r in results.values() for n in r.get("ood", {})})
-    header = ["Method", *(title for _, title, _ in _COLUMNS)]
+    columns = list(_COLUMNS)
+    columns += [c for c in _OPTIONAL_COLUMNS if any(c[0] in r["test"] for r in results.values())]
+    header = ["Method", *(title for _, title, _ in columns)]
     header += [f"{name} {title}" for name in ood_names for _, title in _OOD_COLUMNS]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for method, res in results.items():
         row = [method]
-        row += [_num(res["test"].get(key), scale) for key, _, scale in _COLUMNS]
+        row += [_num(res["test"].get(key), scale) for key, _, scale in columns]
         for name in ood_names:
             scores = res.get("ood", {}).get(name, {})
             row += [_num(scores.get(key), 100.0) for key, _ in _OOD_COLUMNS]
@@ -125,31 +182,98 @@ def markdown_table(results: Mapping[str, Mapping[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_results(run_dir: Path, results: Mapping[str, Any], title: str) -> None:
-    """Write ``results.json`` (machines) and ``results.md`` (people) into ``run_dir``."""
+def write_results(
+    run_dir: Path,
+    results: Mapping[str, Any],
+    title: str,
+    predictions: Predictions | None = None,
+) -> None:
+    """Write ``results.json`` (machines), ``results.md`` (people) and the plots into ``run_dir``.
+
+    ``predictions`` (default: ``results.predictions`` when ``results`` is an
+    :class:`EvalResults`) are drawn with :func:`write_plots` (``strict=False``: a figure that
+    fails is logged as a warning, after the results are written).
+    """
+    run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     md = f"# {title}\n\n" + markdown_table({title: results})
     (run_dir / "results.md").write_text(md)
+    if predictions is None:
+        predictions = getattr(results, "predictions", None)
+    if predictions is not None:
+        write_plots(run_dir, predictions, title, strict=False)
 
 
-def evaluate_run(run_dir: str | Path, cpu: bool = False) -> dict[str, Any]:
-    """Re-evaluate a finished run from its ``recipe.yaml``, ``run.json`` and best weights."""
+def write_plots(
+    directory: Path,
+    predictions: Predictions,
+    title: str,
+    others: Mapping[str, Predictions] | None = None,
+    strict: bool = True,
+) -> list[Path]:
+    """Draw :data:`PLOTS` for ``predictions`` into ``directory``; return the files written.
+
+    ``reliability.png``: reliability diagram of the test split (15 bins, as the ECE column).
+    ``selective_prediction.png``: accuracy–coverage curve, plus one curve per entry of
+    ``others`` (e.g. an ensemble's members), drawn first. ``entropy_ood.png``: predictive
+    entropy of the test split vs each OOD set (skipped when there is none). With
+    ``strict=False`` a figure that fails is logged as a warning and skipped: figures are a
+    by-product and must not fail a finished run.
+    """
+    from fseb_ft import plots  # matplotlib only when drawing
+
+    directory = Path(directory)
+    probs, labels = _probs_labels(predictions)
+    curves = {name: _probs_labels(p) for name, p in (others or {}).items()}
+    curves[title] = (probs, labels)
+    ood = {name: lp.exp() for name, lp in predictions.ood.items()}
+    jobs = [
+        lambda: plots.reliability_diagram(probs, labels, directory / PLOTS[0], title=title),
+        lambda: plots.selective_prediction_plot(curves, directory / PLOTS[1], title=title),
+    ]
+    if ood:
+        jobs.append(lambda: plots.entropy_histogram(probs, ood, directory / PLOTS[2], title=title))
+    return _draw(jobs, strict)
+
+
+def write_comparison_plots(
+    directory: Path, methods: Mapping[str, Predictions], title: str, strict: bool = True
+) -> list[Path]:
+    """Draw :data:`COMPARISON_PLOTS` (methods side by side) into ``directory``.
+
+    ``comparison_reliability.png``: one reliability diagram per method, in a row with shared
+    axes. ``comparison_selective.png``: every method's accuracy–coverage curve on one axes.
+    ``strict`` as in :func:`write_plots`.
+    """
+    from fseb_ft import plots
+
+    directory = Path(directory)
+    data = {name: _probs_labels(p) for name, p in methods.items()}
+    return _draw(
+        [
+            lambda: plots.reliability_comparison(
+                data, directory / COMPARISON_PLOTS[0], title=title
+            ),
+            lambda: plots.selective_prediction_plot(
+                data, directory / COMPARISON_PLOTS[1], title=title
+            ),
+        ],
+        strict,
+    )
+
+
+def evaluate_run(run_dir: str | Path, cpu: bool = False) -> EvalResults:
+    """Re-evaluate a finished run from its ``recipe.yaml``, ``run.json`` and best weights.
+
+    Rewrites the run's ``results.json``, ``results.md`` and plots (keeping the ``training``
+    record of the original results).
+    """
     run_dir = Path(run_dir)
-    for needed in ("recipe.yaml", "run.json", str(MODEL_WEIGHTS)):
-        if not (run_dir / needed).exists():
-            raise FileNotFoundError(f"{run_dir} is not a finished run: {needed} is missing")
-    recipe = load_recipe(run_dir / "recipe.yaml", [f"train.cpu={str(cpu).lower()}"])
-    info = json.loads((run_dir / "run.json").read_text())
+    recipe, info = _read_run(run_dir, cpu)
     accelerator = Accelerator(cpu=cpu, mixed_precision=recipe.train.mixed_precision)
-    splits = build_splits(recipe.data, recipe.train.seed)
-    # The weights come from the run, so never fetch pretrained ones again.
-    model_cfg = dataclasses.replace(recipe.model, pretrained=False)
-    model = create_model(model_cfg, info["num_classes"], in_chans=recipe.data.channels)
-    load_model(model, str(run_dir / MODEL_WEIGHTS))
-    spec = InputSpec(**{k: tuple(v) for k, v in info["input"].items()})
-    model = accelerator.prepare(model)
-    results = evaluate_splits(model, splits, spec, recipe, accelerator)
+    predictions = _predict_run(run_dir, recipe, info, accelerator)
+    results = EvalResults(evaluate_predictions(predictions.test, predictions.ood), predictions)
     previous = run_dir / "results.json"
     if previous.exists():
         results["training"] = json.loads(previous.read_text()).get("training")
@@ -158,10 +282,83 @@ def evaluate_run(run_dir: str | Path, cpu: bool = False) -> dict[str, Any]:
     return results
 
 
-def evaluate_splits(
+def evaluate_ensemble(
+    run_dirs: Sequence[str | Path], out_dir: str | Path | None = None, cpu: bool = False
+) -> EvalResults:
+    """Evaluate the ensemble of several finished runs (design §3: average member probabilities).
+
+    Every run's best weights predict the test split and OOD sets (each member with its own
+    input size and normalisation). The runs must share the class list and the identities of the
+    test and OOD data recorded in their ``run.json`` (seeds, backbones and FS-EB settings may
+    differ); otherwise a :class:`ValueError` names the runs and what differs. The ensemble's
+    log-probabilities are :func:`~fseb_ft.metrics.ensemble_log_probs` of the members' float64
+    log-probabilities, so its NLL is that of the averaged probabilities.
+
+    Writes ``results.json`` (the ensemble's ``test``/``ood`` metrics at the top level, as for a
+    run, plus ``members``: each member's metrics, and ``runs``), ``results.md`` (members and
+    ensemble as rows) and :data:`PLOTS` to ``out_dir`` (default: :func:`default_ensemble_dir`).
+
+    Returns:
+        The ensemble's :class:`EvalResults` (``.predictions``: the ensemble's).
+    """
+    run_dirs = [Path(d) for d in run_dirs]
+    if len(run_dirs) < 2:
+        raise ValueError(f"an ensemble needs at least two run directories, got {len(run_dirs)}")
+    resolved = [d.resolve() for d in run_dirs]
+    if len(set(resolved)) < len(resolved):
+        raise ValueError(f"a run directory is listed twice: {[str(d) for d in run_dirs]}")
+    out = Path(out_dir) if out_dir is not None else default_ensemble_dir(run_dirs)
+    if out.resolve() in resolved or (out / "run.json").exists():
+        raise ValueError(f"--out {out} is a run directory; its results would be overwritten")
+    runs = [(d, *_read_run(d, cpu)) for d in run_dirs]
+    _check_same_data(runs)
+    # One accelerator for all members: their common precision, else full precision.
+    precisions = {recipe.train.mixed_precision for _, recipe, _ in runs}
+    precision = precisions.pop() if len(precisions) == 1 else "no"
+    accelerator = Accelerator(cpu=cpu, mixed_precision=precision)
+
+    labels = _member_labels(runs)
+    members: dict[str, EvalResults] = {}
+    for (run_dir, recipe, info), label in zip(runs, labels, strict=True):
+        preds = _predict_run(run_dir, recipe, info, accelerator)
+        if members:
+            _check_same_predictions(next(iter(members.values())).predictions, preds, run_dir)
+        members[label] = EvalResults(evaluate_predictions(preds.test, preds.ood), preds)
+
+    member_preds = [m.predictions for m in members.values()]
+
+    def average(log_probs: list[Tensor]) -> Tensor:
+        return ensemble_log_probs(torch.stack([lp.double() for lp in log_probs]))  # (N, K)
+
+    ensemble = Predictions(
+        test=(average([p.test[0] for p in member_preds]), member_preds[0].test[1]),
+        ood={name: average([p.ood[name] for p in member_preds]) for name in member_preds[0].ood},
+    )
+    results = EvalResults(evaluate_predictions(ensemble.test, ensemble.ood), ensemble)
+    results["members"] = {label: dict(m) for label, m in members.items()}
+    results["runs"] = [str(d) for d in run_dirs]
+    if accelerator.is_main_process:
+        title = f"Ensemble of {len(runs)}"
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / "results.json", results)
+        table = markdown_table({**members, title: results})
+        listing = "".join(f"- {label}: `{d}`\n" for label, d in zip(labels, run_dirs, strict=True))
+        (out / "results.md").write_text(f"# {title}\n\n{table}\nMembers:\n\n{listing}")
+        others = {label: m.predictions for label, m in members.items()}
+        write_plots(out, ensemble, title, others, strict=False)
+    return results
+
+
+def default_ensemble_dir(run_dirs: Sequence[str | Path]) -> Path:
+    """``ensemble/`` beside the runs when they share a parent folder, else ``./ensemble``."""
+    parents = {Path(d).resolve().parent for d in run_dirs}
+    return Path(run_dirs[0]).parent / "ensemble" if len(parents) == 1 else Path("ensemble")
+
+
+def predict_splits(
     model: nn.Module, splits: Splits, spec: InputSpec, recipe: Recipe, accelerator: Accelerator
-) -> dict[str, Any]:
-    """Predict the test split and every OOD set with ``model`` and compute their metrics."""
+) -> Predictions:
+    """Predict the test split and every OOD set with ``model``."""
     if splits.test is None:
         raise ValueError("data.test is not set: there is no test split to evaluate")
     test = predict(model, accelerator.prepare(eval_loader(splits.test, spec, recipe)), accelerator)
@@ -169,7 +366,19 @@ def evaluate_splits(
         name: predict(model, accelerator.prepare(eval_loader(data, spec, recipe)), accelerator)[0]
         for name, data in splits.ood.items()
     }
-    return evaluate_predictions(test, ood)
+    return Predictions(test=test, ood=ood)
+
+
+def evaluate_splits(
+    model: nn.Module, splits: Splits, spec: InputSpec, recipe: Recipe, accelerator: Accelerator
+) -> EvalResults:
+    """Predict the test split and every OOD set with ``model`` and compute their metrics.
+
+    The returned dict carries the predictions as ``.predictions`` (see :class:`EvalResults`),
+    which :func:`write_results` draws.
+    """
+    predictions = predict_splits(model, splits, spec, recipe, accelerator)
+    return EvalResults(evaluate_predictions(predictions.test, predictions.ood), predictions)
 
 
 def eval_loader(data: Any, spec: InputSpec, recipe: Recipe) -> torch.utils.data.DataLoader:
@@ -203,13 +412,145 @@ def _num(value: float | None, scale: float) -> str:
     return f"{value * scale:.2f}" if scale != 1.0 else f"{value:.4f}"
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """CLI: re-evaluate a saved run directory with its best weights."""
-    parser = argparse.ArgumentParser(prog="python -m fseb_ft.evaluate", description=__doc__)
-    parser.add_argument("run_dir", type=Path, help="a run directory written by fseb_ft.finetune")
-    parser.add_argument("--cpu", action="store_true", help="evaluate on CPU")
+def main(argv: Sequence[str] | None = None, prog: str = "python -m fseb_ft.evaluate") -> Any:
+    """CLI: re-evaluate saved runs, or evaluate their ensemble; print the results table.
+
+    Returns the results of one run, ``{row: results}`` for several, or the ensemble's results.
+    """
+    parser = _parser(prog)
     args = parser.parse_args(argv)
-    return evaluate_run(args.run_dir, cpu=args.cpu)
+    if args.out is not None and not args.ensemble:
+        parser.error("--out is only used with --ensemble (a re-evaluated run writes in place)")
+    if args.ensemble and len(args.run_dirs) < 2:
+        parser.error("--ensemble needs at least two run directories")
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.ensemble:
+        results = evaluate_ensemble(args.run_dirs, args.out, cpu=args.cpu)
+        rows = {**results["members"], f"Ensemble of {len(args.run_dirs)}": results}
+    else:
+        each = [(d, evaluate_run(d, cpu=args.cpu)) for d in args.run_dirs]
+        rows = {str(d): r for d, r in each}
+        results = each[0][1] if len(each) == 1 else rows
+    if PartialState().is_main_process:
+        print(markdown_table(rows))
+    return results
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "run_dirs",
+        type=Path,
+        nargs="+",
+        metavar="RUN_DIR",
+        help="run directories written by fseb_ft.finetune",
+    )
+    parser.add_argument(
+        "--ensemble",
+        action="store_true",
+        help="evaluate the ensemble of the runs (average of their probabilities) instead of "
+        "re-evaluating each; the runs must share classes, test and OOD data",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="with --ensemble: where to write results.json, results.md and plots (default: "
+        "'ensemble' beside the runs when they share a parent folder, else ./ensemble)",
+    )
+    parser.add_argument("--cpu", action="store_true", help="evaluate on CPU")
+    return parser
+
+
+# --------------------------------------------------------------------------------------------
+# Loading runs
+# --------------------------------------------------------------------------------------------
+
+
+def _read_run(run_dir: Path, cpu: bool) -> tuple[Recipe, dict[str, Any]]:
+    """A finished run's resolved recipe and ``run.json``; a clear error if it is not one."""
+    for needed in ("recipe.yaml", "run.json", str(MODEL_WEIGHTS)):
+        if not (run_dir / needed).exists():
+            raise FileNotFoundError(f"{run_dir} is not a finished run: {needed} is missing")
+    recipe = load_recipe(run_dir / "recipe.yaml", [f"train.cpu={str(cpu).lower()}"])
+    return recipe, json.loads((run_dir / "run.json").read_text())
+
+
+def _predict_run(
+    run_dir: Path, recipe: Recipe, info: Mapping[str, Any], accelerator: Accelerator
+) -> Predictions:
+    """Load the run's best weights and predict its test split and OOD sets."""
+    splits = build_splits(recipe.data, recipe.train.seed)
+    # The weights come from the run, so never fetch pretrained ones again.
+    model_cfg = dataclasses.replace(recipe.model, pretrained=False)
+    model = create_model(model_cfg, info["num_classes"], in_chans=recipe.data.channels)
+    load_model(model, str(run_dir / MODEL_WEIGHTS))
+    spec = InputSpec(**{k: tuple(v) for k, v in info["input"].items()})
+    model = accelerator.prepare(model)
+    predictions = predict_splits(model, splits, spec, recipe, accelerator)
+    accelerator.free_memory(model)
+    return predictions
+
+
+def _check_same_data(runs: Sequence[tuple[Path, Recipe, Mapping[str, Any]]]) -> None:
+    """Members of an ensemble must agree on classes and on test and OOD data identities."""
+    first_dir, _, first = runs[0]
+    for run_dir, _, info in runs[1:]:
+        for what, get in (
+            ("classes", lambda i: i.get("class_names") or i.get("num_classes")),
+            ("test data", lambda i: (i.get("data") or {}).get("test")),
+            ("OOD sets", lambda i: (i.get("data") or {}).get("ood") or {}),
+        ):
+            a, b = get(first), get(info)
+            if a != b:
+                raise ValueError(
+                    f"cannot ensemble {first_dir} and {run_dir}: their {what} differ "
+                    f"(run.json: {a!r} vs {b!r}); ensemble members must be trained on the same "
+                    "classes and evaluated on the same test and OOD data"
+                )
+
+
+def _check_same_predictions(first: Predictions, other: Predictions, run_dir: Path) -> None:
+    labels_a, labels_b = first.test[1], other.test[1]
+    if labels_a.shape != labels_b.shape or not torch.equal(labels_a, labels_b):
+        raise ValueError(
+            f"{run_dir} loads a different test split ({len(labels_b)} samples) from the first "
+            f"member ({len(labels_a)} samples, or other labels): the data changed since training"
+        )
+    for name, lp in first.ood.items():
+        if other.ood[name].shape != lp.shape:
+            raise ValueError(
+                f"{run_dir} predicts OOD set {name!r} with shape {tuple(other.ood[name].shape)}, "
+                f"the first member with {tuple(lp.shape)}"
+            )
+
+
+def _member_labels(runs: Sequence[tuple[Path, Recipe, Mapping[str, Any]]]) -> list[str]:
+    """Table rows "FS-EB · model (dir name)", with the whole path when names collide."""
+    labels = [f"{method_title(recipe)} ({d.name})" for d, recipe, _ in runs]
+    if len(set(labels)) < len(labels):
+        labels = [f"{method_title(recipe)} ({d})" for d, recipe, _ in runs]
+    return labels
+
+
+def _probs_labels(predictions: Predictions) -> tuple[Tensor, Tensor]:
+    log_probs, labels = predictions.test
+    return log_probs.exp(), labels
+
+
+def _draw(jobs: Sequence[Callable[[], Path]], strict: bool) -> list[Path]:
+    written = []
+    for job in jobs:
+        try:
+            written.append(job())
+        except Exception as exc:
+            if strict:
+                raise
+            logger.warning("could not draw a figure: %r", exc)
+    return written
 
 
 if __name__ == "__main__":

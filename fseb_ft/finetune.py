@@ -136,6 +136,10 @@ def run(recipe: Recipe, splits: Splits | None = None) -> dict[str, Any]:
         write_results(run_dir, results, title=method_title(recipe))
         run_info["training"] = results["training"]
         write_json(run_dir / "run.json", run_info)
+        from fseb_ft.hub import share_run
+
+        # RUN_DIR/model/ in timm's Hub format (+ card), pushed if output.push_to_hub; never raises.
+        share_run(accelerator.unwrap_model(model), run_dir, recipe, run_info, results)
     accelerator.end_training()
     return results
 
@@ -254,18 +258,55 @@ def compare(recipe_path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
         seconds = {k: round(v["training"]["seconds"], 1) for k, v in results.items()}
         (out / "comparison.md").write_text(f"# {recipe.model.name}: PS-MAP vs FS-EB\n\n{table}")
         write_json(out / "comparison.json", results)
+        from fseb_ft.evaluate import write_comparison_plots
+
+        # comparison_reliability.png / comparison_selective.png from run()'s predictions.
+        predictions = {k: getattr(v, "predictions", None) for k, v in results.items()}
+        if all(predictions.values()):
+            title = f"{recipe.model.name}: PS-MAP vs FS-EB"
+            write_comparison_plots(out, predictions, title, strict=False)
         print(f"\n{table}\ntraining seconds: {seconds}; written to {out}")
     return results
 
 
 def cli() -> None:
-    """Console script ``fseb-ft``: ``fseb-ft RECIPE.yaml [key=value ...]``."""
+    """Console script ``fseb-ft``: ``fseb-ft RECIPE.yaml [key=value ...]``.
+
+    Subcommands: ``fseb-ft evaluate RUN_DIR`` and ``fseb-ft push RUN_DIR user/name [--private]
+    [--revision BRANCH]`` (upload the run's model folder to the Hugging Face Hub).
+    """
     if len(sys.argv) > 1 and sys.argv[1] == "evaluate":
         from fseb_ft.evaluate import main as evaluate_main
 
-        evaluate_main(sys.argv[2:])
+        evaluate_main(sys.argv[2:], prog="fseb-ft evaluate")
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "push":
+        from fseb_ft.hub import main as push_main
+
+        push_main(sys.argv[2:])
         return
     main()
+
+
+class _CallableModule(type(sys)):  # type(sys) is types.ModuleType
+    """This module, callable: ``fseb_ft.finetune(recipe, train=..., ...)`` is the Python API.
+
+    ``fseb_ft.finetune`` has to be two things at once: the CLI module that ``python -m
+    fseb_ft.finetune`` runs, and the function the issue asks for. A module object cannot be
+    called, so its class is swapped for this ``ModuleType`` subclass, whose ``__call__`` forwards
+    to :func:`fseb_ft.api.finetune` (imported on call: ``api`` imports this module). Attribute
+    access, ``from fseb_ft.finetune import run``, pickling by reference and ``python -m`` behave
+    exactly as for a plain module.
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Same as :func:`fseb_ft.api.finetune`."""
+        from fseb_ft.api import finetune
+
+        return finetune(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
 
 
 if __name__ == "__main__":

@@ -23,7 +23,9 @@ from torch import Tensor
 
 __all__ = [
     "accuracy",
+    "binary_auroc",
     "brier",
+    "calibration_bins",
     "classification_metrics",
     "confidence_scores",
     "ece",
@@ -239,6 +241,45 @@ def ece(probs: Tensor, labels: Tensor, n_bins: int = 15) -> Tensor:
     Returns:
         0-dim float64 tensor in ``[0, 1]``.
     """
+    conf64, correct, bin_idx = _top_label_bins(probs, labels, n_bins)  # (N,) each
+    gap = torch.zeros(n_bins, dtype=torch.float64, device=conf64.device)  # (n_bins,)
+    gap.scatter_add_(0, bin_idx, correct - conf64)  # (n_bins,) Σ_{i∈B_b} (a_i - c_i)
+    return gap.abs().sum() / conf64.shape[0]
+
+
+def calibration_bins(probs: Tensor, labels: Tensor, n_bins: int = 15) -> dict[str, Tensor]:
+    """Per-bin statistics of the top-label reliability diagram, with the bins of :func:`ece`.
+
+    Bin ``b`` covers confidences in ``(b/n, (b+1)/n]`` (confidence 0 in the first bin, 1.0 in
+    the last), exactly as in :func:`ece`, so that
+    ``ECE = Σ_b count_b / N · |accuracy_b - confidence_b|`` over the non-empty bins.
+
+    Args:
+        probs: ``(N, K)`` class probabilities.
+        labels: ``(N,)`` integer labels in ``[0, K)``.
+        n_bins: number of equal-width bins.
+
+    Returns:
+        ``edges`` ``(n_bins + 1,)`` (``b/n``); ``count`` ``(n_bins,)`` samples per bin;
+        ``confidence`` and ``accuracy`` ``(n_bins,)``, the mean top-label confidence and the
+        fraction correct in each bin, NaN for empty bins. All float64.
+    """
+    conf64, correct, bin_idx = _top_label_bins(probs, labels, n_bins)  # (N,) each
+    zeros = torch.zeros(n_bins, dtype=torch.float64, device=conf64.device)  # (n_bins,)
+    count = zeros.scatter_add(0, bin_idx, torch.ones_like(conf64))  # (n_bins,)
+    sum_conf = zeros.scatter_add(0, bin_idx, conf64)  # (n_bins,)
+    sum_correct = zeros.scatter_add(0, bin_idx, correct)  # (n_bins,)
+    # 0/0 = NaN marks the empty bins.
+    return {
+        "edges": torch.arange(n_bins + 1, dtype=torch.float64, device=conf64.device) / n_bins,
+        "count": count,
+        "confidence": sum_conf / count,
+        "accuracy": sum_correct / count,
+    }
+
+
+def _top_label_bins(probs: Tensor, labels: Tensor, n_bins: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Top-label confidence (float64), correctness (0/1 float64) and ECE bin index, each (N,)."""
     probs = _check_float_matrix(probs, "probs")
     labels = _check_labels(labels, probs.shape[0], probs.shape[1])
     if isinstance(n_bins, bool) or not isinstance(n_bins, int) or n_bins < 1:
@@ -253,9 +294,7 @@ def ece(probs: Tensor, labels: Tensor, n_bins: int = 15) -> Tensor:
     # bucketize(right=False) gives i with edges[i-1] < c <= edges[i]: bins closed on the right.
     # Clamping sends c == 0 to the first bin and c == 1 (or a rounding hair above) to the last.
     bin_idx = (torch.bucketize(conf64, edges, right=False) - 1).clamp_(0, n_bins - 1)  # (N,)
-    gap = torch.zeros(n_bins, dtype=torch.float64, device=conf64.device)  # (n_bins,)
-    gap.scatter_add_(0, bin_idx, correct - conf64)  # (n_bins,) Σ_{i∈B_b} (a_i - c_i)
-    return gap.abs().sum() / conf64.shape[0]
+    return conf64, correct.to(conf64.device), bin_idx
 
 
 # --------------------------------------------------------------------------------------------
@@ -427,6 +466,33 @@ def ood_metrics(probs_in: Tensor, probs_out: Tensor) -> dict[str, Tensor]:
     return out
 
 
+def binary_auroc(scores: Tensor, labels: Tensor) -> Tensor:
+    """Area under the ROC curve of ``scores`` for the positive class (label 1) vs label 0.
+
+    The tie-aware Mann–Whitney statistic of :func:`ood_detection` with the negatives
+    (``labels == 0``) as ``score_in`` and the positives (``labels == 1``) as ``score_out``;
+    equals ``sklearn.metrics.roc_auc_score(labels, scores)``.
+
+    Args:
+        scores: ``(N,)`` floating scores, higher meaning more likely positive (no NaN); any
+            strictly increasing transform (e.g. ``log p_1`` instead of ``p_1``) gives the same
+            value.
+        labels: ``(N,)`` integer labels in ``{0, 1}``, both present.
+
+    Returns:
+        0-dim float64 tensor in ``[0, 1]``.
+    """
+    scores = _check_float_vector(scores, "scores")
+    labels = _check_labels(labels, scores.shape[0], 2).to(scores.device)  # (N,)
+    n_pos = int(labels.sum())
+    if n_pos in (0, labels.shape[0]):
+        raise ValueError(
+            f"`labels` must contain both classes 0 and 1 for an AUROC, got only class "
+            f"{int(labels[0])} in {labels.shape[0]} samples"
+        )
+    return ood_detection(scores[labels == 0], scores[labels == 1])["auroc"]
+
+
 # --------------------------------------------------------------------------------------------
 # Ensembles and the standard bundle
 # --------------------------------------------------------------------------------------------
@@ -465,6 +531,10 @@ def classification_metrics(log_probs: Tensor, labels: Tensor) -> dict[str, Tenso
     and ``aurc`` (confidence = max probability), ``sel_pred_auc_entropy`` and ``aurc_entropy``
     (confidence = negative predictive entropy). Definitions as in the individual functions.
 
+    Binary tasks (K = 2) also get ``auroc_positive``: :func:`binary_auroc` of the positive-class
+    (label 1) probability, the usual headline metric of imbalanced tasks such as melanoma
+    detection; NaN when ``labels`` hold only one class.
+
     Args:
         log_probs: ``(N, K)`` natural-log class probabilities (see :func:`nll`).
         labels: ``(N,)`` integer labels in ``[0, K)``.
@@ -477,7 +547,7 @@ def classification_metrics(log_probs: Tensor, labels: Tensor) -> dict[str, Tenso
     scores = confidence_scores(probs)
     by_max_prob = selective_prediction(scores["max_prob"], correct)
     by_entropy = selective_prediction(scores["neg_entropy"], correct)
-    return {
+    out = {
         "accuracy": accuracy(probs, labels),
         "nll": nll(log_probs, labels),
         "brier": brier(probs, labels),
@@ -488,3 +558,12 @@ def classification_metrics(log_probs: Tensor, labels: Tensor) -> dict[str, Tenso
         "sel_pred_auc_entropy": by_entropy["sel_pred_auc"],
         "aurc_entropy": by_entropy["aurc"],
     }
+    if probs.shape[1] == 2:
+        n_pos = int(labels.sum())
+        out["auroc_positive"] = (
+            # log p_1 ranks exactly as p_1 but keeps underflowed probabilities apart.
+            binary_auroc(_f64(log_probs[:, 1]), labels)
+            if 0 < n_pos < labels.shape[0]
+            else torch.tensor(math.nan, dtype=torch.float64, device=probs.device)
+        )
+    return out

@@ -596,6 +596,80 @@ def test_all_exports() -> None:
         "ood_metrics",
         "ensemble_log_probs",
         "classification_metrics",
+        "calibration_bins",
+        "binary_auroc",
     }
     for name in M.__all__:
         assert callable(getattr(M, name))
+
+
+# --------------------------------------------------------------------------------------------
+# Binary tasks and reliability-diagram bins
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_binary_auroc_matches_sklearn_with_ties_and_imbalance(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    labels = (rng.random(400) < 0.08).astype(np.int64)  # ~8 % positives, like melanoma
+    scores = np.round(rng.random(400) + 0.3 * labels, 2)  # rounded: many ties
+    got = M.binary_auroc(torch.from_numpy(scores), torch.from_numpy(labels))
+    assert got.dtype == torch.float64
+    assert got.item() == pytest.approx(roc_auc_score(labels, scores), abs=1e-12)
+
+
+def test_classification_metrics_binary_reports_positive_class_auroc_like_sklearn() -> None:
+    gen = torch.Generator().manual_seed(11)
+    labels = (torch.rand(500, generator=gen) < 0.1).long()
+    logits = torch.randn(500, 2, generator=gen) + 1.5 * torch.nn.functional.one_hot(labels, 2)
+    log_probs = torch.log_softmax(logits, -1)
+    got = M.classification_metrics(log_probs, labels)
+    p1 = log_probs.double().exp()[:, 1].numpy()
+    assert got["auroc_positive"].item() == pytest.approx(
+        roc_auc_score(labels.numpy(), p1), abs=1e-12
+    )
+    # Only for K = 2; undefined (NaN) when the labels hold a single class.
+    assert "auroc_positive" not in M.classification_metrics(
+        torch.log_softmax(logits[:, [0, 1, 0]], -1), labels
+    )
+    one_class = M.classification_metrics(log_probs, torch.zeros(500, dtype=torch.long))
+    assert math.isnan(one_class["auroc_positive"].item())
+
+
+def test_binary_auroc_validates_labels() -> None:
+    with pytest.raises(ValueError, match=r"`labels` must contain both classes"):
+        M.binary_auroc(torch.rand(5), torch.ones(5, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"`labels` values must lie in \[0, K\) = \[0, 2\)"):
+        M.binary_auroc(torch.rand(3), torch.tensor([0, 1, 2]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_calibration_bins_match_loop_and_reproduce_ece(dtype: torch.dtype) -> None:
+    # Confidences exactly on edges, at 1.0, and whole empty bins (no confidence below 1/3).
+    probs = torch.tensor(
+        rows_with_confidence([0.4, 0.4, 0.6, 1.0, 1.0, 0.7, 0.9, 0.5], 3, [0, 1, 2, 0, 1, 2, 0, 1]),
+        dtype=dtype,
+    )
+    labels = torch.tensor([0, 0, 2, 0, 1, 1, 0, 2])
+    n_bins = 10
+    got = M.calibration_bins(probs, labels, n_bins=n_bins)
+    p, y = probs.numpy(), labels.numpy()
+    conf, correct = p.max(1), p.argmax(1) == y
+    uppers = [p.dtype.type((b + 1) / n_bins) for b in range(n_bins)]
+    bins = np.array([next(b for b, hi in enumerate(uppers) if c <= hi) for c in conf])
+    counts = np.bincount(bins, minlength=n_bins)
+    assert got["count"].tolist() == counts.tolist()
+    assert got["edges"].tolist() == pytest.approx([b / n_bins for b in range(n_bins + 1)])
+    for b in range(n_bins):
+        if counts[b] == 0:
+            assert math.isnan(got["accuracy"][b]) and math.isnan(got["confidence"][b])
+        else:
+            assert got["accuracy"][b].item() == pytest.approx(correct[bins == b].mean())
+            assert got["confidence"][b].item() == pytest.approx(
+                conf[bins == b].astype(float).mean()
+            )
+    full = got["count"] > 0
+    weighted = (
+        got["count"][full] / len(y) * (got["accuracy"] - got["confidence"])[full].abs()
+    ).sum()
+    assert weighted.item() == pytest.approx(M.ece(probs, labels, n_bins=n_bins).item(), abs=1e-12)

@@ -1,0 +1,724 @@
+"""Share a run: a timm Hub-format model folder with a model card, and its upload to the Hub.
+
+Every run writes ``RUN_DIR/model/``::
+
+    config.json          timm's Hub config (architecture, model_args, pretrained_cfg with the
+                         run's input size, mean, std, num_classes and label_names)
+    model.safetensors    the best (validation-selected) weights, timm's state-dict layout
+    fseb.json            regulariser settings, context-set provenance, data identities, source
+    README.md            model card (Hub metadata, method, results table, plots, recipe, usage)
+    *.png                the run's plots, when it has any
+
+``timm.create_model("local-dir:RUN_DIR/model", pretrained=True)`` loads it, and so does
+``timm.create_model("hf-hub:user/name", pretrained=True)`` once pushed. Only that folder is ever
+uploaded (never checkpoints, optimiser or RNG state)::
+
+    fseb-ft push RUN_DIR user/name [--private] [--revision BRANCH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import timm
+import yaml
+from huggingface_hub import HfApi, get_token
+from safetensors.torch import load_model
+from timm.models import save_for_hf
+from torch import nn
+
+from fseb_ft.config import ConfigError, OutputConfig, Recipe, dump_recipe, load_recipe
+from fseb_ft.evaluate import MODEL_WEIGHTS, markdown_table, method_title
+
+__all__ = [
+    "HubPushError",
+    "export_run",
+    "main",
+    "model_card",
+    "push_folder",
+    "push_run",
+    "retry_command",
+    "save_model_folder",
+    "share_run",
+    "write_model_card",
+]
+
+logger = logging.getLogger(__name__)
+
+MODEL_DIR = MODEL_WEIGHTS.parent.name
+"""The model folder inside a run directory (``model``)."""
+FOLDER_FILES = ("config.json", "model.safetensors", "fseb.json", "README.md")
+"""Files every model folder has; plots (``*.png``) come on top."""
+DEFAULT_LICENSE = "apache-2.0"
+PLOT_CAPTIONS = {
+    "reliability.png": "Reliability diagram (test split)",
+    "selective_prediction.png": "Selective prediction: accuracy of the most confident fraction",
+    "entropy_ood.png": "Predictive entropy on the test split and the OOD sets",
+}
+"""Known plots, in card order, with their captions; other PNGs follow under their file name."""
+_CARD_TAGS = ["image-classification", "timm", "fseb-ft"]
+_MAX_CLASSES_SHOWN = 20
+
+
+class HubPushError(RuntimeError):
+    """An upload failed; the message says what failed and the command that retries it."""
+
+
+def save_model_folder(
+    model: nn.Module,
+    run_dir: str | Path,
+    recipe: Recipe,
+    run_info: Mapping[str, Any],
+    results: Mapping[str, Any],
+    *,
+    baseline: Mapping[str, Mapping[str, Any]] | None = None,
+    repo_id: str | None = None,
+) -> Path:
+    """Write ``run_dir/model/`` in timm's Hub format, with ``fseb.json``, card and plots.
+
+    Args:
+        model: the trained model holding the weights to export (unwrapped, not DDP).
+        run_dir: the run directory; its ``*.png`` plots are copied into the folder.
+        recipe: the run's resolved recipe.
+        run_info: the run's ``run.json`` (class names, input spec, data and context provenance).
+        results: the run's results (``test``, ``ood``, ``training``).
+        baseline: method title → results of other runs to show in the card's table (e.g.
+            ``{"PS-MAP · resnet18": psmap_results}``); ``None`` takes the sibling PS-MAP run
+            of ``--compare`` (``../psmap``) when this run is FS-EB and that one has finished.
+        repo_id: the Hub repo the card's usage example names (``user/name``), if known.
+
+    Returns:
+        The model folder.
+    """
+    run_dir = Path(run_dir)
+    folder = run_dir / MODEL_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    source = _source_info(model, recipe)
+    num_classes = int(run_info["num_classes"])
+    names = [str(n) for n in run_info.get("class_names") or []][:num_classes]
+    names += [str(i) for i in range(len(names), num_classes)]
+    spec = run_info["input"]
+    data_config = {
+        "input_size": (recipe.data.channels, *(int(s) for s in spec["size"])),
+        "mean": tuple(spec["mean"]),
+        "std": tuple(spec["std"]),
+        # fseb_ft evaluates on a plain resize to input_size: no centre-crop margin.
+        "crop_pct": 1.0,
+        "interpolation": "bilinear",
+    }
+    model_config = {
+        "label_names": names,
+        "pretrained_cfg": {
+            "num_classes": num_classes,
+            "label_names": names,
+            "license": source["license"],
+        },
+    }
+    # Export into a scratch folder beside the model folder, then move each file into place, so
+    # a killed export never leaves a half-written config or weights file.
+    with tempfile.TemporaryDirectory(dir=run_dir, prefix=".model-export-") as tmp:
+        save_for_hf(
+            model,
+            tmp,
+            model_config=model_config,
+            data_config=data_config,
+            safe_serialization=True,
+        )
+        for name in ("model.safetensors", "config.json"):
+            os.replace(Path(tmp) / name, folder / name)
+    _write_docs(run_dir, recipe, run_info, results, source, baseline, repo_id)
+    return folder
+
+
+def write_model_card(
+    run_dir: str | Path,
+    *,
+    baseline: Mapping[str, Mapping[str, Any]] | None = None,
+    repo_id: str | None = None,
+) -> Path:
+    """Rewrite ``fseb.json``, ``README.md`` and the plots of an exported run from its files.
+
+    Use it after re-evaluating a run (``results.json`` changed) or adding plots; the weights
+    and ``config.json`` are left alone. Returns the card's path.
+    """
+    run_dir = Path(run_dir)
+    folder = run_dir / MODEL_DIR
+    meta_path = folder / "fseb.json"
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"{meta_path} is missing: export the run first (export_run)")
+    recipe, run_info, results = _read_run(run_dir)
+    source = json.loads(meta_path.read_text())["source_model"]
+    _write_docs(run_dir, recipe, run_info, results, source, baseline, repo_id)
+    return folder / "README.md"
+
+
+def export_run(
+    run_dir: str | Path,
+    *,
+    baseline: Mapping[str, Mapping[str, Any]] | None = None,
+    repo_id: str | None = None,
+) -> Path:
+    """Build the model folder of a finished run from its recipe, ``run.json`` and best weights.
+
+    For runs made before model folders existed, or whose export failed. Returns the folder.
+    """
+    from fseb_ft.models import create_model  # the training stack, only when rebuilding
+
+    run_dir = Path(run_dir)
+    recipe, run_info, results = _read_run(run_dir)
+    weights = run_dir / MODEL_WEIGHTS
+    if not weights.is_file():
+        raise FileNotFoundError(f"{run_dir} is not a finished run: {MODEL_WEIGHTS} is missing")
+    # The weights come from the run, so never fetch pretrained ones again.
+    model_cfg = dataclasses.replace(recipe.model, pretrained=False)
+    model = create_model(model_cfg, int(run_info["num_classes"]), in_chans=recipe.data.channels)
+    load_model(model, str(weights))
+    return save_model_folder(
+        model, run_dir, recipe, run_info, results, baseline=baseline, repo_id=repo_id
+    )
+
+
+def model_card(
+    recipe: Recipe,
+    run_info: Mapping[str, Any],
+    results: Mapping[str, Any],
+    *,
+    source: Mapping[str, Any],
+    baseline: Mapping[str, Mapping[str, Any]] | None = None,
+    plots: Sequence[str] = (),
+    repo_id: str | None = None,
+    local_dir: str | Path | None = None,
+) -> str:
+    """The model card (``README.md``): Hub metadata, provenance, method, results, plots, usage.
+
+    Args:
+        recipe, run_info, results: the run's recipe, ``run.json`` and results.
+        source: the ``source_model`` entry of ``fseb.json`` (name, hub_id, license, …).
+        baseline: method title → results of other runs, shown under this run in the table.
+        plots: PNG file names inside the model folder, embedded with relative links.
+        repo_id: the Hub repo (``user/name``) for the usage example; a placeholder if unknown.
+        local_dir: the model folder's path for the ``local-dir:`` example.
+    """
+    method = "FS-EB" if recipe.fseb.reg_scale > 0 else "PS-MAP"
+    title = method_title(recipe)
+    front: dict[str, Any] = {
+        "library_name": "timm",
+        "license": source["license"],
+        "tags": [*_CARD_TAGS, method.lower()],
+        "pipeline_tag": "image-classification",
+    }
+    if source.get("hub_id"):
+        front["base_model"] = source["hub_id"]
+    datasets = [s.path for s in _data_specs(recipe) if s.source == "hub"]
+    if datasets:
+        front["datasets"] = sorted(set(datasets))
+    meta = yaml.safe_dump(front, sort_keys=False, allow_unicode=True)
+    parts = [f"---\n{meta}---\n", f"# {repo_id.split('/')[-1] if repo_id else title}\n"]
+    parts.append(_provenance(recipe, run_info, source, method))
+    parts.append(_method_section(recipe, run_info, method))
+    parts.append(_results_section(recipe, run_info, results, title, baseline))
+    if plots:
+        shown = "\n\n".join(f"![{_plot_caption(p)}]({p})" for p in plots)
+        parts.append(f"## Plots\n\n{shown}\n")
+    parts.append(_usage_section(run_info, recipe, source, repo_id, local_dir))
+    parts.append(
+        "## Recipe\n\nReproduce with `fseb-ft recipe.yaml` (package `fseb_ft`).\n\n"
+        "<details>\n<summary>Resolved recipe (<code>recipe.yaml</code>)</summary>\n\n"
+        f"```yaml\n{dump_recipe(recipe)}```\n\n</details>\n"
+    )
+    return "\n".join(parts)
+
+
+def push_folder(
+    folder: str | Path,
+    repo_id: str,
+    *,
+    private: bool = False,
+    revision: str | None = None,
+    commit_message: str = OutputConfig.commit_message,
+    token: str | None = None,
+    endpoint: str | None = None,
+) -> str:
+    """Upload a model folder's files (``FOLDER_FILES`` and ``*.png``, nothing else) to the Hub.
+
+    Creates the repo (``exist_ok``) and the ``revision`` branch when missing. Returns the commit
+    URL. Raises whatever ``huggingface_hub`` raises; :func:`push_run` turns that into a
+    :class:`HubPushError` with a retry command.
+    """
+    folder = Path(folder)
+    missing = [name for name in FOLDER_FILES if not (folder / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{folder} is not a complete model folder: {missing} missing")
+    files = [*FOLDER_FILES, *_plots_in(folder)]
+    from fseb_ft import __version__
+
+    api = HfApi(
+        endpoint=_endpoint(endpoint),
+        token=token,
+        library_name="fseb_ft",
+        library_version=__version__,
+    )
+    repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+    if revision and revision != "main":
+        api.create_branch(repo_id, branch=revision, exist_ok=True)
+    info = api.upload_folder(
+        repo_id=repo_id,
+        folder_path=folder,
+        allow_patterns=files,
+        revision=revision,
+        commit_message=commit_message,
+    )
+    return str(getattr(info, "commit_url", info))
+
+
+def push_run(
+    run_dir: str | Path,
+    repo_id: str,
+    *,
+    private: bool = False,
+    revision: str | None = None,
+    commit_message: str = OutputConfig.commit_message,
+    token: str | None = None,
+    endpoint: str | None = None,
+    refresh_card: bool = True,
+) -> str:
+    """Push a run's model folder, exporting it first if the run has none; return the commit URL.
+
+    ``refresh_card`` rewrites the card (and ``fseb.json``, plots) from the run's current files
+    with ``repo_id`` in its usage example; ``False`` uploads the folder as it is.
+
+    Raises:
+        HubPushError: anything failed; the message has the cause and the retry command.
+    """
+    run_dir = Path(run_dir)
+    folder = run_dir / MODEL_DIR
+    try:
+        if not (folder / "config.json").is_file() or not (folder / "fseb.json").is_file():
+            export_run(run_dir, repo_id=repo_id)
+        elif refresh_card:
+            write_model_card(run_dir, repo_id=repo_id)
+        return push_folder(
+            folder,
+            repo_id,
+            private=private,
+            revision=revision,
+            commit_message=commit_message,
+            token=token,
+            endpoint=endpoint,
+        )
+    except Exception as err:
+        where = _endpoint(endpoint) or "https://huggingface.co"
+        hint = ""
+        if token is None and get_token() is None:
+            hint = "\nNo Hugging Face token found: run `hf auth login` or set HF_TOKEN."
+        retry = retry_command(run_dir, repo_id, private=private, revision=revision)
+        if endpoint:
+            retry += f" --endpoint {shlex.quote(endpoint)}"
+        raise HubPushError(
+            f"could not push {folder} to the Hub repo {repo_id!r} at {where}: "
+            f"{type(err).__name__}: {err}{hint}\n"
+            f"Nothing was lost: the model folder stays in {folder}. Retry with:\n  {retry}"
+        ) from err
+
+
+def share_run(
+    model: nn.Module,
+    run_dir: str | Path,
+    recipe: Recipe,
+    run_info: Mapping[str, Any],
+    results: Mapping[str, Any],
+) -> str | None:
+    """End of a run: write the model folder, then push it if ``output.push_to_hub`` is set.
+
+    Never raises: a failure is logged with what failed and how to retry, and the run's files
+    stay on disk. Returns the commit URL when pushed.
+    """
+    run_dir = Path(run_dir)
+    out = recipe.output
+    try:
+        save_model_folder(model, run_dir, recipe, run_info, results, repo_id=out.push_to_hub)
+    except Exception:
+        logger.exception(
+            "could not write the model folder %s; the results and best weights are saved. "
+            "Rebuild it (and push) with: %s",
+            run_dir / MODEL_DIR,
+            retry_command(run_dir, out.push_to_hub or "USER/NAME", out.private, out.revision),
+        )
+        return None
+    if not out.push_to_hub:
+        return None
+    try:
+        url = push_run(
+            run_dir,
+            out.push_to_hub,
+            private=out.private,
+            revision=out.revision,
+            commit_message=out.commit_message,
+            refresh_card=False,
+        )
+    except HubPushError as err:
+        logger.error("%s", err)
+        return None
+    logger.info("pushed %s to %s", run_dir / MODEL_DIR, url)
+    return url
+
+
+def retry_command(
+    run_dir: str | Path, repo_id: str, private: bool = False, revision: str | None = None
+) -> str:
+    """The ``fseb-ft push`` command line that uploads ``run_dir``'s model folder."""
+    cmd = ["fseb-ft", "push", str(run_dir), repo_id]
+    if private:
+        cmd.append("--private")
+    if revision:
+        cmd += ["--revision", revision]
+    return shlex.join(cmd)
+
+
+def main(argv: Sequence[str] | None = None) -> str:
+    """CLI ``fseb-ft push RUN_DIR [user/name] [--private] [--revision R]``; returns the URL."""
+    parser = argparse.ArgumentParser(
+        prog="fseb-ft push",
+        description="Upload a run's model folder (RUN_DIR/model: weights, config.json, "
+        "fseb.json, model card, plots) to the Hugging Face Hub. Checkpoints never leave the "
+        "machine. A run without a model folder is exported first.",
+    )
+    parser.add_argument("run_dir", type=Path, help="a run directory written by fseb-ft")
+    parser.add_argument(
+        "repo_id", nargs="?", help="Hub repo user/name (default: the recipe's output.push_to_hub)"
+    )
+    parser.add_argument(
+        "--private",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="create the repo private (default: the recipe's output.private)",
+    )
+    parser.add_argument("--revision", help="branch to push to (created if missing)")
+    parser.add_argument("--commit-message", help="commit message")
+    parser.add_argument("--endpoint", help="Hub endpoint (default: HF_ENDPOINT or huggingface.co)")
+    parser.add_argument(
+        "--keep-card",
+        action="store_true",
+        help="upload README.md as it is instead of regenerating it from the run's files",
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    out = _saved_output(args.run_dir)
+    repo_id = args.repo_id or out.push_to_hub
+    if not repo_id:
+        parser.error("give the Hub repo as user/name (the run's recipe sets no output.push_to_hub)")
+    try:
+        OutputConfig(push_to_hub=repo_id)
+    except ConfigError as err:
+        parser.error(str(err))
+    try:
+        url = push_run(
+            args.run_dir,
+            repo_id,
+            private=out.private if args.private is None else args.private,
+            revision=args.revision or out.revision,
+            commit_message=args.commit_message or out.commit_message,
+            endpoint=args.endpoint,
+            refresh_card=not args.keep_card,
+        )
+    except HubPushError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
+    print(f"pushed {args.run_dir / MODEL_DIR} to {url}")
+    return url
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def _source_info(model: nn.Module, recipe: Recipe) -> dict[str, Any]:
+    """Where the starting weights came from, for ``fseb.json`` and the card's metadata."""
+    cfg = dict(getattr(model, "pretrained_cfg", None) or {})
+    name = recipe.model.name
+    hub_id = None
+    if recipe.model.pretrained:
+        if name.startswith("hf-hub:"):
+            hub_id = name[len("hf-hub:") :].split("@")[0]
+        elif not name.startswith("local-dir:"):
+            hub_id = cfg.get("hf_hub_id") or None
+    inherited = cfg.get("license") if recipe.model.pretrained else None
+    return {
+        "name": name,
+        "pretrained": recipe.model.pretrained,
+        "hub_id": hub_id,
+        "architecture": cfg.get("architecture") or name,
+        "license": recipe.output.license or inherited or DEFAULT_LICENSE,
+        # Architectures fseb_ft registers with timm (fseb_cnn) need `import fseb_ft` to load.
+        "needs_fseb_ft": type(model).__module__.startswith("fseb_ft"),
+        "timm_version": timm.__version__,
+    }
+
+
+def _write_docs(
+    run_dir: Path,
+    recipe: Recipe,
+    run_info: Mapping[str, Any],
+    results: Mapping[str, Any],
+    source: Mapping[str, Any],
+    baseline: Mapping[str, Mapping[str, Any]] | None,
+    repo_id: str | None,
+) -> None:
+    from fseb_ft import __version__
+
+    folder = run_dir / MODEL_DIR
+    plots = _copy_plots(run_dir, folder)
+    if baseline is None:
+        baseline = _sibling_baseline(run_dir, recipe)
+    meta = {
+        "fseb_ft_version": __version__,
+        "method": "FS-EB" if recipe.fseb.reg_scale > 0 else "PS-MAP",
+        "fseb": dataclasses.asdict(recipe.fseb),
+        "context": run_info.get("context"),
+        "context_config": (
+            dataclasses.asdict(recipe.context) if recipe.fseb.reg_scale > 0 else None
+        ),
+        "data": run_info.get("data"),
+        "source_model": dict(source),
+        "num_classes": run_info["num_classes"],
+        "class_names": run_info.get("class_names"),
+        "input": run_info["input"],
+        "selection": _selection(recipe, results),
+        "results": {k: results[k] for k in ("test", "ood") if k in results},
+    }
+    _write_text(folder / "fseb.json", json.dumps(meta, indent=2, default=_jsonable) + "\n")
+    card = model_card(
+        recipe,
+        run_info,
+        results,
+        source=source,
+        baseline=baseline,
+        plots=plots,
+        repo_id=repo_id,
+        local_dir=folder,
+    )
+    _write_text(folder / "README.md", card)
+
+
+def _provenance(
+    recipe: Recipe, run_info: Mapping[str, Any], source: Mapping[str, Any], method: str
+) -> str:
+    arch, name = source["architecture"], source["name"]
+    if source.get("hub_id"):
+        hub = source["hub_id"]
+        start = f"fine-tuned from [`{hub}`](https://huggingface.co/{hub})"
+    elif source["pretrained"]:
+        start = f"fine-tuned from the pretrained timm model `{name}`"
+    elif name != arch:
+        start = f"trained from the random initialisation of `{name}` (`pretrained: false`)"
+    else:
+        start = "trained from its random initialisation (`pretrained: false`)"
+    names = [str(n) for n in run_info.get("class_names") or []]
+    shown = ", ".join(names[:_MAX_CLASSES_SHOWN])
+    if len(names) > _MAX_CLASSES_SHOWN:
+        shown += ", …"
+    data = run_info.get("data") or {}
+    size = "×".join(str(s) for s in run_info["input"]["size"])
+    return (
+        f"A timm `{arch}` image classifier {start} with **{method}** using `fseb_ft`, "
+        f"on `{data.get('train', '?')}` ({run_info.get('num_train', '?')} training images; "
+        f"{run_info['num_classes']} classes: {shown or '–'}). "
+        f"Input: {size} pixels, {recipe.data.channels} channel(s).\n"
+    )
+
+
+def _method_section(recipe: Recipe, run_info: Mapping[str, Any], method: str) -> str:
+    f = recipe.fseb
+    text = (
+        "## Method\n\n"
+        "**FS-EB** (function-space empirical Bayes; Rudner, Kapoor, Qiu & Wilson, ICML 2023) adds "
+        "to the cross-entropy a Gaussian prior over the network's *outputs* at a batch of context "
+        "images, with a covariance built from the features of the frozen starting model, so the "
+        "fine-tuned function stays where those features support it and is uncertain elsewhere. "
+        "**PS-MAP** is the same training loop with that function-space term switched off "
+        "(`fseb.reg_scale=0`): only a Gaussian prior on the parameters, i.e. weight decay.\n\n"
+    )
+    if method == "FS-EB":
+        ctx = run_info.get("context") or {}
+        fingerprint = str(ctx.get("fingerprint", ""))[:12]
+        text += (
+            f"This model: FS-EB with reg_scale={f.reg_scale:g}, prior_var={f.prior_var:g}, "
+            f"prior_cov_scale={f.prior_cov_scale:g}, prior_cov_diag={f.prior_cov_diag:g}; "
+            f"context set: `{recipe.context.kind}` "
+            f"({'corrupted' if recipe.context.corrupt else 'uncorrupted'}), pool of "
+            f"{recipe.context.pool_size} images, batches of {recipe.context.batch_size}"
+            + (f" (fingerprint `{fingerprint}…`)" if fingerprint else "")
+            + ". Full provenance in `fseb.json`.\n"
+        )
+    else:
+        text += f"This model: PS-MAP with prior_var={f.prior_var:g}.\n"
+    return text
+
+
+def _results_section(
+    recipe: Recipe,
+    run_info: Mapping[str, Any],
+    results: Mapping[str, Any],
+    title: str,
+    baseline: Mapping[str, Mapping[str, Any]] | None,
+) -> str:
+    rows = {title: results, **{k: v for k, v in (baseline or {}).items() if k != title}}
+    test = results.get("test", {})
+    data = run_info.get("data") or {}
+    lines = ["## Results\n", markdown_table(rows)]
+    notes = [f"Test split `{data.get('test', '?')}` (n={test.get('n', '?')})."]
+    for name, scores in (results.get("ood") or {}).items():
+        ident = (data.get("ood") or {}).get(name, "?")
+        notes.append(f"OOD set {name}: `{ident}` (n={scores.get('n', '?')}).")
+    notes.append(
+        "ECE: 15 equal-width bins; Sel. Pred.: area under the accuracy-coverage curve; "
+        "OOD AUROC/AUPR/FPR95: predictive entropy as the score, OOD as the positive class."
+    )
+    sel = _selection(recipe, results)
+    if sel.get("best_epoch") is not None:
+        notes.append(
+            f"Weights from epoch {sel['best_epoch']} of {sel['epochs']}, selected on validation "
+            f"{sel['metric']} (the test split is never used for selection)."
+        )
+    if len(rows) > 1:
+        notes.append(
+            "The first row is this model; the others are baselines (same data and backbone; "
+            "PS-MAP is the same recipe with `fseb.reg_scale=0`)."
+        )
+    lines.append(" ".join(notes) + "\n")
+    return "\n".join(lines)
+
+
+def _usage_section(
+    run_info: Mapping[str, Any],
+    recipe: Recipe,
+    source: Mapping[str, Any],
+    repo_id: str | None,
+    local_dir: str | Path | None,
+) -> str:
+    repo = repo_id or "USER/NAME"
+    mode = "L" if recipe.data.channels == 1 else "RGB"
+    imports = "import timm\nimport torch\nfrom PIL import Image\n"
+    if source.get("needs_fseb_ft"):
+        imports += "import fseb_ft.models  # registers this architecture with timm\n"
+    load = f'model = timm.create_model("hf-hub:{repo}", pretrained=True).eval()\n'
+    if local_dir is not None:
+        load += (
+            "# or from a local copy of this folder:\n"
+            f'# model = timm.create_model("local-dir:{local_dir}", pretrained=True).eval()\n'
+        )
+    return (
+        "## How to use\n\n"
+        "```python\n"
+        f"{imports}\n{load}"
+        "config = timm.data.resolve_data_config(model=model)  # this run's input size, mean, std\n"
+        "transform = timm.data.create_transform(**config)\n"
+        'labels = model.pretrained_cfg["label_names"]\n\n'
+        f'image = Image.open("image.jpg").convert("{mode}")\n'
+        "with torch.no_grad():\n"
+        "    probs = model(transform(image).unsqueeze(0)).softmax(-1)[0]\n"
+        "print(labels[int(probs.argmax())], float(probs.max()))\n"
+        "```\n"
+    )
+
+
+def _selection(recipe: Recipe, results: Mapping[str, Any]) -> dict[str, Any]:
+    training = results.get("training") or {}
+    return {
+        "metric": recipe.train.select_metric,
+        "best_epoch": training.get("best_epoch"),
+        "epochs": training.get("epochs"),
+    }
+
+
+def _sibling_baseline(run_dir: Path, recipe: Recipe) -> dict[str, Mapping[str, Any]] | None:
+    """The PS-MAP run of ``--compare`` (``../psmap``) beside this FS-EB run, if finished."""
+    sibling = run_dir.parent / "psmap"
+    if recipe.fseb.reg_scale == 0 or sibling.resolve() == run_dir.resolve():
+        return None
+    try:
+        results = json.loads((sibling / "results.json").read_text())
+        other = yaml.safe_load((sibling / "recipe.yaml").read_text())
+        if other["fseb"]["reg_scale"] != 0 or other["model"]["name"] != recipe.model.name:
+            return None
+    except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
+        return None
+    return {f"PS-MAP · {recipe.model.name}": results}
+
+
+def _copy_plots(run_dir: Path, folder: Path) -> list[str]:
+    """Copy the run's PNGs into the model folder (dropping stale ones); return them in order."""
+    found = {p.name for p in run_dir.glob("*.png") if p.is_file()}
+    for stale in _plots_in(folder):
+        if stale not in found:
+            (folder / stale).unlink()
+    for name in found:
+        tmp = folder / f".{name}.tmp"
+        shutil.copyfile(run_dir / name, tmp)
+        os.replace(tmp, folder / name)
+    return _plots_in(folder)
+
+
+def _plots_in(folder: Path) -> list[str]:
+    names = sorted(p.name for p in folder.glob("*.png") if p.is_file())
+    known = [n for n in PLOT_CAPTIONS if n in names]
+    return known + [n for n in names if n not in PLOT_CAPTIONS]
+
+
+def _plot_caption(name: str) -> str:
+    return PLOT_CAPTIONS.get(name) or Path(name).stem.replace("_", " ").capitalize()
+
+
+def _data_specs(recipe: Recipe) -> list[Any]:
+    d = recipe.data
+    return [s for s in (d.train, d.val, d.test, *d.ood.values()) if s is not None]
+
+
+def _read_run(run_dir: Path) -> tuple[Recipe, dict[str, Any], dict[str, Any]]:
+    for needed in ("recipe.yaml", "run.json", "results.json"):
+        if not (run_dir / needed).is_file():
+            raise FileNotFoundError(f"{run_dir} is not a finished run: {needed} is missing")
+    recipe = load_recipe(run_dir / "recipe.yaml")
+    run_info = json.loads((run_dir / "run.json").read_text())
+    results = json.loads((run_dir / "results.json").read_text())
+    return recipe, run_info, results
+
+
+def _saved_output(run_dir: Path) -> OutputConfig:
+    """The run's ``output`` section (push defaults), or the defaults if it cannot be read."""
+    try:
+        return load_recipe(run_dir / "recipe.yaml").output
+    except (OSError, ValueError):
+        return OutputConfig()
+
+
+def _endpoint(endpoint: str | None) -> str | None:
+    # HF_ENDPOINT is read here, not only when huggingface_hub is imported.
+    value = endpoint or os.environ.get("HF_ENDPOINT")
+    return value.rstrip("/") if value else None
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple | set):
+        return list(value)
+    return str(value)
+
+
+if __name__ == "__main__":
+    main()

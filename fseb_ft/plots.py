@@ -1,0 +1,324 @@
+"""Figures of a classifier's predictions: reliability diagram, selective prediction, OOD entropy.
+
+Every function takes predictions (``(N, K)`` class probabilities and ``(N,)`` integer labels,
+as torch tensors or numpy arrays) and a path, writes one PNG there and returns the path. Every
+number drawn comes from :mod:`fseb_ft.metrics` (the same bins, curves and areas as the results
+tables); nothing is re-derived here. Figures are drawn on matplotlib's Agg canvas without
+pyplot, so they need no display, leave any interactive backend alone and can be drawn from
+several threads. Files are written atomically (temporary file, then rename).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from torch import Tensor
+
+from fseb_ft import metrics as M
+
+__all__ = [
+    "entropy_histogram",
+    "reliability_comparison",
+    "reliability_diagram",
+    "selective_prediction_plot",
+]
+
+ArrayLike = Any  # torch.Tensor, numpy array or nested lists
+Predictions = tuple[ArrayLike, ArrayLike]  # (probs (N, K), labels (N,))
+
+_DPI = 150
+_ACC_COLOR = "#3b6fb6"
+_GAP_COLOR = "#d62728"
+_GAP_FACE = (0.84, 0.15, 0.16, 0.12)  # _GAP_COLOR, faint
+_COUNT_COLOR = "#7f7f7f"
+# Coverage below which accuracy rests on a handful of samples; the y-axis ignores it.
+_MIN_COVERAGE_FOR_YLIM = 0.05
+
+
+def reliability_diagram(
+    probs: ArrayLike,
+    labels: ArrayLike,
+    path: str | Path,
+    n_bins: int = 15,
+    title: str = "Reliability diagram",
+) -> Path:
+    """Top-label reliability diagram with a bin-count histogram underneath.
+
+    Upper panel: for each non-empty confidence bin of :func:`fseb_ft.metrics.calibration_bins`
+    (the bins of :func:`~fseb_ft.metrics.ece`), a bar up to the bin's accuracy and a hatched
+    red bar from there to its mean confidence (the gap: above the accuracy bar means
+    over-confident, inside it under-confident), with the diagonal of perfect calibration. The
+    panel title gives the ECE (:func:`~fseb_ft.metrics.ece`, same ``n_bins``), the overall
+    accuracy and the mean confidence. Lower panel: samples per bin on a log scale. The
+    confidence axis starts at the bin holding ``1/K``, below which no top-label confidence can
+    fall.
+
+    Args:
+        probs: ``(N, K)`` class probabilities.
+        labels: ``(N,)`` integer labels in ``[0, K)``.
+        path: where to write the PNG (parent folders are created).
+        n_bins: number of equal-width confidence bins (15, like the reported ECE).
+        title: first line of the panel title, e.g. the method.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+    """
+    return reliability_comparison({title: (probs, labels)}, path, n_bins=n_bins)
+
+
+def reliability_comparison(
+    methods: Mapping[str, Predictions],
+    path: str | Path,
+    n_bins: int = 15,
+    title: str | None = None,
+) -> Path:
+    """Reliability diagrams of several methods side by side (one column each, shared axes).
+
+    Each column is drawn as in :func:`reliability_diagram`; the legend is shared below.
+
+    Args:
+        methods: method name → ``(probs (N, K), labels (N,))``, in column order.
+        path: where to write the PNG.
+        n_bins: number of equal-width confidence bins.
+        title: optional figure title above the columns.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+    """
+    if not methods:
+        raise ValueError("`methods` must name at least one (probs, labels) pair, got none")
+    data = {name: _predictions(pair, name) for name, pair in methods.items()}
+    n = len(data)
+    fig = _figure(figsize=(4.6 * n + 0.4, 6.0))
+    axes = fig.subplots(
+        2, n, sharex="col", sharey="row", squeeze=False, gridspec_kw={"height_ratios": [3, 1]}
+    )
+    x_lo = min(_lowest_bin_edge(p.shape[1], n_bins) for p, _ in data.values())
+    for col, (name, (probs, labels)) in enumerate(data.items()):
+        _draw_reliability(axes[0, col], axes[1, col], probs, labels, n_bins, name, x_lo)
+        if col > 0:
+            axes[0, col].tick_params(labelleft=False)
+            axes[1, col].tick_params(labelleft=False)
+            axes[0, col].set_ylabel("")
+            axes[1, col].set_ylabel("")
+    # Shared log count axis, from below 1 sample to above the fullest bin (and its label).
+    axes[1, 0].set_ylim(0.5, 8.0 * max(len(labels) for _, labels in data.values()))
+    handles = [
+        Patch(facecolor=_ACC_COLOR, edgecolor="black", label="Accuracy in bin"),
+        Line2D([], [], color=_GAP_COLOR, lw=2.2, label="Mean confidence in bin"),
+        Patch(facecolor=_GAP_FACE, hatch="//", edgecolor=_GAP_COLOR, label="Calibration gap"),
+        axes[0, 0].lines[0],
+        Patch(facecolor=_COUNT_COLOR, label="Samples in bin"),
+    ]
+    fig.legend(handles=handles, loc="outside lower center", ncol=2 if n == 1 else 5)
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)
+
+
+def selective_prediction_plot(
+    methods: Mapping[str, Predictions],
+    path: str | Path,
+    title: str = "Selective prediction",
+) -> Path:
+    """Accuracy–coverage curves of one or several methods, Sel. Pred. AUC in the legend.
+
+    Samples are admitted in decreasing order of confidence (max probability); each curve is
+    :func:`fseb_ft.metrics.selective_prediction` (tied confidences grouped) and its legend entry
+    gives the area under it, the "Sel. Pred." column of the results table. The y-axis is fitted
+    to coverages of at least 5 %: below that the accuracy rests on a handful of samples and may
+    leave the axes.
+
+    Args:
+        methods: method name → ``(probs (N, K), labels (N,))``; N may differ between methods.
+        path: where to write the PNG.
+        title: axes title.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+    """
+    if not methods:
+        raise ValueError("`methods` must name at least one (probs, labels) pair, got none")
+    fig = _figure(figsize=(6.0, 5.0))
+    ax = fig.subplots()
+    y_lo = 1.0
+    for name, pair in methods.items():
+        probs, labels = _predictions(pair, name)
+        correct = probs.argmax(dim=-1) == labels  # (N,)
+        curve = M.selective_prediction(M.confidence_scores(probs)["max_prob"], correct)
+        coverage = curve["coverage"].cpu().numpy()  # (G,)
+        acc = curve["accuracy"].cpu().numpy()  # (G,)
+        # Prepend coverage 0 at the first group's accuracy so the curve spans the axis.
+        ax.plot(
+            np.r_[0.0, coverage] * 100,
+            np.r_[acc[0], acc] * 100,
+            lw=1.8,
+            label=f"{name} (Sel. Pred. {100 * float(curve['sel_pred_auc']):.2f} %, "
+            f"acc. {100 * acc[-1]:.2f} %)",
+        )
+        settled = coverage >= min(_MIN_COVERAGE_FOR_YLIM, coverage[-1])
+        y_lo = min(y_lo, float(acc[settled].min()))
+    pad = max(0.01, 0.05 * (1.0 - y_lo))
+    ax.set_xlim(0, 100)
+    ax.set_ylim(100 * max(0.0, y_lo - pad), 100 * (1.0 + pad / 2))
+    ax.set_xlabel("Coverage (%): most confident fraction of the test set kept")
+    ax.set_ylabel("Accuracy on kept samples (%)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.legend(loc="outside lower center", ncol=1)
+    return _save(fig, path)
+
+
+def entropy_histogram(
+    probs_in: ArrayLike,
+    ood: Mapping[str, ArrayLike],
+    path: str | Path,
+    title: str = "Predictive entropy",
+    n_bins: int = 30,
+) -> Path:
+    """Histograms of predictive entropy in distribution and on each OOD set.
+
+    Entropies are :func:`fseb_ft.metrics.predictive_entropy` (nats) on a shared axis from 0 to
+    ``log K`` (the uniform distribution); each bar height is the fraction of that set's
+    samples, so sets of different sizes compare. Each OOD legend entry gives the entropy AUROC
+    of :func:`fseb_ft.metrics.ood_metrics` (OOD = positive), the "AUROC" column of the results
+    table.
+
+    Args:
+        probs_in: ``(N_in, K)`` class probabilities on in-distribution data.
+        ood: OOD set name → ``(N_o, K)`` class probabilities (same K); may be empty.
+        path: where to write the PNG.
+        title: axes title.
+        n_bins: number of histogram bins between 0 and ``log K``.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+    """
+    p_in = _probs(probs_in, "probs_in")
+    k = p_in.shape[1]
+    top = math.log(k) if k > 1 else 1.0
+    edges = np.linspace(0.0, top, n_bins + 1)
+    fig = _figure(figsize=(6.0, 4.6))
+    ax = fig.subplots()
+    sets = [(f"In-distribution (n = {p_in.shape[0]})", p_in, None)]
+    for name, probs in ood.items():
+        p_out = _probs(probs, f"ood[{name!r}]")
+        auroc = float(M.ood_metrics(p_in, p_out)["entropy_auroc"])
+        sets.append((f"{name} (n = {p_out.shape[0]}, AUROC {100 * auroc:.2f} %)", p_out, auroc))
+    for i, (label, probs, _) in enumerate(sets):
+        h = np.clip(M.predictive_entropy(probs).cpu().numpy(), 0.0, top)  # (N,)
+        weights = np.full_like(h, 1.0 / len(h))
+        color = f"C{i}"
+        ax.hist(h, bins=edges, weights=weights, color=color, alpha=0.3)
+        ax.hist(h, bins=edges, weights=weights, color=color, histtype="step", lw=1.6, label=label)
+    ax.axvline(top, color="black", ls=":", lw=1)
+    ax.text(
+        top,
+        1.0,
+        f"log K = {top:.2f}",
+        transform=ax.get_xaxis_transform(),
+        ha="right",
+        va="bottom",
+    )
+    ax.set_xlim(0, top * 1.01)
+    ax.set_xlabel("Predictive entropy (nats)")
+    ax.set_ylabel("Fraction of samples")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.legend(loc="outside lower center", ncol=1)
+    return _save(fig, path)
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _draw_reliability(
+    ax: Axes,
+    ax_count: Axes,
+    probs: Tensor,
+    labels: Tensor,
+    n_bins: int,
+    name: str,
+    x_lo: float,
+) -> None:
+    stats = {k: v.cpu().numpy() for k, v in M.calibration_bins(probs, labels, n_bins).items()}
+    ece = float(M.ece(probs, labels, n_bins=n_bins))
+    acc_all = float(M.accuracy(probs, labels))
+    conf_all = float(M.confidence_scores(probs)["max_prob"].mean())
+    left, width = stats["edges"][:-1], 1.0 / n_bins  # (n_bins,)
+    full = stats["count"] > 0  # (n_bins,) empty bins have NaN statistics: draw nothing
+    acc, conf = stats["accuracy"][full], stats["confidence"][full]
+    ax.bar(left[full], acc, width, align="edge", color=_ACC_COLOR, edgecolor="black", lw=0.6)
+    # The gap is hatched over a faint tint, so where it overlaps the accuracy bar (an
+    # under-confident bin) that bar still reads as blue up to its top.
+    ax.bar(
+        left[full], conf - acc, width, bottom=acc, align="edge", facecolor=_GAP_FACE,
+        hatch="//", edgecolor=_GAP_COLOR, lw=0.8,
+    )  # fmt: skip
+    ax.hlines(conf, left[full], left[full] + width, colors=_GAP_COLOR, lw=2.2)
+    ax.plot([0, 1], [0, 1], ls="--", color="black", lw=1, label="Perfect calibration")
+    ax.set_xlim(x_lo, 1)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("Accuracy")
+    ax.grid(alpha=0.3)
+    ax.set_title(
+        f"{name}\nECE {100 * ece:.2f} % ({n_bins} bins) · acc. {100 * acc_all:.1f} % · "
+        f"conf. {100 * conf_all:.1f} %",
+        fontsize="medium",
+    )
+    counts = stats["count"][full]
+    ax_count.bar(left[full], counts, width, align="edge", color=_COUNT_COLOR)
+    for x, c in zip(left[full] + width / 2, counts, strict=True):
+        ax_count.text(x, c * 1.2, f"{int(c)}", ha="center", va="bottom", fontsize="x-small")
+    ax_count.set_yscale("log")
+    ax_count.set_ylabel("Samples")
+    ax_count.set_xlabel("Confidence (max probability)")
+    ax_count.grid(alpha=0.3)
+
+
+def _lowest_bin_edge(k: int, n_bins: int) -> float:
+    """Lower edge of the bin holding confidence 1/K (the smallest possible top-label one)."""
+    return math.floor(n_bins / k) / n_bins if k > 1 else 0.0
+
+
+def _probs(x: ArrayLike, name: str) -> Tensor:
+    t = torch.as_tensor(np.asarray(x) if not isinstance(x, Tensor) else x).detach()
+    if not t.is_floating_point():
+        raise ValueError(f"`{name}` must hold floating-point probabilities, got dtype {t.dtype}")
+    return t.cpu()
+
+
+def _predictions(pair: Predictions, name: str) -> tuple[Tensor, Tensor]:
+    if not isinstance(pair, tuple | list) or len(pair) != 2:
+        raise ValueError(f"{name!r} must map to a (probs, labels) pair, got {type(pair).__name__}")
+    probs = _probs(pair[0], f"probs of {name!r}")
+    labels = torch.as_tensor(np.asarray(pair[1]) if not isinstance(pair[1], Tensor) else pair[1])
+    return probs, labels.detach().cpu()
+
+
+def _figure(figsize: tuple[float, float]) -> Figure:
+    fig = Figure(figsize=figsize, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig: Figure, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, format="png", dpi=_DPI)
+    os.replace(tmp, path)
+    return path

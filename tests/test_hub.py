@@ -1,0 +1,426 @@
+"""The Hub model folder of a run (timm format + card) and its upload, all offline.
+
+One real tiny run (test_byobnet, 16 px, 1 epoch) feeds most tests. Uploads go to a fake Hub on
+a loopback port (repo creation, branch, README validation) and the commit itself is captured
+where ``upload_folder`` hands its real ``CommitOperationAdd`` list over, so the file list is the
+one ``huggingface_hub`` would send. Nothing contacts huggingface.co.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import huggingface_hub
+import huggingface_hub._upload_pipeline as upload_pipeline
+import numpy as np
+import pytest
+import timm
+import torch
+import yaml
+from huggingface_hub import CommitOperationAdd, HfApi, ModelCard
+from PIL import Image
+
+import fseb_ft.hub as hub
+from fseb_ft import finetune
+from fseb_ft.config import ConfigError, OutputConfig, recipe_from_dict
+from fseb_ft.evaluate import markdown_table
+from fseb_ft.finetune import run
+
+UNREACHABLE = "http://127.0.0.1:9"  # discard port: nothing listens, connections are refused
+REPO_ID = "user/tiny-fseb"
+BASE_FILES = {"config.json", "model.safetensors", "fseb.json", "README.md"}
+
+
+def _write_folder(root: Path, split: str, classes: dict[str, int], size: int = 16) -> None:
+    rng = np.random.default_rng(len(split) + 7 * len(classes))
+    for name, count in classes.items():
+        base = rng.integers(0, 256, size=3)
+        (root / split / name).mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            noise = rng.integers(-40, 40, size=(size, size, 3))
+            pixels = np.clip(base + noise, 0, 255).astype(np.uint8)
+            Image.fromarray(pixels).save(root / split / name / f"{i:03d}.png")
+
+
+def _recipe_dict(data: Path, ood: Path, out: Path) -> dict[str, Any]:
+    return {
+        "model": {"name": "test_byobnet", "pretrained": False, "input_size": 16},
+        "data": {
+            "train": {"source": "imagefolder", "path": str(data), "split": "train"},
+            "test": {"source": "imagefolder", "path": str(data), "split": "test"},
+            "ood": {"owls": {"source": "imagefolder", "path": str(ood), "split": "test"}},
+            "val_fraction": 0.25,
+            "augment": "flip",
+            "mean": [0.4, 0.5, 0.6],
+            "std": [0.2, 0.25, 0.3],
+            "batch_size": 8,
+            "num_workers": 0,
+        },
+        "context": {"kind": "train", "corrupt": True, "pool_size": 12, "batch_size": 4},
+        "fseb": {"reg_scale": 0.5, "prior_cov_scale": 0.01, "prior_cov_diag": 1.0},
+        "optim": {"lr": 0.05},
+        "train": {"epochs": 1, "cpu": True, "trackers": []},
+        "eval": {"batch_size": 8},
+        "output": {"dir": str(out), "push_to_hub": REPO_ID, "private": True},
+    }
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    """A finished FS-EB run whose push (to a closed loopback port) failed."""
+    root = tmp_path_factory.mktemp("hub")
+    _write_folder(root / "ind", "train", {"cat": 8, "dog": 8, "fox": 8})
+    _write_folder(root / "ind", "test", {"cat": 3, "dog": 3, "fox": 3})
+    _write_folder(root / "ood", "test", {"owl": 4})
+    out = root / "compare" / "fseb"
+    out.mkdir(parents=True)
+    # A plot in the run directory (the plotting code writes these) must travel with the model.
+    Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(out / "reliability.png")
+    recipe = recipe_from_dict(_recipe_dict(root / "ind", root / "ood", out))
+
+    shared: dict[str, Any] = {}
+    original = hub.share_run
+
+    def spy(model, *args, **kwargs):  # the exact model run() exports, and its logits
+        shared["model"] = copy.deepcopy(model).eval()
+        return original(model, *args, **kwargs)
+
+    records = _Records()
+    logging.getLogger("fseb_ft.hub").addHandler(records)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(hub, "share_run", spy)
+        mp.setenv("HF_ENDPOINT", UNREACHABLE)
+        start = time.perf_counter()
+        results = run(recipe)
+        seconds = time.perf_counter() - start
+    logging.getLogger("fseb_ft.hub").removeHandler(records)
+    return SimpleNamespace(
+        dir=out,
+        folder=out / "model",
+        recipe=recipe,
+        results=results,
+        model=shared["model"],
+        log=records.messages,
+        seconds=seconds,
+    )
+
+
+def _expected_files(run_dir: Path) -> set[str]:
+    """The four folder files plus every plot of the run (the plotting code may add more)."""
+    pngs = {p.name for p in run_dir.glob("*.png")}
+    assert "reliability.png" in pngs
+    return BASE_FILES | pngs
+
+
+def _inputs() -> torch.Tensor:
+    return torch.randn(5, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+
+
+def test_run_writes_a_timm_folder_that_loads_with_identical_logits(tiny_run) -> None:
+    folder = tiny_run.folder
+    assert {p.name for p in folder.iterdir()} == _expected_files(tiny_run.dir)
+    assert not list(tiny_run.dir.glob(".model-export-*"))  # scratch folder cleaned up
+
+    loaded = timm.create_model(f"local-dir:{folder}", pretrained=True).eval()
+    assert loaded.num_classes == 3
+    x = _inputs()
+    with torch.no_grad():
+        assert torch.equal(loaded(x), tiny_run.model(x))
+
+    data_cfg = timm.data.resolve_data_config(model=loaded)
+    assert data_cfg["input_size"] == (3, 16, 16)
+    assert tuple(data_cfg["mean"]) == pytest.approx((0.4, 0.5, 0.6))
+    assert tuple(data_cfg["std"]) == pytest.approx((0.2, 0.25, 0.3))
+    assert data_cfg["crop_pct"] == 1.0
+    assert loaded.pretrained_cfg["label_names"] == ["cat", "dog", "fox"]
+
+
+def test_config_json_carries_the_runs_input_and_labels(tiny_run) -> None:
+    cfg = json.loads((tiny_run.folder / "config.json").read_text())
+    assert cfg["architecture"] == "test_byobnet"
+    assert cfg["num_classes"] == 3
+    assert cfg["label_names"] == ["cat", "dog", "fox"]
+    pre = cfg["pretrained_cfg"]
+    assert pre["input_size"] == [3, 16, 16]
+    assert pre["mean"] == pytest.approx([0.4, 0.5, 0.6])
+    assert pre["std"] == pytest.approx([0.2, 0.25, 0.3])
+    assert pre["num_classes"] == 3
+    assert pre["label_names"] == ["cat", "dog", "fox"]
+    assert pre["license"] == "apache-2.0"
+
+
+def test_fseb_json_records_regulariser_context_data_and_source(tiny_run) -> None:
+    meta = json.loads((tiny_run.folder / "fseb.json").read_text())
+    info = json.loads((tiny_run.dir / "run.json").read_text())
+    assert set(meta) >= {"fseb_ft_version", "method", "fseb", "context", "data", "source_model"}
+    assert meta["method"] == "FS-EB"
+    assert meta["fseb"]["reg_scale"] == 0.5 and meta["fseb"]["prior_cov_diag"] == 1.0
+    assert meta["context"] == info["context"] and len(meta["context"]["fingerprint"]) == 64
+    assert meta["data"] == info["data"]
+    assert meta["source_model"]["name"] == "test_byobnet"
+    assert meta["source_model"]["hub_id"] is None  # pretrained: false
+    assert meta["results"]["test"] == pytest.approx(tiny_run.results["test"])
+
+
+def test_card_has_hub_metadata_results_plots_recipe_and_usage(tiny_run) -> None:
+    text = (tiny_run.folder / "README.md").read_text()
+    card = ModelCard(text)
+    assert card.data.library_name == "timm"
+    assert card.data.license == "apache-2.0"
+    assert {"image-classification", "timm", "fseb-ft"} <= set(card.data.tags)
+    assert card.data.base_model is None  # trained from initialisation, not from a Hub model
+    row = markdown_table({"FS-EB · test_byobnet": tiny_run.results}).splitlines()[2]
+    assert row in text  # the numbers of results.json, as the results table prints them
+    assert "![Reliability diagram (test split)](reliability.png)" in text
+    assert "<details>" in text and "reg_scale: 0.5" in text  # the resolved recipe
+    assert f'timm.create_model("hf-hub:{REPO_ID}", pretrained=True)' in text
+    assert f"local-dir:{tiny_run.folder}" in text
+    assert "trained from its random initialisation" in text
+
+
+def test_failed_push_is_fast_logged_with_the_retry_command_and_the_run_completes(
+    tiny_run,
+) -> None:
+    assert tiny_run.results["test"]["n"] == 9 and "training" in tiny_run.results
+    failures = [m for m in tiny_run.log if m.startswith("could not push")]
+    assert len(failures) == 1, tiny_run.log
+    assert UNREACHABLE in failures[0] and "ConnectError" in failures[0]
+    assert f"fseb-ft push {tiny_run.dir} {REPO_ID} --private" in failures[0]
+
+    start = time.perf_counter()
+    with pytest.raises(hub.HubPushError, match="Retry with") as err:
+        hub.push_run(tiny_run.dir, REPO_ID, endpoint=UNREACHABLE, refresh_card=False)
+    assert time.perf_counter() - start < 10
+    assert f"--endpoint {UNREACHABLE}" in str(err.value)
+
+
+def test_the_card_shows_the_sibling_psmap_run_or_a_given_baseline(tiny_run, tmp_path: Path) -> None:
+    run_dir = tmp_path / "compare" / "fseb"
+    shutil.copytree(tiny_run.dir, run_dir, ignore=shutil.ignore_patterns("checkpoints"))
+    psmap = tmp_path / "compare" / "psmap"
+    psmap.mkdir()
+    other = copy.deepcopy(tiny_run.results)
+    other["test"]["accuracy"] = 0.123456
+    (psmap / "results.json").write_text(json.dumps(other))
+    raw = yaml.safe_load((run_dir / "recipe.yaml").read_text())
+    raw["fseb"]["reg_scale"] = 0.0
+    (psmap / "recipe.yaml").write_text(yaml.safe_dump(raw))
+
+    text = hub.write_model_card(run_dir).read_text()
+    rows = {"FS-EB · test_byobnet": tiny_run.results, "PS-MAP · test_byobnet": other}
+    table = markdown_table(rows)
+    assert table in text and "12.35" in table
+
+    text = hub.write_model_card(run_dir, baseline={"Mine": other}).read_text()
+    assert "| Mine |" in text and "PS-MAP · test_byobnet |" not in text
+
+
+class _FakeHub(BaseHTTPRequestHandler):
+    """Answers what ``create_repo``, ``create_branch`` and README validation ask."""
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length) or b"{}")
+        self.server.requests.append((self.path, body))  # type: ignore[attr-defined]
+        if self.path == "/api/repos/create":
+            host, port = self.server.server_address[:2]
+            reply = {"url": f"http://{host}:{port}/{body['organization']}/{body['name']}"}
+        elif self.path == "/api/validate-yaml":
+            reply = {"errors": [], "warnings": []}
+        else:
+            reply = {}
+        data = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
+    """A loopback Hub plus the commit that ``upload_folder`` would send (captured, not sent)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeHub)
+    server.requests = []  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    commits: list[dict[str, Any]] = []
+
+    def fake_create_commit(self, *, repo_id, operations, revision=None, **kwargs):
+        commits.append({"repo_id": repo_id, "ops": list(operations), "revision": revision})
+        return SimpleNamespace(commit_url=f"{self.endpoint}/{repo_id}/commit/0")
+
+    def fake_pipelined(api, *, repo_id, add_operations, delete_operations, revision, **kwargs):
+        ops = [*delete_operations, *add_operations]
+        commits.append({"repo_id": repo_id, "ops": ops, "revision": revision})
+        return SimpleNamespace(commit_url=f"{api.endpoint}/{repo_id}/commit/0")
+
+    # Whichever path this huggingface_hub takes (hf_xet pipeline or a single create_commit).
+    monkeypatch.setattr(HfApi, "create_commit", fake_create_commit)
+    monkeypatch.setattr(upload_pipeline, "pipelined_upload", fake_pipelined)
+    host, port = server.server_address[:2]
+    yield SimpleNamespace(url=f"http://{host}:{port}", requests=server.requests, commits=commits)
+    server.shutdown()
+    server.server_close()
+
+
+def _sent_paths(commit: dict[str, Any]) -> set[str]:
+    assert all(isinstance(op, CommitOperationAdd) for op in commit["ops"])
+    return {op.path_in_repo for op in commit["ops"]}
+
+
+def test_push_sends_exactly_the_model_folder(tiny_run, fake_hub, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny_run.dir, run_dir)
+    folder = run_dir / "model"
+    for junk in ("model.tmp", ".README.md.tmp", "notes.txt", "optimizer.bin"):
+        (folder / junk).write_text("not for the Hub")
+
+    url = hub.push_folder(
+        folder, REPO_ID, private=True, revision="dev", token="hf_test", endpoint=fake_hub.url
+    )
+    assert url == f"{fake_hub.url}/{REPO_ID}/commit/0"
+    (commit,) = fake_hub.commits
+    assert commit["repo_id"] == REPO_ID and commit["revision"] == "dev"
+    assert _sent_paths(commit) == _expected_files(run_dir)
+    sent = {op.path_in_repo: op for op in commit["ops"]}
+    assert Path(sent["model.safetensors"].path_or_fileobj) == folder / "model.safetensors"
+
+    paths = [path for path, _ in fake_hub.requests]
+    assert paths == [
+        "/api/repos/create",
+        f"/api/models/{REPO_ID}/branch/dev",
+        "/api/validate-yaml",
+    ]
+    create = fake_hub.requests[0][1]
+    assert (create["organization"], create["name"]) == tuple(REPO_ID.split("/"))
+    assert create["visibility"] == "private"
+    assert fake_hub.requests[2][1]["content"] == (folder / "README.md").read_text()
+
+
+def test_cli_push_exports_a_missing_folder_and_uploads_it(
+    tiny_run, fake_hub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    run_dir = tmp_path / "old-run"
+    shutil.copytree(tiny_run.dir, run_dir)
+    for path in (run_dir / "model").iterdir():
+        if path.name != "model.safetensors":
+            path.unlink()  # a run from before model folders existed
+
+    argv = ["fseb-ft", "push", str(run_dir), "someone/other", "--revision", "v1"]
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    monkeypatch.setattr(sys, "argv", [*argv, "--endpoint", fake_hub.url])
+    finetune.cli()
+    assert "pushed" in capsys.readouterr().out
+    (commit,) = fake_hub.commits
+    assert commit["repo_id"] == "someone/other" and commit["revision"] == "v1"
+    assert _sent_paths(commit) == _expected_files(run_dir)
+    assert fake_hub.requests[0][1]["visibility"] == "private"  # the recipe's output.private
+    assert 'create_model("hf-hub:someone/other"' in (run_dir / "model" / "README.md").read_text()
+
+    loaded = timm.create_model(f"local-dir:{run_dir / 'model'}", pretrained=True).eval()
+    x = _inputs()
+    with torch.no_grad():
+        assert torch.equal(loaded(x), tiny_run.model(x))
+
+    monkeypatch.setattr(sys, "argv", [*argv, "--no-private", "--endpoint", UNREACHABLE])
+    with pytest.raises(SystemExit) as exit_info:
+        finetune.cli()
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert "could not push" in err
+    assert f"fseb-ft push {run_dir} someone/other --revision v1 --endpoint {UNREACHABLE}" in err
+
+
+def test_one_channel_fseb_model_round_trips(tmp_path: Path) -> None:
+    import fseb_ft.models  # noqa: F401  (registers fseb_cnn with timm)
+
+    model = timm.create_model("fseb_cnn", num_classes=4, in_chans=1).eval()
+    recipe = recipe_from_dict(
+        {
+            "model": {"name": "fseb_cnn", "pretrained": False},
+            "data": {"train": {"source": "sklearn_digits"}, "channels": 1},
+            "fseb": {"reg_scale": 0.0},
+            "output": {"dir": str(tmp_path), "license": "mit"},
+        }
+    )
+    info = {
+        "num_classes": 4,
+        "class_names": ["0", "1", "2"],  # fewer names than outputs: padded with indices
+        "input": {"size": [28, 28], "mean": [0.5], "std": [0.5]},
+        "data": {"train": "sklearn.load_digits[0,1,2]"},
+        "context": None,
+    }
+    results = {"test": {"accuracy": 0.5, "nll": 1.0, "n": 3}, "ood": {}}
+    folder = hub.save_model_folder(model, tmp_path, recipe, info, results)
+
+    loaded = timm.create_model(f"local-dir:{folder}", pretrained=True).eval()
+    x = torch.randn(2, 1, 28, 28, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model(x))
+    assert timm.data.resolve_data_config(model=loaded)["input_size"] == (1, 28, 28)
+    assert loaded.pretrained_cfg["label_names"] == ["0", "1", "2", "3"]
+    text = (folder / "README.md").read_text()
+    assert ModelCard(text).data.license == "mit" and "ps-map" in ModelCard(text).data.tags
+    assert "import fseb_ft.models" in text and '.convert("L")' in text
+    assert json.loads((folder / "fseb.json").read_text())["context"] is None
+
+
+@pytest.mark.parametrize(
+    ("name", "base_model"),
+    [("test_byobnet", "timm/test_byobnet.r160_in1k"), ("hf-hub:org/tiny@v1", "org/tiny")],
+)
+def test_card_names_the_hub_model_it_was_fine_tuned_from(
+    name: str, base_model: str, tmp_path: Path
+) -> None:
+    model = timm.create_model("test_byobnet", num_classes=2)  # stands in for the fine-tuned one
+    recipe = recipe_from_dict(
+        {
+            "model": {"name": name, "pretrained": True},
+            "data": {"train": {"source": "sklearn_digits"}},
+            "output": {"dir": str(tmp_path)},
+        }
+    )
+    info = {"num_classes": 2, "class_names": ["a", "b"], "input": {"size": [16, 16],
+            "mean": [0.5] * 3, "std": [0.5] * 3}}  # fmt: skip
+    folder = hub.save_model_folder(model, tmp_path, recipe, info, {"test": {"n": 0}})
+    card = ModelCard((folder / "README.md").read_text())
+    assert card.data.base_model == base_model
+    assert card.data.license == "apache-2.0"  # timm's record of the source weights' license
+    assert f"fine-tuned from [`{base_model}`](https://huggingface.co/{base_model})" in card.text
+
+
+def test_output_config_checks_the_repo_id() -> None:
+    assert OutputConfig(push_to_hub="user/name").push_to_hub == "user/name"
+    for bad in ("name", "a/b/c", "user/ name", "/name"):
+        with pytest.raises(ConfigError, match="push_to_hub"):
+            OutputConfig(push_to_hub=bad)
+
+
+def test_retry_command_quotes_paths() -> None:
+    cmd = hub.retry_command(Path("runs/my run"), "u/n", private=True, revision="dev")
+    assert cmd == "fseb-ft push 'runs/my run' u/n --private --revision dev"
+    assert huggingface_hub.__version__  # the client these tests exercise

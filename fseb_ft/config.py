@@ -167,7 +167,7 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ContextConfig:
-    """The context distribution of design §2: where the points x̂ of ``R_f`` come from."""
+    """The context distribution: where the points x̂ of the function-space term come from."""
 
     kind: Literal["train", "dataset", "mixture"] = "train"
     """``train``: the training inputs; ``dataset``: ``datasets``; ``mixture``: both, by weight."""
@@ -212,7 +212,7 @@ class ContextConfig:
 
 @dataclass(frozen=True)
 class FSEBConfig:
-    """The objective (design §1); ``reg_scale = 0`` is the PS-MAP baseline."""
+    """The FS-EB objective and its priors; ``reg_scale = 0`` is the PS-MAP baseline."""
 
     reg_scale: float = 1.0
     """Weight of the function-space term R_f; 0 gives PS-MAP (plain weight decay)."""
@@ -294,8 +294,9 @@ class TrainConfig:
 
     epochs: int = 10
     """Passes over the training set."""
-    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
-    """Autocast dtype for forward passes (the Cholesky always runs in float64)."""
+    mixed_precision: Literal["no", "bf16", "fp16"] | None = None
+    """Autocast dtype for forward passes (the Cholesky always runs in float64); ``null`` takes
+    Accelerate's setting (``accelerate launch --mixed_precision`` or its config), else ``no``."""
     grad_accum_steps: int = 1
     """Micro-batches accumulated per optimiser step."""
     seed: int = 0
@@ -489,6 +490,9 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
                 errors.append(str(err))
         raise ConfigError(errors[0] if len(errors) == 1 else f"{key}={value!r}: {errors}")
     if origin is Literal:
+        if isinstance(value, bool) and "no" in args:
+            # YAML 1.1 reads a bare `no` (e.g. train.mixed_precision=no) as false.
+            value = "yes" if value else "no"
         if value not in args:
             raise ConfigError(f"{key}={value!r}: allowed values are {list(args)}")
         return value

@@ -27,7 +27,8 @@ from accelerate.utils import set_seed
 from safetensors.torch import load_model, save_model
 from torch import nn
 
-from fseb_ft.config import Recipe, dump_recipe, load_recipe
+from fseb_ft.allocator import keep_freed_memory
+from fseb_ft.config import ConfigError, Recipe, dump_recipe, load_recipe
 from fseb_ft.context import build_context_pool
 from fseb_ft.data import (
     Splits,
@@ -53,6 +54,7 @@ from fseb_ft.train import (
     build_optimizer,
     build_scheduler,
     fit,
+    latest_checkpoint,
     make_accelerator,
 )
 
@@ -65,7 +67,10 @@ def run(recipe: Recipe, splits: Splits | None = None) -> dict[str, Any]:
     ``splits`` replaces the datasets named in ``recipe.data`` (the Python API passes its own).
     """
     run_dir = Path(recipe.output.dir)
+    _check_resumable(recipe, run_dir)
     accelerator = make_accelerator(recipe, run_dir)
+    if accelerator.device.type == "cpu":
+        keep_freed_memory()
     start = time.perf_counter()
     set_seed(recipe.train.seed)
     if splits is None:
@@ -142,6 +147,39 @@ def run(recipe: Recipe, splits: Splits | None = None) -> dict[str, Any]:
         share_run(accelerator.unwrap_model(model), run_dir, recipe, run_info, results)
     accelerator.end_training()
     return results
+
+
+class RecipeMismatchError(ValueError):
+    """``output.dir`` holds checkpoints of a run with a different recipe."""
+
+
+# Settings that may change between a killed run and its resumption without changing its maths.
+_RESUME_FREE = ("output", "eval", "train.resume", "train.log_every", "train.trackers",
+                "data.num_workers")  # fmt: skip
+
+
+def _check_resumable(recipe: Recipe, run_dir: Path) -> None:
+    """Refuse to resume a run directory whose saved recipe differs from ``recipe``.
+
+    Resuming restores the weights, optimiser and schedule of the saved run, so a changed
+    ``fseb.reg_scale`` or ``optim.lr`` would silently be ignored or mixed with the old one.
+    """
+    saved = run_dir / "recipe.yaml"
+    if recipe.train.resume != "auto" or latest_checkpoint(run_dir) is None or not saved.exists():
+        return
+    old = _flat(dataclasses.asdict(load_recipe(saved)))
+    new = _flat(dataclasses.asdict(recipe))
+    changed = [
+        f"{key}: {old.get(key)!r} → {new.get(key)!r}"
+        for key in sorted(set(old) | set(new))
+        if old.get(key) != new.get(key) and not key.startswith(_RESUME_FREE)
+    ]
+    if changed:
+        raise RecipeMismatchError(
+            f"{run_dir} holds checkpoints of a run with a different recipe ({'; '.join(changed)});"
+            " resuming would mix the two. Use another output.dir, or train.resume=never to "
+            "start over in this one."
+        )
 
 
 def _num_classes(recipe: Recipe, splits: Splits) -> int:
@@ -227,10 +265,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # Regulariser warnings (Cholesky jitter) go to the log like everything else.
     logging.captureWarnings(True)
-    recipe = load_recipe(args.recipe, args.overrides)
-    if args.compare:
-        return compare(args.recipe, args.overrides)
-    results = run(recipe)
+    try:
+        recipe = load_recipe(args.recipe, args.overrides)
+        if args.compare:
+            return compare(args.recipe, args.overrides)
+        results = run(recipe)
+    except (ConfigError, RecipeMismatchError) as err:
+        parser.exit(2, f"fseb-ft: error: {err}\n")
     if PartialState().is_main_process:
         print(markdown_table({method_title(recipe): results}))
     return results

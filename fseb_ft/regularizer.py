@@ -199,6 +199,11 @@ def _cholesky_with_jitter(A: Tensor, jitter: float, what: str) -> Tensor:
     L, info = torch.linalg.cholesky_ex(A)
     if not bool(info.any()):
         return L
+    if not bool(torch.isfinite(A).all()):
+        raise torch.linalg.LinAlgError(
+            f"{what} ({A.shape[-1]}×{A.shape[-1]}) has NaN/inf entries: check the φ0 features "
+            "of the context batch (inputs, normalisation) and the prior hyper-parameters."
+        )
     eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
     level = A.diagonal().abs().mean().clamp_min(torch.finfo(A.dtype).tiny)
     for i in range(_MAX_JITTER_TRIES):
@@ -215,8 +220,8 @@ def _cholesky_with_jitter(A: Tensor, jitter: float, what: str) -> Tensor:
             )
             return L
     raise torch.linalg.LinAlgError(
-        f"Cholesky of {what} failed even with {float(added):.3g} added to the diagonal; its "
-        "entries may be NaN/inf (check the φ0 features) or the prior hyper-parameters extreme."
+        f"Cholesky of {what} failed even with {float(added):.3g} added to the diagonal; the "
+        "prior hyper-parameters may be extreme (raise fseb.prior_cov_diag)."
     )
 
 

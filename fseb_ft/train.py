@@ -184,12 +184,24 @@ def _trackers(names: Sequence[str]) -> list[str]:
     return available
 
 
+def _has_accelerator() -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    xpu = getattr(torch, "xpu", None)
+    return (
+        torch.cuda.is_available()
+        or (mps is not None and mps.is_available())
+        or (xpu is not None and xpu.is_available())
+    )
+
+
 def make_accelerator(recipe: Recipe, run_dir: Path) -> Accelerator:
     """The run's Accelerator: precision, accumulation, trackers, and seedable shuffling."""
     return Accelerator(
         mixed_precision=recipe.train.mixed_precision,
         gradient_accumulation_steps=recipe.train.grad_accum_steps,
-        cpu=recipe.train.cpu,
+        # On a machine with no accelerator, say so: a torchrun/multi-process launch then sets
+        # up gloo (multi-CPU) instead of leaving every process to train on its own.
+        cpu=recipe.train.cpu or not _has_accelerator(),
         log_with=_trackers(recipe.train.trackers) or None,
         project_dir=str(run_dir),
         # Per-epoch seeded shuffling (set_epoch) is what makes a resumed run match.

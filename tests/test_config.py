@@ -79,3 +79,11 @@ def test_recipes_are_frozen() -> None:
     recipe = recipe_from_dict(MINIMAL)
     with pytest.raises(AttributeError):
         recipe.fseb.reg_scale = 0.0  # type: ignore[misc]
+
+
+def test_yaml_no_is_the_string_no_where_allowed_and_precision_defaults_to_accelerate() -> None:
+    assert recipe_from_dict(MINIMAL).train.mixed_precision is None
+    recipe = load_recipe(RECIPES[0], ["train.mixed_precision=no"])
+    assert recipe.train.mixed_precision == "no"
+    with pytest.raises(ConfigError, match="expected true or false"):
+        load_recipe(RECIPES[0], ["train.cpu=maybe"])

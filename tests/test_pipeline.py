@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 import fseb_ft.train as train_module
 from fseb_ft.config import recipe_from_dict
 from fseb_ft.evaluate import evaluate_run
-from fseb_ft.finetune import run
+from fseb_ft.finetune import RecipeMismatchError, run
 from fseb_ft.objective import FSEBObjective
 from fseb_ft.train import NonFiniteLossError
 
@@ -91,6 +91,11 @@ def test_end_to_end_run_writes_everything_and_reevaluates_identically(
     assert len(info["training"]["history"]) == 2
     assert yaml.safe_load((out / "recipe.yaml").read_text())["fseb"]["prior_cov_diag"] == 1.0
     assert "| FS-EB" in (out / "results.md").read_text()
+
+    psmap_into_same_dir = _recipe_dict(folders, out)
+    psmap_into_same_dir["fseb"]["reg_scale"] = 0.0
+    with pytest.raises(RecipeMismatchError, match=r"fseb.reg_scale: 1.0 → 0.0"):
+        run(recipe_from_dict(psmap_into_same_dir))
 
     again = evaluate_run(out, cpu=True)
     for key, value in results["test"].items():

@@ -29,6 +29,7 @@ __all__ = [
 Solver = Literal["auto", "cholesky", "woodbury"]
 
 _MAX_JITTER_TRIES = 8
+_DEVICE_FALLBACK_JITTER = 1e-6
 
 
 class CholeskyJitterWarning(RuntimeWarning):
@@ -195,7 +196,12 @@ def _quad_woodbury(F: Tensor, H: Tensor, scale: float, diag: float, jitter: floa
 
 
 def _cholesky_with_jitter(A: Tensor, jitter: float, what: str) -> Tensor:
-    """Lower Cholesky factor of ``A``, adding ``jitter · mean(diag A) · 10^i`` until it succeeds."""
+    """Lower Cholesky factor of ``A``, adding ``jitter · mean(diag A) · 10^i`` until it succeeds.
+
+    On an accelerator this defers to :func:`_cholesky_on_device`, which never syncs the host.
+    """
+    if A.device.type != "cpu":
+        return _cholesky_on_device(A)
     L, info = torch.linalg.cholesky_ex(A)
     if not bool(info.any()):
         return L
@@ -239,3 +245,20 @@ def _check_hyper(scale: float, diag: float) -> None:
         raise ValueError(f"prior_cov_diag must be a finite number ≥ 0; got {diag}")
     if scale == 0 and diag == 0:
         raise ValueError("prior_cov_scale and prior_cov_diag are both 0: Kc would be 0")
+
+
+def _cholesky_on_device(A: Tensor) -> Tensor:
+    """Sync-free factorisation for accelerators: both candidates run there, one is selected there.
+
+    Reading ``info`` on the host would stall the device once per training step, so the factor
+    of ``A + 1e-6 · mean(diag A) · I`` replaces a failed one by ``torch.where``, without the
+    escalation or the warning of the CPU path (both need the host to look). If that fails too,
+    the factor is NaN: the training loop's periodic finiteness check then stops the run.
+    """
+    L, info = torch.linalg.cholesky_ex(A)  # (P, P), ()
+    eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
+    level = A.diagonal().abs().mean()
+    L_jit, info_jit = torch.linalg.cholesky_ex(A + _DEVICE_FALLBACK_JITTER * level * eye)
+    ok = info == 0
+    chosen = torch.where(ok, L, L_jit)  # (P, P)
+    return torch.where(ok | (info_jit == 0), chosen, torch.full_like(chosen, float("nan")))

@@ -173,7 +173,11 @@ class ContextStream:
             self.pool.reseed(self.seed * 1_000_003 + epoch)
         for x, idx in self.loader:
             x = x.to(self.device, non_blocking=True)  # (M, C, H, W)
-            feats = None if self.features is None else self.features[idx.to(self.device)]
+            feats = (
+                None
+                if self.features is None
+                else self.features[idx.to(self.device, non_blocking=True)]
+            )
             yield x, feats
 
 

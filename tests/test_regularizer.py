@@ -165,3 +165,22 @@ def test_parameter_term_matches_naive() -> None:
         parameter_term(params, 0.0)
     with pytest.raises(ValueError, match="one to one"):
         parameter_term(params, 1.0, anchors[:1])
+
+
+def test_device_path_selects_the_jittered_factor_without_host_sync() -> None:
+    # The accelerator path is plain tensor code, so it is checked on CPU directly.
+    from fseb_ft.regularizer import _DEVICE_FALLBACK_JITTER, _cholesky_on_device
+
+    g = torch.Generator().manual_seed(4)
+    H = torch.randn(5, 3, generator=g, dtype=torch.float64)
+    good = prior_covariance(H, 1.0, 1.0)
+    torch.testing.assert_close(_cholesky_on_device(good), torch.linalg.cholesky(good))
+    singular = prior_covariance(H.repeat(3, 1), 1.0, 0.0)  # duplicate points, d = 0
+    level = singular.diagonal().abs().mean()
+    expected = torch.linalg.cholesky(
+        singular + _DEVICE_FALLBACK_JITTER * level * torch.eye(15, dtype=torch.float64)
+    )
+    torch.testing.assert_close(_cholesky_on_device(singular), expected)
+    broken = good.clone()
+    broken[0, 0] = float("nan")
+    assert torch.isnan(_cholesky_on_device(broken)).all()

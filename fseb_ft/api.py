@@ -40,9 +40,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from fseb_ft.config import ConfigError, Recipe, recipe_from_dict
+from fseb_ft.config import (
+    ConfigError,
+    Recipe,
+    parent_section,
+    plain_tree,
+    read_recipe_file,
+    recipe_from_dict,
+)
 
 __all__ = ["finetune", "resolve_recipe"]
 
@@ -148,18 +153,10 @@ def _raw_recipe(recipe: str | Path | Recipe | Mapping[str, Any] | None) -> dict[
     if recipe is None:
         return {}
     if isinstance(recipe, Recipe):
-        return _plain(dataclasses.asdict(recipe))
+        return plain_tree(dataclasses.asdict(recipe))
     if isinstance(recipe, Mapping):
-        return _plain(copy.deepcopy(dict(recipe)))
-    path = Path(recipe)
-    if not path.is_file():
-        raise ConfigError(f"recipe file {str(path)!r} does not exist")
-    raw = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(raw, dict):
-        raise ConfigError(
-            f"{path}: a recipe must be a mapping of sections, got {type(raw).__name__}"
-        )
-    return raw
+        return plain_tree(copy.deepcopy(dict(recipe)))
+    return read_recipe_file(recipe)
 
 
 def _apply(raw: dict[str, Any], key: str, value: Any) -> None:
@@ -170,19 +167,12 @@ def _apply(raw: dict[str, Any], key: str, value: Any) -> None:
             f"unknown override {key!r}: use a recipe section {list(_SECTIONS)} as "
             "section={...}, section__key=value or **{'section.key': value}"
         )
-    node = raw
-    for i, part in enumerate(parts[:-1]):
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise ConfigError(f"{'.'.join(parts[: i + 1])} is a value, not a section")
-        node = child
+    node = parent_section(raw, parts)
     last = parts[-1]
     if isinstance(value, Mapping) and isinstance(node.get(last), dict):
         _merge(node[last], value)
     else:
-        node[last] = _plain(copy.deepcopy(value))
+        node[last] = plain_tree(copy.deepcopy(value))
 
 
 def _merge(into: dict[str, Any], update: Mapping[str, Any]) -> None:
@@ -190,16 +180,7 @@ def _merge(into: dict[str, Any], update: Mapping[str, Any]) -> None:
         if isinstance(value, Mapping) and isinstance(into.get(key), dict):
             _merge(into[key], value)
         else:
-            into[key] = _plain(copy.deepcopy(value))
-
-
-def _plain(node: Any) -> Any:
-    """Tuples → lists and mappings → dicts, as YAML would give them."""
-    if isinstance(node, Mapping):
-        return {str(k): _plain(v) for k, v in node.items()}
-    if isinstance(node, list | tuple):
-        return [_plain(v) for v in node]
-    return node
+            into[key] = plain_tree(copy.deepcopy(value))
 
 
 def _placeholder(name: str) -> dict[str, str]:

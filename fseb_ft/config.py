@@ -36,6 +36,9 @@ __all__ = [
     "apply_overrides",
     "dump_recipe",
     "load_recipe",
+    "parent_section",
+    "plain_tree",
+    "read_recipe_file",
     "recipe_from_dict",
     "reference_markdown",
 ]
@@ -391,6 +394,11 @@ class Recipe:
 
 def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:
     """Read a YAML recipe, apply ``key.sub=value`` overrides and validate everything."""
+    return recipe_from_dict(apply_overrides(read_recipe_file(path), overrides))
+
+
+def read_recipe_file(path: str | Path) -> dict[str, Any]:
+    """The raw nested mapping of a YAML recipe file (not yet validated)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"recipe file {str(path)!r} does not exist")
@@ -399,7 +407,7 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:
         raise ConfigError(
             f"{path}: a recipe must be a mapping of sections, got {type(raw).__name__}"
         )
-    return recipe_from_dict(apply_overrides(raw, overrides))
+    return raw
 
 
 def recipe_from_dict(raw: Mapping[str, Any]) -> Recipe:
@@ -415,21 +423,26 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[st
         if not sep or not key:
             raise ConfigError(f"override {item!r} must look like section.key=value")
         parts = key.split(".")
-        node = out
-        for i, part in enumerate(parts[:-1]):
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                raise ConfigError(f"{'.'.join(parts[: i + 1])} is a value, not a section")
-            node = child
-        node[parts[-1]] = yaml.safe_load(text) if text.strip() else None
+        parent_section(out, parts)[parts[-1]] = yaml.safe_load(text) if text.strip() else None
     return out
+
+
+def parent_section(tree: dict[str, Any], parts: Sequence[str]) -> dict[str, Any]:
+    """The mapping of ``tree`` that holds the dotted key ``parts``, creating missing sections."""
+    node = tree
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"{'.'.join(parts[: i + 1])} is a value, not a section")
+        node = child
+    return node
 
 
 def dump_recipe(recipe: Recipe) -> str:
     """The resolved recipe as YAML (defaults filled in), loadable by :func:`load_recipe`."""
-    return yaml.safe_dump(_plain(dataclasses.asdict(recipe)), sort_keys=False)
+    return yaml.safe_dump(plain_tree(dataclasses.asdict(recipe)), sort_keys=False)
 
 
 def _deep_copy(node: Any) -> Any:
@@ -440,11 +453,12 @@ def _deep_copy(node: Any) -> Any:
     return node
 
 
-def _plain(node: Any) -> Any:
-    if isinstance(node, dict):
-        return {k: _plain(v) for k, v in node.items()}
+def plain_tree(node: Any) -> Any:
+    """Tuples → lists and mappings → dicts with string keys, as YAML would give them."""
+    if isinstance(node, Mapping):
+        return {str(k): plain_tree(v) for k, v in node.items()}
     if isinstance(node, list | tuple):
-        return [_plain(v) for v in node]
+        return [plain_tree(v) for v in node]
     return node
 
 

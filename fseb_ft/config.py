@@ -330,9 +330,43 @@ class EvalConfig:
 
     batch_size: int = 256
     """Evaluation batch size per process (validation, test and OOD sets)."""
+    corruptions: tuple[str, ...] | str = ()
+    """Covariate shift: also evaluate the test split under these common corruptions
+    (Hendrycks & Dietterich 2019, CIFAR-10-C parameters), each at every severity of
+    ``severities``; ``all`` (alone or in the list) stands for the 14 benchmark corruptions,
+    saved expanded in the run's ``recipe.yaml``. Names are those of
+    ``fseb_ft.corruptions.CORRUPTIONS``; results go to ``corruptions`` in ``results.json``,
+    a table in ``results.md`` and ``corruptions.png``. ``[]``: none."""
+    severities: tuple[int, ...] = (1, 2, 3, 4, 5)
+    """Corruption severities to evaluate, each in 1–5."""
+    corruption_seed: int = 0
+    """Seed of the corruptions' randomness: image i always gets the same corrupted pixels."""
+    corruption_cache: str | None = None
+    """Folder caching the corrupted test images (uint8 ``.npy`` with an ``.npz`` index), so a
+    re-evaluation does not recompute them; ``null``: ``$XDG_CACHE_HOME/fseb_ft/corruptions``, else
+    ``~/.cache/fseb_ft/corruptions``."""
 
     def __post_init__(self) -> None:
         _check(self.batch_size >= 1, "batch_size", self.batch_size, "must be ≥ 1")
+        _check(
+            len(self.severities) > 0 and all(1 <= s <= 5 for s in self.severities),
+            "severities",
+            self.severities,
+            "must be a non-empty list of levels in 1..5",
+        )
+        # Sorted and without repeats, so results and tables list them in order.
+        object.__setattr__(self, "severities", tuple(sorted(set(self.severities))))
+        _check(self.corruption_seed >= 0, "corruption_seed", self.corruption_seed, "must be ≥ 0")
+        if isinstance(self.corruptions, str):  # eval.corruptions=all on the command line
+            object.__setattr__(self, "corruptions", (self.corruptions,))
+        if self.corruptions:
+            from fseb_ft.corruptions import resolve_corruptions  # numpy, OpenCV: only when used
+
+            try:
+                names = resolve_corruptions(self.corruptions)
+            except ValueError as err:
+                raise ConfigError(f"corruptions={list(self.corruptions)!r}: {err}") from None
+            object.__setattr__(self, "corruptions", names)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@
 
 The first form re-evaluates each saved run from its resolved recipe and best weights, and
 rewrites its ``results.json``, ``results.md`` and plots (``reliability.png``,
-``selective_prediction.png``, ``entropy_ood.png``). The second loads every run's best weights,
+``selective_prediction.png``, ``entropy_ood.png``; with ``eval.corruptions`` also the corrupted
+test split's metrics and ``corruptions.png``). The second loads every run's best weights,
 predicts the test split and OOD sets they share, averages the members' probabilities and writes
 the ensemble's results and plots, with every member as a row of the table, to ``--out``
 (default: ``ensemble/`` beside the runs when they share a parent folder, else ``./ensemble``).
@@ -37,10 +38,12 @@ from fseb_ft.models import InputSpec, create_model
 
 __all__ = [
     "COMPARISON_PLOTS",
+    "CORRUPTION_PLOT",
     "MODEL_WEIGHTS",
     "PLOTS",
     "EvalResults",
     "Predictions",
+    "corruption_markdown",
     "default_ensemble_dir",
     "eval_loader",
     "evaluate_ensemble",
@@ -51,6 +54,7 @@ __all__ = [
     "markdown_table",
     "method_title",
     "predict",
+    "predict_corruptions",
     "predict_splits",
     "write_comparison_plots",
     "write_json",
@@ -69,6 +73,9 @@ PLOTS = ("reliability.png", "selective_prediction.png", "entropy_ood.png")
 COMPARISON_PLOTS = ("comparison_reliability.png", "comparison_selective.png")
 """Side-by-side figures that ``fseb-ft RECIPE --compare`` writes beside ``comparison.md``."""
 
+CORRUPTION_PLOT = "corruptions.png"
+"""Accuracy and ECE against corruption severity, written when ``eval.corruptions`` is set."""
+
 
 @dataclasses.dataclass
 class Predictions:
@@ -78,6 +85,9 @@ class Predictions:
     """(log-probabilities (N, K), labels (N,)) on the in-distribution test split."""
     ood: dict[str, Tensor] = dataclasses.field(default_factory=dict)
     """OOD set name → log-probabilities (N_o, K)."""
+    corruptions: dict[str, dict[int, Tensor]] = dataclasses.field(default_factory=dict)
+    """Corruption name → severity → log-probabilities (N, K) on the corrupted test split (same
+    images and labels as ``test``, see :func:`predict_corruptions`)."""
 
 
 class EvalResults(dict):
@@ -137,16 +147,24 @@ def predict(
 
 
 def evaluate_predictions(
-    test: tuple[Tensor, Tensor], ood: Mapping[str, Tensor] | None = None
+    test: tuple[Tensor, Tensor],
+    ood: Mapping[str, Tensor] | None = None,
+    corruptions: Mapping[str, Mapping[int, Tensor]] | None = None,
 ) -> dict[str, Any]:
-    """Metrics of design §3 for the test predictions and each named OOD set.
+    """Metrics of design §3 for the test predictions, each named OOD set and each corruption.
 
     Args:
         test: (log-probabilities (N, K), labels (N,)) on the in-distribution test split.
         ood: name → log-probabilities (N_o, K) on that semantic-shift set.
+        corruptions: corruption name → severity → log-probabilities (N, K) on the corrupted
+            test split (labels: ``test``'s).
 
     Returns:
-        ``{"test": {metric: float, "n": N}, "ood": {name: {metric: float, "n": N_o}}}``.
+        ``{"test": {metric: float, "n": N}, "ood": {name: {metric: float, "n": N_o}}}``; with
+        ``corruptions`` also ``"corruptions": {name: {"1": {metric: float, "n": N}, ...}}``
+        (severities as strings, as JSON keys) and ``"corruption_summary": {"1": {metric: mean
+        over the corruptions}, ..., "all": {metric: mean over every corruption and severity}}``.
+        The metrics are those of ``test`` (:func:`~fseb_ft.metrics.classification_metrics`).
     """
     log_probs, labels = test
     out: dict[str, Any] = {
@@ -158,7 +176,79 @@ def evaluate_predictions(
     for name, lp in (ood or {}).items():
         scores = {k: float(v) for k, v in ood_metrics(probs_in, lp.exp()).items()}
         out["ood"][name] = scores | {"n": len(lp)}
+    if corruptions:
+        out["corruptions"] = {
+            name: {
+                str(sev): {k: float(v) for k, v in classification_metrics(lp, labels).items()}
+                | {"n": len(lp)}
+                for sev, lp in sorted(by_severity.items())
+            }
+            for name, by_severity in corruptions.items()
+        }
+        out["corruption_summary"] = _corruption_summary(out["corruptions"])
     return out
+
+
+def _corruption_summary(
+    corruptions: Mapping[str, Mapping[str, Mapping[str, float]]],
+) -> dict[str, dict[str, float]]:
+    """Per severity (and ``"all"``), the mean of every metric over the corruptions."""
+    groups: dict[str, list[Mapping[str, float]]] = {}
+    for by_severity in corruptions.values():
+        for sev, metrics in by_severity.items():
+            groups.setdefault(sev, []).append(metrics)
+            groups.setdefault("all", []).append(metrics)
+    order = [*sorted((k for k in groups if k != "all"), key=int), "all"]
+    return {
+        sev: {
+            key: math.fsum(m[key] for m in groups[sev]) / len(groups[sev])
+            for key in groups[sev][0]
+            if key != "n"
+        }
+        | {"corruptions": len(groups[sev])}
+        for sev in order
+    }
+
+
+def corruption_markdown(results: Mapping[str, Any]) -> str:
+    """Markdown tables of the corrupted test split (empty without ``corruptions``).
+
+    The first gives, per severity, the mean over the corruptions of accuracy, NLL, ECE and
+    Sel. Pred. (the clean test split first, for reference); the second the accuracy and ECE of
+    every corruption at every severity.
+    """
+    corruptions = results.get("corruptions") or {}
+    if not corruptions:
+        return ""
+    summary = results.get("corruption_summary") or _corruption_summary(corruptions)
+    columns = [c for c in _COLUMNS if c[0] in ("accuracy", "nll", "ece", "sel_pred_auc")]
+    header = ["Severity", *(title for _, title, _ in columns)]
+    lines = [
+        f"## Covariate shift: corrupted test split\n\nMean over {len(corruptions)} "
+        f"corruption(s): {', '.join(corruptions)}.\n",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    rows = [("clean", results.get("test", {}))]
+    rows += [(sev if sev != "all" else "all severities", m) for sev, m in summary.items()]
+    for label, metrics in rows:
+        cells = [_num(metrics.get(key), scale) for key, _, scale in columns]
+        lines.append("| " + " | ".join([label, *cells]) + " |")
+    severities = sorted({sev for by_sev in corruptions.values() for sev in by_sev}, key=int)
+    lines += [
+        "\nAcc. (%) / ECE (%) per corruption and severity:\n",
+        "| Corruption | " + " | ".join(severities) + " |",
+        "|" + "---|" * (len(severities) + 1),
+    ]
+    for name, by_sev in corruptions.items():
+        cells = [
+            f"{_num(by_sev[s]['accuracy'], 100.0)} / {_num(by_sev[s]['ece'], 100.0)}"
+            if s in by_sev
+            else "–"
+            for s in severities
+        ]
+        lines.append("| " + " | ".join([name, *cells]) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def markdown_table(results: Mapping[str, Mapping[str, Any]]) -> str:
@@ -198,11 +288,32 @@ def write_results(
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     md = f"# {title}\n\n" + markdown_table({title: results})
+    if results.get("corruptions"):
+        md += "\n" + corruption_markdown(results)
     (run_dir / "results.md").write_text(md)
     if predictions is None:
         predictions = getattr(results, "predictions", None)
     if predictions is not None:
         write_plots(run_dir, predictions, title, strict=False)
+    _write_corruption_plot(run_dir, results, title)
+
+
+def _write_corruption_plot(directory: Path, results: Mapping[str, Any], title: str) -> None:
+    """:data:`CORRUPTION_PLOT` from ``results["corruptions"]`` (if any); a failure is logged."""
+    if not results.get("corruptions"):
+        return
+    from fseb_ft import plots
+
+    path = Path(directory) / CORRUPTION_PLOT
+    clean = results.get("test")
+    _draw(
+        [
+            lambda: plots.corruption_plot(
+                results["corruptions"], path, clean=clean, title=f"{title}: corrupted test split"
+            )
+        ],
+        strict=False,
+    )
 
 
 def write_plots(
@@ -263,17 +374,21 @@ def write_comparison_plots(
     )
 
 
-def evaluate_run(run_dir: str | Path, cpu: bool = False) -> EvalResults:
+def evaluate_run(
+    run_dir: str | Path, cpu: bool = False, overrides: Sequence[str] = ()
+) -> EvalResults:
     """Re-evaluate a finished run from its ``recipe.yaml``, ``run.json`` and best weights.
 
     Rewrites the run's ``results.json``, ``results.md`` and plots (keeping the ``training``
-    record of the original results).
+    record of the original results). ``overrides`` (``eval.key=value``, e.g.
+    ``eval.corruptions=all``) change evaluation settings of the saved recipe for this
+    evaluation only; ``recipe.yaml`` is left as it is.
     """
     run_dir = Path(run_dir)
-    recipe, info = _read_run(run_dir, cpu)
+    recipe, info = _read_run(run_dir, cpu, overrides)
     accelerator = Accelerator(cpu=cpu, mixed_precision=recipe.train.mixed_precision)
     predictions = _predict_run(run_dir, recipe, info, accelerator)
-    results = EvalResults(evaluate_predictions(predictions.test, predictions.ood), predictions)
+    results = EvalResults(_evaluate(predictions), predictions)
     previous = run_dir / "results.json"
     if previous.exists():
         results["training"] = json.loads(previous.read_text()).get("training")
@@ -283,7 +398,10 @@ def evaluate_run(run_dir: str | Path, cpu: bool = False) -> EvalResults:
 
 
 def evaluate_ensemble(
-    run_dirs: Sequence[str | Path], out_dir: str | Path | None = None, cpu: bool = False
+    run_dirs: Sequence[str | Path],
+    out_dir: str | Path | None = None,
+    cpu: bool = False,
+    overrides: Sequence[str] = (),
 ) -> EvalResults:
     """Evaluate the ensemble of several finished runs (design §3: average member probabilities).
 
@@ -310,7 +428,7 @@ def evaluate_ensemble(
     out = Path(out_dir) if out_dir is not None else default_ensemble_dir(run_dirs)
     if out.resolve() in resolved or (out / "run.json").exists():
         raise ValueError(f"--out {out} is a run directory; its results would be overwritten")
-    runs = [(d, *_read_run(d, cpu)) for d in run_dirs]
+    runs = [(d, *_read_run(d, cpu, overrides)) for d in run_dirs]
     _check_same_data(runs)
     # One accelerator for all members: their common precision, else full precision.
     precisions = {recipe.train.mixed_precision for _, recipe, _ in runs}
@@ -323,7 +441,7 @@ def evaluate_ensemble(
         preds = _predict_run(run_dir, recipe, info, accelerator)
         if members:
             _check_same_predictions(next(iter(members.values())).predictions, preds, run_dir)
-        members[label] = EvalResults(evaluate_predictions(preds.test, preds.ood), preds)
+        members[label] = EvalResults(_evaluate(preds), preds)
 
     member_preds = [m.predictions for m in members.values()]
 
@@ -333,8 +451,12 @@ def evaluate_ensemble(
     ensemble = Predictions(
         test=(average([p.test[0] for p in member_preds]), member_preds[0].test[1]),
         ood={name: average([p.ood[name] for p in member_preds]) for name in member_preds[0].ood},
+        corruptions={
+            name: {sev: average([p.corruptions[name][sev] for p in member_preds]) for sev in sevs}
+            for name, sevs in _shared_corruptions(runs, member_preds).items()
+        },
     )
-    results = EvalResults(evaluate_predictions(ensemble.test, ensemble.ood), ensemble)
+    results = EvalResults(_evaluate(ensemble), ensemble)
     results["members"] = {label: dict(m) for label, m in members.items()}
     results["runs"] = [str(d) for d in run_dirs]
     if accelerator.is_main_process:
@@ -343,9 +465,11 @@ def evaluate_ensemble(
         write_json(out / "results.json", results)
         table = markdown_table({**members, title: results})
         listing = "".join(f"- {label}: `{d}`\n" for label, d in zip(labels, run_dirs, strict=True))
-        (out / "results.md").write_text(f"# {title}\n\n{table}\nMembers:\n\n{listing}")
+        shift = "\n" + corruption_markdown(results) if results.get("corruptions") else ""
+        (out / "results.md").write_text(f"# {title}\n\n{table}\nMembers:\n\n{listing}{shift}")
         others = {label: m.predictions for label, m in members.items()}
         write_plots(out, ensemble, title, others, strict=False)
+        _write_corruption_plot(out, results, title)
     return results
 
 
@@ -358,7 +482,7 @@ def default_ensemble_dir(run_dirs: Sequence[str | Path]) -> Path:
 def predict_splits(
     model: nn.Module, splits: Splits, spec: InputSpec, recipe: Recipe, accelerator: Accelerator
 ) -> Predictions:
-    """Predict the test split and every OOD set with ``model``."""
+    """Predict the test split, every OOD set and every corruption of ``eval.corruptions``."""
     if splits.test is None:
         raise ValueError("data.test is not set: there is no test split to evaluate")
     test = predict(model, accelerator.prepare(eval_loader(splits.test, spec, recipe)), accelerator)
@@ -366,7 +490,47 @@ def predict_splits(
         name: predict(model, accelerator.prepare(eval_loader(data, spec, recipe)), accelerator)[0]
         for name, data in splits.ood.items()
     }
-    return Predictions(test=test, ood=ood)
+    corruptions = predict_corruptions(model, splits.test, spec, recipe, accelerator)
+    for name, by_severity in corruptions.items():
+        for severity, lp in by_severity.items():
+            if lp.shape[0] != test[0].shape[0]:
+                raise RuntimeError(
+                    f"{name} severity {severity}: {lp.shape[0]} predictions for "
+                    f"{test[0].shape[0]} test images"
+                )
+    return Predictions(test=test, ood=ood, corruptions=corruptions)
+
+
+def predict_corruptions(
+    model: nn.Module, test: Any, spec: InputSpec, recipe: Recipe, accelerator: Accelerator
+) -> dict[str, dict[int, Tensor]]:
+    """Predict ``test`` under every corruption and severity of ``recipe.eval``.
+
+    Each (corruption, severity) is a :class:`~fseb_ft.corruptions.CorruptedImages` of the
+    test images (the raw pixels corrupted, then the model's evaluation transform), loaded from
+    ``eval.corruption_cache`` or computed there by the main process first, then read by the
+    others. Empty when ``eval.corruptions`` is.
+
+    Returns:
+        corruption name → severity → log-probabilities (N, K), in test order.
+    """
+    cfg = recipe.eval
+    if not cfg.corruptions:
+        return {}
+    from fseb_ft.corruptions import CorruptedImages
+
+    main = accelerator.is_main_process
+    pairs = [(name, severity) for name in cfg.corruptions for severity in cfg.severities]
+    out: dict[str, dict[int, Tensor]] = {}
+    for name, severity in tqdm(pairs, desc="corruptions", disable=not main):
+        with accelerator.main_process_first():
+            data = CorruptedImages(
+                test, name, severity, cfg.corruption_seed, cfg.corruption_cache, progress=main
+            )
+        loader = accelerator.prepare(eval_loader(data, spec, recipe))
+        out.setdefault(name, {})[severity] = predict(model, loader, accelerator)[0]
+        del data, loader
+    return out
 
 
 def evaluate_splits(
@@ -378,7 +542,11 @@ def evaluate_splits(
     which :func:`write_results` draws.
     """
     predictions = predict_splits(model, splits, spec, recipe, accelerator)
-    return EvalResults(evaluate_predictions(predictions.test, predictions.ood), predictions)
+    return EvalResults(_evaluate(predictions), predictions)
+
+
+def _evaluate(predictions: Predictions) -> dict[str, Any]:
+    return evaluate_predictions(predictions.test, predictions.ood, predictions.corruptions)
 
 
 def eval_loader(data: Any, spec: InputSpec, recipe: Recipe) -> torch.utils.data.DataLoader:
@@ -423,12 +591,15 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m fseb_ft.evalu
         parser.error("--out is only used with --ensemble (a re-evaluated run writes in place)")
     if args.ensemble and len(args.run_dirs) < 2:
         parser.error("--ensemble needs at least two run directories")
+    bad = [o for o in args.overrides if not o.startswith("eval.") or "=" not in o]
+    if bad:
+        parser.error(f"--set takes eval.KEY=VALUE (evaluation settings only), got {bad}")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.ensemble:
-        results = evaluate_ensemble(args.run_dirs, args.out, cpu=args.cpu)
+        results = evaluate_ensemble(args.run_dirs, args.out, cpu=args.cpu, overrides=args.overrides)
         rows = {**results["members"], f"Ensemble of {len(args.run_dirs)}": results}
     else:
-        each = [(d, evaluate_run(d, cpu=args.cpu)) for d in args.run_dirs]
+        each = [(d, evaluate_run(d, args.cpu, args.overrides)) for d in args.run_dirs]
         rows = {str(d): r for d, r in each}
         results = each[0][1] if len(each) == 1 else rows
     if PartialState().is_main_process:
@@ -462,6 +633,15 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "'ensemble' beside the runs when they share a parent folder, else ./ensemble)",
     )
     parser.add_argument("--cpu", action="store_true", help="evaluate on CPU")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="eval.KEY=VALUE",
+        help="change an evaluation setting of the saved recipes for this evaluation, e.g. "
+        "--set eval.corruptions=all --set eval.severities=[1,3,5] (repeatable)",
+    )
     return parser
 
 
@@ -470,12 +650,14 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 # --------------------------------------------------------------------------------------------
 
 
-def _read_run(run_dir: Path, cpu: bool) -> tuple[Recipe, dict[str, Any]]:
+def _read_run(
+    run_dir: Path, cpu: bool, overrides: Sequence[str] = ()
+) -> tuple[Recipe, dict[str, Any]]:
     """A finished run's resolved recipe and ``run.json``; a clear error if it is not one."""
     for needed in ("recipe.yaml", "run.json", str(MODEL_WEIGHTS)):
         if not (run_dir / needed).exists():
             raise FileNotFoundError(f"{run_dir} is not a finished run: {needed} is missing")
-    recipe = load_recipe(run_dir / "recipe.yaml", [f"train.cpu={str(cpu).lower()}"])
+    recipe = load_recipe(run_dir / "recipe.yaml", [f"train.cpu={str(cpu).lower()}", *overrides])
     return recipe, json.loads((run_dir / "run.json").read_text())
 
 
@@ -526,6 +708,21 @@ def _check_same_predictions(first: Predictions, other: Predictions, run_dir: Pat
                 f"{run_dir} predicts OOD set {name!r} with shape {tuple(other.ood[name].shape)}, "
                 f"the first member with {tuple(lp.shape)}"
             )
+
+
+def _shared_corruptions(
+    runs: Sequence[tuple[Path, Recipe, Mapping[str, Any]]], member_preds: Sequence[Predictions]
+) -> dict[str, list[int]]:
+    """(corruption, severities) every member predicted with the same corrupted images."""
+    seeds = {recipe.eval.corruption_seed for _, recipe, _ in runs}
+    if len(seeds) > 1:
+        logger.warning("members differ in eval.corruption_seed %s: no corruption results", seeds)
+        return {}
+    shared = {
+        name: [s for s in by_sev if all(s in p.corruptions.get(name, {}) for p in member_preds)]
+        for name, by_sev in member_preds[0].corruptions.items()
+    }
+    return {name: sevs for name, sevs in shared.items() if sevs}
 
 
 def _member_labels(runs: Sequence[tuple[Path, Recipe, Mapping[str, Any]]]) -> list[str]:

@@ -28,6 +28,7 @@ from torch import Tensor
 from fseb_ft import metrics as M
 
 __all__ = [
+    "corruption_plot",
     "entropy_histogram",
     "reliability_comparison",
     "reliability_diagram",
@@ -237,6 +238,63 @@ def entropy_histogram(
     ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.legend(loc="outside lower center", ncol=1)
+    return _save(fig, path)
+
+
+def corruption_plot(
+    corruptions: Mapping[str, Mapping[Any, Mapping[str, float]]],
+    path: str | Path,
+    clean: Mapping[str, float] | None = None,
+    title: str = "Covariate shift: corrupted test split",
+) -> Path:
+    """Accuracy and ECE against corruption severity: a thin line per corruption, a bold mean.
+
+    Unlike the other figures this one takes metrics, not predictions: the ``corruptions``
+    entry of ``results.json``, whose numbers :func:`fseb_ft.metrics.classification_metrics`
+    computed. The bold line at each severity is the mean over the corruptions evaluated at it
+    (``corruption_summary`` in ``results.json``). With ``clean`` (the ``test`` metrics) every
+    line starts from the uncorrupted test split at severity 0.
+
+    Args:
+        corruptions: corruption name → severity (``"1"``..``"5"`` or int) → metrics with at
+            least ``accuracy`` and ``ece``.
+        path: where to write the PNG.
+        clean: metrics of the clean test split, drawn at severity 0.
+        title: figure title.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+    """
+    if not corruptions:
+        raise ValueError("`corruptions` must hold at least one corruption, got none")
+    series = {
+        name: sorted((int(sev), metrics) for sev, metrics in by_severity.items())
+        for name, by_severity in corruptions.items()
+    }
+    severities = sorted({sev for points in series.values() for sev, _ in points})
+    fig = _figure(figsize=(10.0, 4.8))
+    axes = fig.subplots(1, 2)
+    for ax, key, label in ((axes[0], "accuracy", "Accuracy (%)"), (axes[1], "ece", "ECE (%)")):
+        start = [(0, 100 * float(clean[key]))] if clean is not None else []
+        for i, (name, points) in enumerate(series.items()):
+            xy = start + [(sev, 100 * float(m[key])) for sev, m in points]
+            ax.plot(*zip(*xy, strict=True), lw=1.0, alpha=0.7, marker=".", ms=4,
+                    color=f"C{i % 10}", ls="-" if i < 10 else "--", label=name)  # fmt: skip
+        means = [
+            (sev, 100 * float(np.mean([m[key] for points in series.values()
+                                       for s, m in points if s == sev])))
+            for sev in severities
+        ]  # fmt: skip
+        ax.plot(*zip(*(start + means), strict=True), lw=3.0, color="black", marker="o",
+                label=f"Mean of {len(series)}")  # fmt: skip
+        ticks = ([0] if clean is not None else []) + severities
+        ax.set_xticks(ticks, ["clean" if t == 0 else str(t) for t in ticks])
+        ax.set_xlabel("Corruption severity")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(5, len(labels)))
+    fig.suptitle(title)
     return _save(fig, path)
 
 

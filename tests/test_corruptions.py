@@ -1,0 +1,326 @@
+"""Common corruptions: reference parameters, determinism, severity, shapes, cache, config, and
+the corrupted test split evaluated at the end of a run and on re-evaluation."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from scipy import ndimage
+from test_pipeline import N_TEST, _recipe_dict, _write_folder
+
+import fseb_ft.corruptions as C
+from fseb_ft import plots
+from fseb_ft.config import ConfigError, recipe_from_dict
+from fseb_ft.data import ArrayImages, TransformedImages, eval_transform
+from fseb_ft.evaluate import (
+    CORRUPTION_PLOT,
+    corruption_markdown,
+    evaluate_ensemble,
+    evaluate_run,
+)
+from fseb_ft.evaluate import main as evaluate_main
+from fseb_ft.finetune import run
+
+NOISE = ("gaussian_noise", "shot_noise", "impulse_noise", "speckle_noise")
+# Corruptions whose mean pixel change must grow strictly with the severity.
+MONOTONE = ("gaussian_noise", "impulse_noise", "contrast", "brightness", "fog", "zoom_blur",
+            "pixelate", "defocus_blur")  # fmt: skip
+
+
+def _images(n: int, channels: int, size: tuple[int, int] = (24, 24), seed: int = 0) -> np.ndarray:
+    """Smooth random uint8 images (n, H, W, C) in 20..220, a stand-in for natural images."""
+    raw = np.random.default_rng(seed).uniform(0, 1, (n, *size, channels))
+    smooth = ndimage.gaussian_filter(raw, (0, 1.5, 1.5, 0))
+    lo, hi = smooth.min(), smooth.max()
+    return ((smooth - lo) / (hi - lo) * 200 + 20).astype(np.uint8)
+
+
+def _change(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a.astype(np.float64) - b.astype(np.float64)).mean())
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure functions
+# ---------------------------------------------------------------------------------------------
+
+
+def test_names_all_and_the_error_listing_them() -> None:
+    assert len(C.BENCHMARK) == 14 and "frost" not in C.CORRUPTIONS
+    assert set(C.BENCHMARK) | set(C.EXTRA) == set(C.CORRUPTIONS)
+    assert C.resolve_corruptions(["contrast", "all", "contrast"]) == (
+        "contrast",
+        *(n for n in C.BENCHMARK if n != "contrast"),
+    )
+    with pytest.raises(ValueError, match=r"unknown corruption 'frost'; available: \[.*'fog'"):
+        C.resolve_corruptions(["frost"])
+    for bad in (0, 6, True, 2.0):
+        with pytest.raises(ValueError, match=r"severity must be one of \[1, 2, 3, 4, 5\]"):
+            C.corrupt(np.zeros((8, 8), np.uint8), "contrast", bad)
+    with pytest.raises(ValueError, match="must be uint8"):
+        C.corrupt(np.zeros((8, 8), np.float32), "contrast", 1)
+    with pytest.raises(ValueError, match=r"\(H, W\), \(H, W, 1\) or \(H, W, 3\)"):
+        C.corrupt(np.zeros((8, 8, 4), np.uint8), "contrast", 1)
+
+
+def test_reference_formulas_and_parameters() -> None:
+    """CIFAR-10-C's formulas with its severity parameters, rounded to uint8."""
+    image = _images(1, 3, (32, 32))[0]
+    x = image / 255.0
+
+    def u8(y: np.ndarray) -> np.ndarray:
+        return np.rint(np.clip(y, 0, 1) * 255).astype(np.uint8)
+
+    means = x.mean(axis=(0, 1), keepdims=True)
+    assert np.array_equal(C.corrupt(image, "contrast", 5), u8((x - means) * 0.15 + means))
+    z = np.random.default_rng(7).standard_normal(x.shape)
+    assert np.array_equal(C.corrupt(image, "gaussian_noise", 2, 7), u8(x + 0.06 * z))
+    # Brightness: HSV value + 0.3 with hue and saturation kept.
+    v = x.max(axis=-1, keepdims=True)
+    brighter = u8(x * np.minimum(v + 0.3, 1) / v).astype(int)
+    assert np.abs(C.corrupt(image, "brightness", 5) - brighter).max() <= 1  # float rounding
+    # Pixelate: box-downscale to 65 % (20 px) and back with Pillow.
+    small = Image.fromarray(image).resize((20, 20), Image.BOX).resize((32, 32), Image.BOX)
+    assert np.array_equal(C.corrupt(image, "pixelate", 5), np.asarray(small))
+    # Impulse noise: about 7 % of the values set to 0 or 255 at severity 5.
+    flipped = C.corrupt(image, "impulse_noise", 5, 3) != image
+    assert 0.05 < flipped.mean() < 0.09
+
+
+@pytest.mark.parametrize("name", NOISE)
+@pytest.mark.parametrize("channels", [1, 3])
+def test_same_seed_same_pixels_other_seed_other_pixels(name: str, channels: int) -> None:
+    images = _images(4, channels)
+    first = C.corrupt_images(images, name, 3, seed=0)
+    again = C.corrupt_images(images, name, 3, seed=0)
+    other = C.corrupt_images(images, name, 3, seed=1)
+    assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not any(np.array_equal(a, b) for a, b in zip(first, other, strict=True))
+    # Image i depends only on (seed, corruption, i): a subset in another order agrees.
+    subset = C.corrupt_images(images[[3, 1]], name, 3, seed=0, indices=[3, 1])
+    assert np.array_equal(subset[0], first[3]) and np.array_equal(subset[1], first[1])
+    # Two images of a set get different noise.
+    twins = C.corrupt_images(np.repeat(images[:1], 2, axis=0), name, 3, seed=0)
+    assert not np.array_equal(twins[0], twins[1])
+
+
+@pytest.mark.parametrize("name", MONOTONE)
+@pytest.mark.parametrize("channels", [1, 3])
+def test_pixel_change_grows_with_severity(name: str, channels: int) -> None:
+    images = _images(4, channels)
+    change = [
+        np.mean(
+            [_change(c, i) for c, i in zip(C.corrupt_images(images, name, s), images, strict=True)]
+        )
+        for s in C.SEVERITIES
+    ]
+    assert all(b > a for a, b in itertools.pairwise(change)), change
+    assert change[0] > 0
+
+
+@pytest.mark.parametrize("name", list(C.CORRUPTIONS))
+def test_shapes_and_dtypes_for_one_and_three_channels(name: str) -> None:
+    for shape in [(28, 28), (28, 28, 1), (32, 32, 3), (20, 45, 3), (48, 40, 1)]:
+        image = _images(1, shape[2] if len(shape) == 3 else 1, shape[:2], seed=len(shape))[0]
+        image = image.reshape(shape)
+        for severity in (1, 5):
+            out = C.corrupt(image, name, severity, C.image_rng(0, name, 0))
+            assert out.shape == shape and out.dtype == np.uint8, (shape, severity)
+        assert _change(out, image) > 0.05, (name, shape)  # severity 5 changes the image
+
+
+# ---------------------------------------------------------------------------------------------
+# Dataset wrapper and cache
+# ---------------------------------------------------------------------------------------------
+
+
+def _base(channels: int = 3, n: int = 6, seed: int = 0) -> ArrayImages:
+    images = _images(n, channels, (16, 16), seed)
+    return ArrayImages(images, np.arange(n) % 3, identity=f"test-set-{seed}", channels=channels)
+
+
+def test_corrupted_images_wrap_the_base_set_and_feed_the_eval_transform(tmp_path: Path) -> None:
+    base = _base(channels=1)
+    data = C.CorruptedImages(base, "shot_noise", 4, seed=2, cache_dir=tmp_path, progress=False)
+    assert len(data) == len(base) and data.channels == 1
+    assert data.class_names == base.class_names and np.array_equal(data.labels, base.labels)
+    assert data.identity == "test-set-0|corrupt:shot_noise:4:2"
+    image, label = data[5]
+    assert image.shape == (16, 16, 1) and image.dtype == np.uint8 and label == base[5][1]
+    expected = C.corrupt(base[5][0], "shot_noise", 4, C.image_rng(2, "shot_noise", 5))
+    assert np.array_equal(image, expected)
+    x, _ = TransformedImages(data, eval_transform((24, 24), [0.5], [0.25]))[0]
+    assert x.shape == (1, 24, 24) and x.dtype == torch.float32
+    with pytest.raises(ValueError, match="unknown corruption 'rain'"):
+        C.CorruptedImages(base, "rain", 1, cache_dir=False)
+
+
+def test_second_construction_reads_the_cache_instead_of_corrupting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = []
+    original = C.corrupt
+
+    def counting(*args, **kwargs):
+        calls.append(args[1:3])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(C, "corrupt", counting)
+    base = _base()
+    first = C.CorruptedImages(base, "glass_blur", 2, cache_dir=tmp_path, progress=False)
+    assert len(calls) == len(base) and not first.from_cache
+    files = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
+    assert len(files) == 2 and files[0].startswith("glass_blur/s2-seed0-")  # .npy + .npz index
+    assert not any(p.name.endswith(".tmp") for p in tmp_path.rglob("*"))
+
+    calls.clear()
+    second = C.CorruptedImages(base, "glass_blur", 2, cache_dir=tmp_path, progress=False)
+    assert calls == [] and second.from_cache
+    for i in range(len(base)):
+        assert np.array_equal(first[i][0], second[i][0])
+
+    # Another severity, seed or image content is another cache entry.
+    C.CorruptedImages(base, "glass_blur", 3, cache_dir=tmp_path, progress=False)
+    C.CorruptedImages(base, "glass_blur", 2, seed=1, cache_dir=tmp_path, progress=False)
+    same_identity = ArrayImages(_images(6, 3, (16, 16), seed=9), base.labels, identity="test-set-0")
+    C.CorruptedImages(same_identity, "glass_blur", 2, cache_dir=tmp_path, progress=False)
+    assert len(calls) == 3 * len(base)
+
+    # A damaged pixel file is ignored and rewritten.
+    pixels = first.cache_path.with_suffix(".npy")
+    pixels.write_bytes(pixels.read_bytes()[:-10])
+    calls.clear()
+    again = C.CorruptedImages(base, "glass_blur", 2, cache_dir=tmp_path, progress=False)
+    assert len(calls) == len(base) and np.array_equal(again[0][0], first[0][0])
+
+
+def test_default_cache_dir_is_outside_the_repository(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", "/somewhere/cache")
+    assert C.default_cache_dir() == Path("/somewhere/cache/fseb_ft/corruptions")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert C.default_cache_dir() == Path.home() / ".cache" / "fseb_ft" / "corruptions"
+
+
+# ---------------------------------------------------------------------------------------------
+# Recipe keys
+# ---------------------------------------------------------------------------------------------
+
+
+def _eval(**keys) -> object:
+    return recipe_from_dict({"data": {"train": {"source": "sklearn_digits"}}, "eval": keys}).eval
+
+
+def test_eval_config_validates_and_resolves_corruptions() -> None:
+    cfg = _eval()
+    assert cfg.corruptions == () and cfg.severities == (1, 2, 3, 4, 5)
+    assert cfg.corruption_seed == 0 and cfg.corruption_cache is None
+    assert _eval(corruptions="all").corruptions == C.BENCHMARK
+    cfg = _eval(corruptions=["contrast", "gaussian_noise", "contrast"], severities=[5, 1, 5])
+    assert cfg.corruptions == ("contrast", "gaussian_noise") and cfg.severities == (1, 5)
+    with pytest.raises(ConfigError, match=r"eval.corruptions=\['frost'\]: unknown .*available"):
+        _eval(corruptions=["frost"])
+    with pytest.raises(ConfigError, match=r"eval.severities=\(0, 3\): must be .* in 1..5"):
+        _eval(severities=[0, 3])
+    with pytest.raises(ConfigError, match=r"eval.severities=\(\): must be a non-empty list"):
+        _eval(severities=[])
+    with pytest.raises(ConfigError, match=r"eval.corruption_seed=-1: must be ≥ 0"):
+        _eval(corruption_seed=-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reporting and end to end
+# ---------------------------------------------------------------------------------------------
+
+
+def _fake_results() -> dict:
+    metrics = {"accuracy": 0.9, "nll": 0.3, "ece": 0.02, "sel_pred_auc": 0.95, "n": 10}
+    per = {
+        name: {str(s): {**metrics, "accuracy": 0.9 - 0.1 * s - d} for s in (1, 3, 5)}
+        for name, d in (("contrast", 0.0), ("fog", 0.05))
+    }
+    return {"test": metrics, "corruptions": per}
+
+
+def test_corruption_plot_and_tables(tmp_path: Path) -> None:
+    results = _fake_results()
+    path = plots.corruption_plot(results["corruptions"], tmp_path / "c.png", clean=results["test"])
+    with Image.open(path) as image:
+        assert image.format == "PNG" and min(image.size) > 500
+    md = corruption_markdown(results)
+    assert "| clean | 90.00 | 0.3000 | 2.00 | 95.00 |" in md
+    assert "| 3 | 57.50 |" in md  # mean of 60 % and 55 %
+    assert "| fog | 75.00 / 2.00 | 55.00 / 2.00 | 35.00 / 2.00 |" in md
+    assert corruption_markdown({"test": results["test"]}) == ""
+
+
+def test_run_reports_every_corruption_and_severity_and_reevaluates_from_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "data"
+    _write_folder(root / "ind", "train", {"cat": 12, "dog": 12, "fox": 12})
+    _write_folder(root / "ind", "test", {"cat": 5, "dog": 4, "fox": 4})
+    _write_folder(root / "ood", "test", {"owl": 5})
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    recipe = _recipe_dict({"ind": root / "ind", "ood": root / "ood"}, out, epochs=1)
+    recipe["fseb"]["reg_scale"] = 0.0  # PS-MAP: the same evaluation, a faster loop
+    recipe["eval"] |= {
+        "corruptions": ["gaussian_noise", "contrast"],
+        "severities": [1, 5],
+        "corruption_cache": str(cache),
+    }
+    results = run(recipe_from_dict(recipe))
+
+    saved = json.loads((out / "results.json").read_text())
+    assert set(saved["corruptions"]) == {"gaussian_noise", "contrast"}
+    for by_severity in saved["corruptions"].values():
+        assert set(by_severity) == {"1", "5"}
+        for metrics in by_severity.values():
+            assert metrics["n"] == N_TEST
+            assert {"accuracy", "nll", "ece", "sel_pred_auc"} <= set(metrics)
+    assert set(saved["corruption_summary"]) == {"1", "5", "all"}
+    mean_acc = np.mean([saved["corruptions"][n]["5"]["accuracy"] for n in saved["corruptions"]])
+    assert saved["corruption_summary"]["5"]["accuracy"] == pytest.approx(mean_acc)
+    assert saved["test"]["n"] == N_TEST and "owls" in saved["ood"]  # the rest is unchanged
+    assert (out / CORRUPTION_PLOT).is_file()
+    assert "## Covariate shift: corrupted test split" in (out / "results.md").read_text()
+    assert len(list(cache.rglob("*.npy"))) == 4
+
+    # Re-evaluation reads the corrupted images from the cache and gives the same numbers; an
+    # eval override adds a severity without touching recipe.yaml.
+    calls = []
+    original = C.corrupt
+    monkeypatch.setattr(C, "corrupt", lambda *a, **k: calls.append(a[1:3]) or original(*a, **k))
+    again = evaluate_run(out, cpu=True, overrides=["eval.severities=[1, 3, 5]"])
+    assert calls == [("gaussian_noise", 3)] * N_TEST + [("contrast", 3)] * N_TEST
+    for name, by_severity in results["corruptions"].items():
+        assert set(again["corruptions"][name]) == {"1", "3", "5"}
+        for sev, metrics in by_severity.items():
+            for key, value in metrics.items():
+                assert again["corruptions"][name][sev][key] == pytest.approx(value, abs=1e-9)
+    assert "severities:\n  - 1\n  - 5\n" in (out / "recipe.yaml").read_text()
+
+    # An ensemble averages the corruptions and severities its members share.
+    other = tmp_path / "run-seed1"
+    recipe["output"]["dir"], recipe["train"]["seed"] = str(other), 1
+    recipe["eval"]["severities"] = [5]
+    run(recipe_from_dict(recipe))
+    ensemble = evaluate_ensemble([out, other], tmp_path / "ensemble", cpu=True)
+    assert {n: set(s) for n, s in ensemble["corruptions"].items()} == {
+        "gaussian_noise": {"5"},
+        "contrast": {"5"},
+    }
+    for member in ensemble["members"].values():
+        assert set(member["corruptions"]) == {"gaussian_noise", "contrast"}
+    assert (tmp_path / "ensemble" / CORRUPTION_PLOT).is_file()
+    assert "Covariate shift" in (tmp_path / "ensemble" / "results.md").read_text()
+
+
+def test_evaluate_cli_only_overrides_evaluation_settings(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        evaluate_main(["some_run", "--set", "train.epochs=3"])
+    assert "--set takes eval.KEY=VALUE" in capsys.readouterr().err

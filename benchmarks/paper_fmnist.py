@@ -33,6 +33,7 @@ SHARED = REPO.parent / "shared"
 RECIPE = REPO / "recipes" / "fmnist.yaml"
 CIFAR_TAR = SHARED / "data" / "cifar10-jpeg" / "CIFAR-10-images.tar"
 MARKERS = ("<!-- fmnist:begin -->", "<!-- fmnist:end -->")
+SHIFT_MARKERS = ("<!-- fmnist-shift:begin -->", "<!-- fmnist-shift:end -->")
 
 # (column title, results path, scale): percentages as in the paper's tables.
 COLUMNS = (
@@ -100,13 +101,31 @@ def table(all_results: dict[str, list[dict]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_section(path: Path, body: str) -> None:
-    """Replace the FashionMNIST section of ``docs/results.md`` (or append it)."""
+def corruption_table(all_results: dict[str, list[dict]], severities: Sequence[int]) -> str:
+    """Markdown: accuracy and ECE per severity (mean over corruptions), mean ± SE over seeds."""
+    header = ["Method", "clean Acc. / ECE (%)"]
+    header += [f"severity {s} Acc. / ECE (%)" for s in severities]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for method, runs in all_results.items():
+        cells = [method, _pair([r["test"] for r in runs])]
+        cells += [_pair([r["corruption_summary"][str(s)] for r in runs]) for s in severities]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _pair(metrics: list[dict]) -> str:
+    acc = _mean_se([100 * m["accuracy"] for m in metrics])
+    ece = _mean_se([100 * m["ece"] for m in metrics])
+    return f"{acc[0]:.1f} ± {acc[1]:.1f} / {ece[0]:.1f} ± {ece[1]:.1f}"
+
+
+def write_section(path: Path, body: str, markers: tuple[str, str] = MARKERS) -> None:
+    """Replace one marked section of ``docs/results.md`` (or append it)."""
     text = path.read_text() if path.exists() else "# Results\n"
-    block = f"{MARKERS[0]}\n{body}{MARKERS[1]}"
-    if MARKERS[0] in text:
-        head, rest = text.split(MARKERS[0], 1)
-        text = head + block + rest.split(MARKERS[1], 1)[1]
+    block = f"{markers[0]}\n{body}{markers[1]}"
+    if markers[0] in text:
+        head, rest = text.split(markers[0], 1)
+        text = head + block + rest.split(markers[1], 1)[1]
     else:
         text = text.rstrip("\n") + "\n\n" + block + "\n"
     path.write_text(text)
@@ -120,7 +139,28 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "paper_fmnist")
     parser.add_argument("--results", type=Path, default=REPO / "docs" / "results.md")
     parser.add_argument("--methods", nargs="+", default=None, help="subset of method names")
+    parser.add_argument(
+        "--corruptions",
+        nargs="+",
+        default=None,
+        help="also evaluate under these corruptions (e.g. all); finished runs are resumed, "
+        "not retrained, and only re-evaluated",
+    )
+    parser.add_argument("--severities", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra recipe override for every run (repeatable), e.g. data.num_workers=0",
+    )
     args = parser.parse_args()
+    corruption_overrides = []
+    if args.corruptions:
+        corruption_overrides = [
+            f"eval.corruptions=[{', '.join(args.corruptions)}]",
+            f"eval.severities=[{', '.join(map(str, args.severities))}]",
+        ]
     if not (SHARED / "data" / "fashion-mnist").is_dir():
         raise SystemExit(f"{SHARED}/data/fashion-mnist not found: this benchmark needs ../shared")
     chosen = methods(cifar_folder(args.out / "cache"))
@@ -134,7 +174,8 @@ def main() -> None:
             recipe = load_recipe(
                 RECIPE,
                 [*overrides, f"train.epochs={args.epochs}", f"train.seed={seed}",
-                 f"output.dir={out}", "train.trackers=[]"],
+                 f"output.dir={out}", "train.trackers=[]", *corruption_overrides,
+                 *args.override],
             )  # fmt: skip
             all_results.setdefault(name, []).append(run(recipe))
     body = (
@@ -145,6 +186,17 @@ def main() -> None:
     )
     print(body)
     write_section(args.results, body)
+    if args.corruptions:
+        shift = (
+            f"FashionMNIST test under {', '.join(args.corruptions)} corruptions (CIFAR-10-C "
+            f"parameters, `fseb_ft.corruptions`), accuracy / ECE averaged over corruptions; "
+            f"`python -m benchmarks.paper_fmnist --epochs {args.epochs} --seeds "
+            f"{' '.join(map(str, args.seeds))} --corruptions {' '.join(args.corruptions)} "
+            f"--severities {' '.join(map(str, args.severities))}`.\n\n"
+            + corruption_table(all_results, args.severities)
+        )
+        print(shift)
+        write_section(args.results, shift, SHIFT_MARKERS)
     (args.out / "results.json").write_text(json.dumps(all_results, indent=1))
 
 

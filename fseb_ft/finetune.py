@@ -47,6 +47,8 @@ from fseb_ft.evaluate import (
     write_json,
     write_results,
 )
+from fseb_ft.hub import main as push_main
+from fseb_ft.hub import share_run
 from fseb_ft.models import InputSpec, create_model, input_spec
 from fseb_ft.objective import FSEBObjective
 from fseb_ft.train import (
@@ -141,8 +143,6 @@ def run(recipe: Recipe, splits: Splits | None = None) -> dict[str, Any]:
         write_results(run_dir, results, title=method_title(recipe))
         run_info["training"] = results["training"]
         write_json(run_dir / "run.json", run_info)
-        from fseb_ft.hub import share_run
-
         # RUN_DIR/model/ in timm's Hub format (+ card), pushed if output.push_to_hub; never raises.
         share_run(accelerator.unwrap_model(model), run_dir, recipe, run_info, results)
     accelerator.end_training()
@@ -322,8 +322,6 @@ def cli() -> None:
         evaluate_main(sys.argv[2:], prog="fseb-ft evaluate")
         return
     if len(sys.argv) > 1 and sys.argv[1] == "push":
-        from fseb_ft.hub import main as push_main
-
         push_main(sys.argv[2:])
         return
     main()
@@ -333,7 +331,7 @@ class _CallableModule(type(sys)):  # type(sys) is types.ModuleType
     """This module, callable: ``fseb_ft.finetune(recipe, train=..., ...)`` is the Python API.
 
     ``fseb_ft.finetune`` has to be two things at once: the CLI module that ``python -m
-    fseb_ft.finetune`` runs, and the function the issue asks for. A module object cannot be
+    fseb_ft.finetune`` runs, and the Python API's entry point. A module object cannot be
     called, so its class is swapped for this ``ModuleType`` subclass, whose ``__call__`` forwards
     to :func:`fseb_ft.api.finetune` (imported on call: ``api`` imports this module). Attribute
     access, ``from fseb_ft.finetune import run``, pickling by reference and ``python -m`` behave

@@ -31,6 +31,7 @@ import yaml
 from huggingface_hub import CommitOperationAdd, HfApi, ModelCard
 from PIL import Image
 
+import fseb_ft.finetune as finetune_module
 import fseb_ft.hub as hub
 from fseb_ft import finetune
 from fseb_ft.config import ConfigError, OutputConfig, recipe_from_dict
@@ -108,7 +109,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     records = _Records()
     logging.getLogger("fseb_ft.hub").addHandler(records)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(hub, "share_run", spy)
+        mp.setattr(finetune_module, "share_run", spy)  # the name run() calls
         mp.setenv("HF_ENDPOINT", UNREACHABLE)
         start = time.perf_counter()
         results = run(recipe)

@@ -30,6 +30,7 @@ import torch
 import yaml
 from huggingface_hub import CommitOperationAdd, HfApi, ModelCard
 from PIL import Image
+from test_pipeline import _write_folder
 
 import fseb_ft.finetune as finetune_module
 import fseb_ft.hub as hub
@@ -41,17 +42,6 @@ from fseb_ft.finetune import run
 UNREACHABLE = "http://127.0.0.1:9"  # discard port: nothing listens, connections are refused
 REPO_ID = "user/tiny-fseb"
 BASE_FILES = {"config.json", "model.safetensors", "fseb.json", "README.md"}
-
-
-def _write_folder(root: Path, split: str, classes: dict[str, int], size: int = 16) -> None:
-    rng = np.random.default_rng(len(split) + 7 * len(classes))
-    for name, count in classes.items():
-        base = rng.integers(0, 256, size=3)
-        (root / split / name).mkdir(parents=True, exist_ok=True)
-        for i in range(count):
-            noise = rng.integers(-40, 40, size=(size, size, 3))
-            pixels = np.clip(base + noise, 0, 255).astype(np.uint8)
-            Image.fromarray(pixels).save(root / split / name / f"{i:03d}.png")
 
 
 def _recipe_dict(data: Path, ood: Path, out: Path) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,8 @@ N_OOD = 5
 
 
 def _write_folder(root: Path, split: str, classes: dict[str, int], size: int = 16) -> None:
-    rng = np.random.default_rng(abs(hash((str(root), split))) % 2**32)
+    # crc32, not hash(): str hashes are salted per process, and fixtures must not vary by run.
+    rng = np.random.default_rng(zlib.crc32(f"{root.name}/{split}".encode()))
     for name, count in classes.items():
         base = rng.integers(0, 256, size=3)
         (root / split / name).mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from test_data import CIFAR10_CLASSES
 
 from fseb_ft.config import DatasetSpec, Recipe, load_recipe
 from fseb_ft.finetune import run
@@ -25,18 +26,6 @@ RECIPES = Path(__file__).parents[1] / "recipes"
 TRAIN_PER_CLASS = 4  # enough for a stratified validation split of every class
 OTHER_PER_CLASS = 2
 
-CIFAR10_CLASSES = [
-    "airplane",
-    "automobile",
-    "bird",
-    "cat",
-    "deer",
-    "dog",
-    "frog",
-    "horse",
-    "ship",
-    "truck",
-]
 # The documented schema of every Hub dataset a recipe names (see the recipes' comments).
 SCHEMAS: dict[str, datasets.Features] = {
     "ava-space/BlindnessClassification": datasets.Features(

@@ -105,6 +105,10 @@ class ModelConfig:
     """Dropout before the classifier (timm ``drop_rate``)."""
     drop_path_rate: float = 0.0
     """Stochastic depth rate (timm ``drop_path_rate``)."""
+    head_init: Literal["timm", "zeros"] = "timm"
+    """The new classifier's initialisation: ``timm``, the architecture's own (EfficientNets draw
+    U(±1/√K), large logits for small K); ``zeros``, all-zero weights and bias, so training
+    starts from uniform predictions at FS-EB's prior mean (the usual choice for fine-tuning)."""
 
     def __post_init__(self) -> None:
         _check(bool(self.name), "name", self.name, "a timm name, hf-hub:… or local-dir:…")
@@ -341,6 +345,10 @@ class EvalConfig:
     """Corruption severities to evaluate, each in 1–5."""
     corruption_seed: int = 0
     """Seed of the corruptions' randomness: image i always gets the same corrupted pixels."""
+    corruption_limit: int | None = None
+    """Corrupt only a seeded, class-stratified subset of at most this many test images (the
+    same subset for every corruption and severity, drawn with ``corruption_seed``); the clean
+    test metrics still use the whole split. ``null``: the whole test split."""
     corruption_cache: str | None = None
     """Folder caching the corrupted test images (uint8 ``.npy`` with an ``.npz`` index), so a
     re-evaluation does not recompute them; ``null``: ``$XDG_CACHE_HOME/fseb_ft/corruptions``, else
@@ -348,6 +356,12 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         _check(self.batch_size >= 1, "batch_size", self.batch_size, "must be ≥ 1")
+        _check(
+            self.corruption_limit is None or self.corruption_limit >= 1,
+            "corruption_limit",
+            self.corruption_limit,
+            "must be ≥ 1 or null",
+        )
         _check(
             len(self.severities) > 0 and all(1 <= s <= 5 for s in self.severities),
             "severities",

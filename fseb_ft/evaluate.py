@@ -32,7 +32,16 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from fseb_ft.config import Recipe, load_recipe
-from fseb_ft.data import Splits, TransformedImages, build_splits, eval_transform, make_loader
+from fseb_ft.data import (
+    IndexedImages,
+    LabeledImages,
+    Splits,
+    TransformedImages,
+    build_splits,
+    eval_transform,
+    make_loader,
+    stratified_split,
+)
 from fseb_ft.metrics import classification_metrics, ensemble_log_probs, ood_metrics
 from fseb_ft.models import InputSpec, create_model
 
@@ -86,8 +95,11 @@ class Predictions:
     ood: dict[str, Tensor] = dataclasses.field(default_factory=dict)
     """OOD set name → log-probabilities (N_o, K)."""
     corruptions: dict[str, dict[int, Tensor]] = dataclasses.field(default_factory=dict)
-    """Corruption name → severity → log-probabilities (N, K) on the corrupted test split (same
-    images and labels as ``test``, see :func:`predict_corruptions`)."""
+    """Corruption name → severity → log-probabilities (N_c, K) on the corrupted test split (the
+    test images, or the ``eval.corruption_limit`` subset of them; see
+    :func:`predict_corruptions`)."""
+    corruption_labels: Tensor | None = None
+    """Labels (N_c,) of the corrupted images; ``None``: those of ``test`` (no subset)."""
 
 
 class EvalResults(dict):
@@ -150,14 +162,16 @@ def evaluate_predictions(
     test: tuple[Tensor, Tensor],
     ood: Mapping[str, Tensor] | None = None,
     corruptions: Mapping[str, Mapping[int, Tensor]] | None = None,
+    corruption_labels: Tensor | None = None,
 ) -> dict[str, Any]:
     """Metrics of design §3 for the test predictions, each named OOD set and each corruption.
 
     Args:
         test: (log-probabilities (N, K), labels (N,)) on the in-distribution test split.
         ood: name → log-probabilities (N_o, K) on that semantic-shift set.
-        corruptions: corruption name → severity → log-probabilities (N, K) on the corrupted
-            test split (labels: ``test``'s).
+        corruptions: corruption name → severity → log-probabilities (N_c, K) on the corrupted
+            test split.
+        corruption_labels: labels (N_c,) of the corrupted images; ``None``: ``test``'s.
 
     Returns:
         ``{"test": {metric: float, "n": N}, "ood": {name: {metric: float, "n": N_o}}}``; with
@@ -177,9 +191,10 @@ def evaluate_predictions(
         scores = {k: float(v) for k, v in ood_metrics(probs_in, lp.exp()).items()}
         out["ood"][name] = scores | {"n": len(lp)}
     if corruptions:
+        c_labels = labels if corruption_labels is None else corruption_labels  # (N_c,)
         out["corruptions"] = {
             name: {
-                str(sev): {k: float(v) for k, v in classification_metrics(lp, labels).items()}
+                str(sev): {k: float(v) for k, v in classification_metrics(lp, c_labels).items()}
                 | {"n": len(lp)}
                 for sev, lp in sorted(by_severity.items())
             }
@@ -455,6 +470,7 @@ def evaluate_ensemble(
             name: {sev: average([p.corruptions[name][sev] for p in member_preds]) for sev in sevs}
             for name, sevs in _shared_corruptions(runs, member_preds).items()
         },
+        corruption_labels=member_preds[0].corruption_labels,
     )
     results = EvalResults(_evaluate(ensemble), ensemble)
     results["members"] = {label: dict(m) for label, m in members.items()}
@@ -491,14 +507,20 @@ def predict_splits(
         for name, data in splits.ood.items()
     }
     corruptions = predict_corruptions(model, splits.test, spec, recipe, accelerator)
+    corrupted = corruption_subset(
+        splits.test, recipe.eval.corruption_limit, recipe.eval.corruption_seed
+    )
+    labels = (
+        None if corrupted is splits.test else torch.as_tensor(corrupted.labels, dtype=torch.long)
+    )
     for name, by_severity in corruptions.items():
         for severity, lp in by_severity.items():
-            if lp.shape[0] != test[0].shape[0]:
+            if lp.shape[0] != len(corrupted):
                 raise RuntimeError(
                     f"{name} severity {severity}: {lp.shape[0]} predictions for "
-                    f"{test[0].shape[0]} test images"
+                    f"{len(corrupted)} corrupted test images"
                 )
-    return Predictions(test=test, ood=ood, corruptions=corruptions)
+    return Predictions(test=test, ood=ood, corruptions=corruptions, corruption_labels=labels)
 
 
 def predict_corruptions(
@@ -512,13 +534,15 @@ def predict_corruptions(
     others. Empty when ``eval.corruptions`` is.
 
     Returns:
-        corruption name → severity → log-probabilities (N, K), in test order.
+        corruption name → severity → log-probabilities (N, K), in test order (N: the
+        ``eval.corruption_limit`` subset when set).
     """
     cfg = recipe.eval
     if not cfg.corruptions:
         return {}
     from fseb_ft.corruptions import CorruptedImages
 
+    test = corruption_subset(test, cfg.corruption_limit, cfg.corruption_seed)
     main = accelerator.is_main_process
     pairs = [(name, severity) for name in cfg.corruptions for severity in cfg.severities]
     out: dict[str, dict[int, Tensor]] = {}
@@ -531,6 +555,18 @@ def predict_corruptions(
         out.setdefault(name, {})[severity] = predict(model, loader, accelerator)[0]
         del data, loader
     return out
+
+
+def corruption_subset(test: LabeledImages, limit: int | None, seed: int) -> LabeledImages:
+    """The seeded, class-stratified subset of ``test`` that ``eval.corruption_limit`` asks for.
+
+    Corrupting every test image at every corruption and severity costs 70 passes over the
+    split; a stratified subset keeps the class balance of the clean test set.
+    """
+    if limit is None or limit >= len(test):
+        return test
+    _, keep = stratified_split(test.labels, limit / len(test), seed)  # (≈limit,) sorted
+    return IndexedImages(test, keep)
 
 
 def evaluate_splits(
@@ -546,7 +582,9 @@ def evaluate_splits(
 
 
 def _evaluate(predictions: Predictions) -> dict[str, Any]:
-    return evaluate_predictions(predictions.test, predictions.ood, predictions.corruptions)
+    return evaluate_predictions(
+        predictions.test, predictions.ood, predictions.corruptions, predictions.corruption_labels
+    )
 
 
 def eval_loader(data: Any, spec: InputSpec, recipe: Recipe) -> torch.utils.data.DataLoader:
@@ -714,9 +752,13 @@ def _shared_corruptions(
     runs: Sequence[tuple[Path, Recipe, Mapping[str, Any]]], member_preds: Sequence[Predictions]
 ) -> dict[str, list[int]]:
     """(corruption, severities) every member predicted with the same corrupted images."""
-    seeds = {recipe.eval.corruption_seed for _, recipe, _ in runs}
-    if len(seeds) > 1:
-        logger.warning("members differ in eval.corruption_seed %s: no corruption results", seeds)
+    subsets = {(r.eval.corruption_seed, r.eval.corruption_limit) for _, r, _ in runs}
+    if len(subsets) > 1:
+        logger.warning(
+            "members differ in (eval.corruption_seed, eval.corruption_limit) %s: no corruption "
+            "results",
+            subsets,
+        )
         return {}
     shared = {
         name: [s for s in by_sev if all(s in p.corruptions.get(name, {}) for p in member_preds)]

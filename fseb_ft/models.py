@@ -36,7 +36,7 @@ def create_model(cfg: ModelConfig, num_classes: int, in_chans: int = 3) -> nn.Mo
     written by :func:`timm.models.save_for_hf` (or by ``fseb_ft.hub``) loads offline.
     """
     try:
-        return timm.create_model(
+        model = timm.create_model(
             cfg.name,
             pretrained=cfg.pretrained,
             num_classes=num_classes,
@@ -57,6 +57,27 @@ def create_model(cfg: ModelConfig, num_classes: int, in_chans: int = 3) -> nn.Mo
             "Face Hub may be unreachable: retry with network access, point model.name at a "
             "'local-dir:' folder in timm's Hub format, or set model.pretrained=false."
         ) from err
+    if cfg.head_init == "zeros":
+        zero_classifier(model)
+    return model
+
+
+def zero_classifier(model: nn.Module) -> None:
+    """Set the classifier's weights and bias to zero (``model.head_init: zeros``).
+
+    Logits start at 0 — uniform predictions, the FS-EB prior mean — whatever the backbone's
+    feature scale; the first step then moves only the head, as in BiT-style fine-tuning.
+    """
+    head = model.get_classifier()
+    params = list(head.parameters()) if isinstance(head, nn.Module) else []
+    if not params:
+        raise ValueError(
+            f"model.head_init=zeros: {type(model).__name__}.get_classifier() has no parameters "
+            "to zero (num_classes=0?)"
+        )
+    with torch.no_grad():
+        for param in params:
+            param.zero_()
 
 
 def input_spec(model: nn.Module, model_cfg: ModelConfig, data_cfg: DataConfig) -> InputSpec:

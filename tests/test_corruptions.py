@@ -17,7 +17,7 @@ from test_pipeline import N_TEST, _recipe_dict, _write_folder
 import fseb_ft.corruptions as C
 from fseb_ft import plots
 from fseb_ft.config import ConfigError, recipe_from_dict
-from fseb_ft.data import ArrayImages, TransformedImages, eval_transform
+from fseb_ft.data import ArrayImages, TransformedImages, eval_transform, stratified_split
 from fseb_ft.evaluate import (
     CORRUPTION_PLOT,
     corruption_markdown,
@@ -230,6 +230,9 @@ def test_eval_config_validates_and_resolves_corruptions() -> None:
         _eval(severities=[])
     with pytest.raises(ConfigError, match=r"eval.corruption_seed=-1: must be ≥ 0"):
         _eval(corruption_seed=-1)
+    assert _eval().corruption_limit is None and _eval(corruption_limit=500).corruption_limit == 500
+    with pytest.raises(ConfigError, match=r"eval.corruption_limit=0: must be ≥ 1 or null"):
+        _eval(corruption_limit=0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,6 +306,19 @@ def test_run_reports_every_corruption_and_severity_and_reevaluates_from_the_cach
             for key, value in metrics.items():
                 assert again["corruptions"][name][sev][key] == pytest.approx(value, abs=1e-9)
     assert "severities:\n  - 1\n  - 5\n" in (out / "recipe.yaml").read_text()
+
+    # eval.corruption_limit corrupts a stratified subset: the clean test split stays whole, and
+    # a deterministic corruption gives the full run's predictions at the chosen indices.
+    limited = evaluate_run(out, cpu=True, overrides=["eval.corruption_limit=6"])
+    assert limited["test"]["n"] == N_TEST
+    labels = again.predictions.test[1]  # (N_TEST,)
+    keep = torch.as_tensor(stratified_split(labels.numpy(), 6 / N_TEST, seed=0)[1])  # (6,)
+    assert len(keep) == 6 and set(labels[keep].tolist()) == {0, 1, 2}
+    assert torch.equal(limited.predictions.corruption_labels, labels[keep])
+    for sev in ("1", "5"):
+        assert limited["corruptions"]["contrast"][sev]["n"] == 6
+    full_lp = again.predictions.corruptions["contrast"][5]  # (N_TEST, K)
+    assert torch.allclose(limited.predictions.corruptions["contrast"][5], full_lp[keep], atol=1e-6)
 
     # An ensemble averages the corruptions and severities its members share.
     other = tmp_path / "run-seed1"

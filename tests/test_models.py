@@ -9,7 +9,7 @@ import timm
 import torch
 from timm.models import save_for_hf
 
-from fseb_ft.config import DataConfig, DatasetSpec, ModelConfig
+from fseb_ft.config import ConfigError, DataConfig, DatasetSpec, ModelConfig, recipe_from_dict
 from fseb_ft.models import create_model, input_spec
 from fseb_ft.objective import timm_features
 
@@ -50,6 +50,24 @@ def test_local_dir_folder_gives_starting_weights_and_a_new_head(tmp_path: Path) 
     loaded = model.state_dict()
     for key, value in body.items():
         torch.testing.assert_close(loaded[key], value, rtol=0, atol=0)
+
+
+def test_zero_head_starts_at_uniform_predictions_and_keeps_the_body(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    save_for_hf(timm.create_model("test_byobnet", num_classes=7), tmp_path / "folder")
+    name = f"local-dir:{tmp_path / 'folder'}"
+    timm_head = create_model(ModelConfig(name=name, pretrained=True), num_classes=3).eval()
+    zero_head = create_model(ModelConfig(name=name, head_init="zeros"), num_classes=3).eval()
+    x = torch.randn(4, 3, 32, 32)
+    assert timm_head(x).abs().max() > 0
+    assert torch.equal(zero_head(x), torch.zeros(4, 3))  # logits = the FS-EB prior mean
+    torch.testing.assert_close(timm_features(zero_head, x), timm_features(timm_head, x))
+    with pytest.raises(ValueError, match=r"head_init=zeros: .* no parameters"):
+        create_model(ModelConfig(name="fseb_cnn", pretrained=False, head_init="zeros"), 0, 1)
+    with pytest.raises(ConfigError, match=r"model.head_init='normal'.*'timm', 'zeros'"):
+        recipe_from_dict(
+            {"model": {"head_init": "normal"}, "data": {"train": {"source": "sklearn_digits"}}}
+        )
 
 
 def test_unknown_model_and_missing_weights_are_clear_errors(tmp_path: Path) -> None:

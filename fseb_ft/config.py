@@ -231,6 +231,10 @@ class FSEBConfig:
     """d in Kc (reference: 1e-2 pretrained ResNet-50, 1 FMNIST CNN)."""
     forward_mode: Literal["joint", "separate"] = "joint"
     """One forward over [x; x̂] (BatchNorm sees both) or two separate ones."""
+    reg_points: Literal["context", "joint"] = "context"
+    """Where R_f is evaluated: the context batch x̂ (M points, design §1) or the training batch
+    and the context batch together, [x; x̂] (B + M points; Kc from φ0's features of both), as the
+    authors' FashionMNIST and ResNet-18 configs do (``--reg_points joint``)."""
     param_anchor: Literal["zero", "init"] = "zero"
     """Centre of the parameter prior: zero (the paper) or the starting weights (L2-SP)."""
     param_noise_std: float = 0.0

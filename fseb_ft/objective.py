@@ -67,6 +67,9 @@ class FSEBObjective(nn.Module):
         prior_cov_diag: ``d`` in ``Kc``.
         forward_mode: ``"joint"`` runs one forward over ``[x; x̂]`` (BatchNorm sees both, as in
             the reference code); ``"separate"`` runs two.
+        reg_points: ``"context"`` evaluates ``R_f`` at x̂ (M points); ``"joint"`` at ``[x; x̂]``
+            (B + M points, Kc from φ0's features of both), the reference code's
+            ``--reg_points joint``.
         param_anchor: ``"zero"`` (the paper) or ``"init"`` (the starting weights: L2-SP).
         param_noise_std: σ of the EB-VI form ``θ + σ ε`` (Rudner et al. 2023, eq. e-vi); 0 is
             EB-MAP. The paper's σ² = 1e-20 is numerically MAP.
@@ -88,6 +91,7 @@ class FSEBObjective(nn.Module):
         prior_cov_scale: float = 1e-5,
         prior_cov_diag: float = 1e-2,
         forward_mode: Literal["joint", "separate"] = "joint",
+        reg_points: Literal["context", "joint"] = "context",
         param_anchor: Literal["zero", "init"] = "zero",
         param_noise_std: float = 0.0,
         likelihood_samples: int = 1,
@@ -102,6 +106,7 @@ class FSEBObjective(nn.Module):
             reg_scale=reg_scale,
             prior_var=prior_var,
             forward_mode=forward_mode,
+            reg_points=reg_points,
             param_anchor=param_anchor,
             param_noise_std=param_noise_std,
             likelihood_samples=likelihood_samples,
@@ -114,6 +119,7 @@ class FSEBObjective(nn.Module):
         self.prior_cov_scale = prior_cov_scale
         self.prior_cov_diag = prior_cov_diag
         self.forward_mode = forward_mode
+        self.reg_points = reg_points
         self.param_anchor = param_anchor
         self.param_noise_std = param_noise_std
         self.likelihood_samples = likelihood_samples
@@ -170,7 +176,8 @@ class FSEBObjective(nn.Module):
             y: integer labels (B,).
             context: context inputs x̂ (M, ...); required when ``reg_scale > 0``.
             context_features: precomputed ``h(x̂; φ0)`` (M, D) — e.g. cached once for a fixed,
-                un-augmented context pool; computed from ``prior`` when omitted.
+                un-augmented context pool; computed from ``prior`` when omitted. With
+                ``reg_points="joint"`` the training batch's features are computed here, each step.
 
         Returns:
             ``loss`` (to minimise), ``nll`` (mean cross-entropy), ``fs_reg`` (``R_f``, unscaled),
@@ -186,10 +193,13 @@ class FSEBObjective(nn.Module):
                 f"context_features has {context_features.shape[0]} rows for a context batch "
                 f"of {context.shape[0]}"
             )
+        reg_features = context_features  # (M, D)
+        if use_fs and self.reg_points == "joint":
+            reg_features = torch.cat([self.prior_features(x), context_features])  # (B + M, D)
         if self.param_noise_std > 0:
-            nll, fs_reg, logits = self._sampled_terms(x, y, context, context_features, use_fs)
+            nll, fs_reg, logits = self._sampled_terms(x, y, context, reg_features, use_fs)
         else:
-            nll, fs_reg, logits = self._terms(self.model, x, y, context, context_features, use_fs)
+            nll, fs_reg, logits = self._terms(self.model, x, y, context, reg_features, use_fs)
         param_reg = self._param_reg()
         loss = nll + (self.reg_scale * fs_reg + param_reg) / self.num_train
         return {
@@ -210,12 +220,17 @@ class FSEBObjective(nn.Module):
         use_fs: bool,
         want_nll: bool = True,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """(mean CE, R_f, train logits) for one draw of the parameters, computed by ``call``."""
+        """(mean CE, R_f, train logits) for one draw of the parameters, computed by ``call``.
+
+        ``features`` are φ0's features of the points ``R_f`` is evaluated at: x̂ (M, D), or
+        ``[x; x̂]`` (B + M, D) with ``reg_points="joint"``.
+        """
+        joint_reg = use_fs and self.reg_points == "joint"
         if use_fs and self.forward_mode == "joint":
             logits_all = call(torch.cat([x, context], dim=0))  # (B + M, K)
             logits, ctx_logits = logits_all[: x.shape[0]], logits_all[x.shape[0] :]
         else:
-            logits = call(x) if want_nll else None  # (B, K)
+            logits = call(x) if want_nll or joint_reg else None  # (B, K)
             ctx_logits = call(context) if use_fs else None  # (M, K)
         if want_nll:
             # At least float32 (autocast may hand us bf16 logits), never narrower than the input.
@@ -223,8 +238,9 @@ class FSEBObjective(nn.Module):
         else:
             nll = x.new_zeros((), dtype=torch.float32)
         if use_fs:
+            reg_logits = torch.cat([logits, ctx_logits]) if joint_reg else ctx_logits  # (·, K)
             fs_reg = function_space_term(
-                ctx_logits, features, self.prior_cov_scale, self.prior_cov_diag, self.solver
+                reg_logits, features, self.prior_cov_scale, self.prior_cov_diag, self.solver
             )
         else:
             fs_reg = x.new_zeros((), dtype=torch.float32)
@@ -279,6 +295,7 @@ def _validate(
     reg_scale: float,
     prior_var: float,
     forward_mode: str,
+    reg_points: str,
     param_anchor: str,
     param_noise_std: float,
     likelihood_samples: int,
@@ -292,6 +309,8 @@ def _validate(
         raise ValueError(f"prior_var must be > 0; got {prior_var}")
     if forward_mode not in ("joint", "separate"):
         raise ValueError(f"forward_mode must be 'joint' or 'separate'; got {forward_mode!r}")
+    if reg_points not in ("context", "joint"):
+        raise ValueError(f"reg_points must be 'context' or 'joint'; got {reg_points!r}")
     if param_anchor not in ("zero", "init"):
         raise ValueError(f"param_anchor must be 'zero' or 'init'; got {param_anchor!r}")
     if not param_noise_std >= 0:

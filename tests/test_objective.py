@@ -47,13 +47,23 @@ def _net(**kwargs: object) -> TinyNet:
 
 
 def _naive_loss(
-    net: TinyNet, prior: TinyNet, x, y, ctx, reg_scale: float, pv: float, s: float, d: float
+    net: TinyNet,
+    prior: TinyNet,
+    x,
+    y,
+    ctx,
+    reg_scale: float,
+    pv: float,
+    s: float,
+    d: float,
+    reg_points: str = "context",
 ) -> torch.Tensor:
     """The design §1 loss written out with an explicit matrix inverse, float64."""
-    H = prior.forward_features(ctx).detach()
+    at = ctx if reg_points == "context" else torch.cat([x, ctx])  # the points R_f is taken at
+    H = prior.forward_features(at).detach()
     M = H.shape[0]
     Kc = s * (H @ H.T + torch.ones(M, M, dtype=H.dtype)) + d * torch.eye(M, dtype=H.dtype)
-    F = net(ctx)
+    F = net(at)
     r_f = 0.5 * torch.trace(F.T @ torch.linalg.inv(Kc) @ F)
     r_theta = sum((p**2).sum() for p in net.parameters()) / (2 * pv)
     return nnf.cross_entropy(net(x), y) + (reg_scale * r_f + r_theta) / N_TRAIN
@@ -73,6 +83,40 @@ def test_loss_equals_the_written_out_objective() -> None:
     torch.testing.assert_close(out["loss"], ref, rtol=1e-10, atol=1e-12)
     assert set(out) == {"loss", "nll", "fs_reg", "param_reg", "logits"}
     assert out["logits"].shape == (8, 3)
+
+
+@pytest.mark.parametrize("forward_mode", ["joint", "separate"])
+def test_joint_reg_points_take_r_f_at_the_training_and_context_batch(forward_mode: str) -> None:
+    net = _net()
+    kw = {"reg_scale": 2.0, "prior_var": 0.1, "prior_cov_scale": 0.01, "prior_cov_diag": 1.0}
+    obj = FSEBObjective(net, N_TRAIN, forward_mode=forward_mode, reg_points="joint", **kw)
+    x, y, ctx = _batch()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(0.3)
+    ref = _naive_loss(net, obj.prior, x, y, ctx, 2.0, 0.1, 0.01, 1.0, reg_points="joint")
+    out = obj(x, y, ctx)
+    torch.testing.assert_close(out["loss"], ref, rtol=1e-10, atol=1e-12)
+    assert out["logits"].shape == (8, 3)
+    # Cached context features still work: only the training batch's are computed per step.
+    cached = obj(x, y, ctx, context_features=obj.prior_features(ctx))
+    torch.testing.assert_close(cached["loss"], ref, rtol=1e-10, atol=1e-12)
+    context_only = FSEBObjective(net, N_TRAIN, forward_mode=forward_mode, prior=obj.prior, **kw)(
+        x, y, ctx
+    )
+    assert out["fs_reg"] > context_only["fs_reg"]  # B more points, each a positive quadratic
+    # The EB-VI path evaluates R_f at the same points: tiny σ agrees with the MAP value.
+    sampled = {"param_noise_std": 1e-10, "likelihood_samples": 1, "reg_samples": 2}
+    noisy = FSEBObjective(
+        net,
+        N_TRAIN,
+        forward_mode=forward_mode,
+        reg_points="joint",
+        prior=obj.prior,
+        **sampled,
+        **kw,
+    )
+    torch.testing.assert_close(noisy(x, y, ctx)["loss"], ref, rtol=1e-6, atol=1e-8)
 
 
 def test_reg_scale_zero_is_cross_entropy_plus_weight_decay() -> None:
@@ -200,6 +244,7 @@ def test_works_with_a_real_timm_model_and_any_module_with_a_feature_fn() -> None
         ({"reg_scale": -1.0}, "reg_scale"),
         ({"prior_var": 0.0}, "prior_var"),
         ({"forward_mode": "both"}, "forward_mode"),
+        ({"reg_points": "train"}, "reg_points must be 'context' or 'joint'"),
         ({"param_anchor": "pretrained"}, "param_anchor"),
         ({"likelihood_samples": 0}, "likelihood_samples"),
     ],

@@ -1,0 +1,62 @@
+"""The paper benchmark drivers: recipes they build, the tables they write, the marked sections."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from benchmarks import paper_cifar10, paper_fmnist
+from fseb_ft.config import load_recipe
+
+
+@pytest.mark.parametrize("protocol", ["far", "near"])
+def test_cifar10_protocols_build_valid_recipes(protocol: str, tmp_path: Path) -> None:
+    overrides = paper_cifar10.protocol_overrides(protocol, tmp_path / "cifar", 600)
+    recipe = load_recipe(paper_cifar10.RECIPE, [*overrides, "fseb.reg_scale=0"])
+    train, test = recipe.data.train, recipe.data.test
+    assert (train.source, train.path, train.split, train.limit) == (
+        "disk",
+        str(tmp_path / "cifar"),
+        "train",
+        600,
+    )
+    assert (train.image_column, train.label_column) == ("image", "label")
+    assert recipe.fseb.reg_scale == 0 and recipe.model.head_init == "zeros"
+    if protocol == "far":
+        assert train.classes is None and test.classes is None
+        assert set(recipe.data.ood) == {"mnist", "fmnist"}
+        assert {s.source for s in recipe.data.ood.values()} == {"idx"}
+    else:
+        # In-distribution and held-out classes partition CIFAR-10, and only test images are OOD.
+        held_out = recipe.data.ood["held_out"]
+        assert train.classes == test.classes == paper_cifar10.IN_CLASSES
+        assert held_out.split == "test" and held_out.classes == paper_cifar10.HELD_OUT
+        assert sorted(train.classes + held_out.classes) == list(range(10))
+
+
+def _results(acc: float, nll: float, auroc: float) -> dict:
+    test = {"accuracy": acc, "nll": nll, "ece": 0.02, "sel_pred_auc": 0.9}
+    return {"test": test, "ood": {"held_out": {"entropy_auroc": auroc}}}
+
+
+def test_cifar10_table_gives_mean_and_standard_error_over_seeds() -> None:
+    runs = {"PS-MAP": [_results(0.8, 0.5, 0.7), _results(0.9, 0.7, 0.9)]}
+    table = paper_cifar10.table(runs, "near")
+    assert "| Method | seeds | Acc. (%) | NLL | ECE (%) | Sel. Pred. (%) | 4 held-out" in table
+    se_acc = 100 * 0.1 / math.sqrt(2) / math.sqrt(2)  # stdev of (80, 90) / sqrt(2)
+    assert f"| PS-MAP | 2 | 85.00 ± {se_acc:.2f} | 0.6000 ± 0.1000 |" in table
+    assert table.rstrip().endswith("| 80.00 ± 10.00 |")
+
+
+def test_write_section_replaces_only_its_marked_block(tmp_path: Path) -> None:
+    path = tmp_path / "results.md"
+    path.write_text("# Results\n\nintro\n")
+    markers = ("<!-- x:begin -->", "<!-- x:end -->")
+    paper_fmnist.write_section(path, "first\n", markers)
+    paper_fmnist.write_section(path, "second\n", markers)
+    text = path.read_text()
+    assert text == "# Results\n\nintro\n\n<!-- x:begin -->\nsecond\n<!-- x:end -->\n"
+    paper_fmnist.write_section(path, "other\n", ("<!-- y:begin -->", "<!-- y:end -->"))
+    assert "second" in path.read_text() and "other" in path.read_text()

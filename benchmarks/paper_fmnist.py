@@ -9,6 +9,8 @@ evaluates on its test set with MNIST test as the semantic-shift set, and writes 
 with two context sets:
 
 - ``train-corr``: corrupted training inputs (the paper's "Train Corr." ablation);
+- ``train-corr, joint``: the same context with ``R_f`` also taken at the training batch
+  (``fseb.reg_points=joint``), as the authors' public FashionMNIST config does;
 - ``cifar10-gray``: a fixed pool of 10,000 CIFAR-10 training images in grayscale at 28×28 (a
   different real dataset, as KMNIST is), whose φ0 features are cached.
 
@@ -67,6 +69,12 @@ def methods(cifar: Path) -> dict[str, list[str]]:
     return {
         "PS-MAP": ["fseb.reg_scale=0"],
         "FS-EB (train-corr)": ["context.kind=train", "context.corrupt=true"],
+        # The authors' public config: R_f at the training and the context batch.
+        "FS-EB (train-corr, joint)": [
+            "context.kind=train",
+            "context.corrupt=true",
+            "fseb.reg_points=joint",
+        ],
         "FS-EB (cifar10-gray)": [
             "context.kind=dataset",
             "context.corrupt=false",
@@ -87,17 +95,38 @@ def _mean_se(values: list[float]) -> tuple[float, float]:
     return mean, se
 
 
-def table(all_results: dict[str, list[dict]]) -> str:
-    """Markdown: one row per method, mean ± standard error over seeds."""
-    header = ["Method", "seeds", *(title for title, _, _ in COLUMNS)]
+Column = tuple[str, tuple[str, ...], float]  # (title, path in results.json, scale)
+
+
+def table(
+    all_results: dict[str, list[dict]],
+    columns: Sequence[Column] = COLUMNS,
+    baseline: str = "PS-MAP",
+) -> str:
+    """Markdown: one row per method, mean ± standard error over seeds.
+
+    Each other method also gets a "Δ vs PS-MAP" row: the mean ± standard error of its per-seed
+    differences from ``baseline``, paired by seed (same split, same initial head, same data
+    order), which is the comparison the seeds can actually resolve.
+    """
+    header = ["Method", "seeds", *(title for title, _, _ in columns)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    base = all_results.get(baseline)
     for method, runs in all_results.items():
-        cells = [method, str(len(runs))]
-        for _, path, scale in COLUMNS:
-            mean, se = _mean_se([_get(r, path) * scale for r in runs])
-            digits = 2 if scale != 1.0 else 4
-            cells.append(f"{mean:.{digits}f} ± {se:.{digits}f}")
-        lines.append("| " + " | ".join(cells) + " |")
+        rows = [(method, runs, None)]
+        if base and method != baseline and len(base) == len(runs) > 1:
+            rows.append((f"Δ {method} − {baseline}", runs, base))
+        for label, members, ref in rows:
+            cells = [label, str(len(members))]
+            for _, path, scale in columns:
+                values = [_get(r, path) * scale for r in members]
+                if ref is not None:
+                    values = [v - _get(b, path) * scale for v, b in zip(values, ref, strict=True)]
+                mean, se = _mean_se(values)
+                digits = 2 if scale != 1.0 else 4
+                sign = "+" if ref is not None else ""
+                cells.append(f"{mean:{sign}.{digits}f} ± {se:.{digits}f}")
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -117,6 +146,14 @@ def _pair(metrics: list[dict]) -> str:
     acc = _mean_se([100 * m["accuracy"] for m in metrics])
     ece = _mean_se([100 * m["ece"] for m in metrics])
     return f"{acc[0]:.1f} ± {acc[1]:.1f} / {ece[0]:.1f} ± {ece[1]:.1f}"
+
+
+def finished_results(run_dir: Path) -> dict:
+    """The saved ``results.json`` of a finished run (``--tables-only``: no training, no eval)."""
+    path = run_dir / "results.json"
+    if not path.is_file():
+        raise SystemExit(f"{path} not found: run the benchmark without --tables-only first")
+    return json.loads(path.read_text())
 
 
 def write_section(path: Path, body: str, markers: tuple[str, str] = MARKERS) -> None:
@@ -148,6 +185,11 @@ def main() -> None:
     )
     parser.add_argument("--severities", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     parser.add_argument(
+        "--tables-only",
+        action="store_true",
+        help="train and evaluate nothing: rebuild the tables from the runs' saved results.json",
+    )
+    parser.add_argument(
         "--override",
         action="append",
         default=[],
@@ -177,7 +219,8 @@ def main() -> None:
                  f"output.dir={out}", "train.trackers=[]", *corruption_overrides,
                  *args.override],
             )  # fmt: skip
-            all_results.setdefault(name, []).append(run(recipe))
+            result = finished_results(out) if args.tables_only else run(recipe)
+            all_results.setdefault(name, []).append(result)
     body = (
         f"FashionMNIST test (10,000) and MNIST test (10,000, semantic shift); {args.epochs} "
         f"epochs (paper: 200), seeds {args.seeds}; `python -m benchmarks.paper_fmnist "

@@ -50,6 +50,31 @@ def test_cifar10_table_gives_mean_and_standard_error_over_seeds() -> None:
     assert table.rstrip().endswith("| 80.00 ± 10.00 |")
 
 
+def test_delta_rows_pair_the_seeds() -> None:
+    runs = {
+        "PS-MAP": [_results(0.80, 0.5, 0.70), _results(0.90, 0.7, 0.90)],
+        "FS-EB": [_results(0.81, 0.4, 0.80), _results(0.93, 0.5, 0.96)],
+    }
+    lines = paper_cifar10.table(runs, "near").splitlines()
+    assert [line.split(" | ")[0] for line in lines[2:]] == [
+        "| PS-MAP",
+        "| FS-EB",
+        "| Δ FS-EB − PS-MAP",
+    ]
+    delta = lines[-1].split(" | ")
+    # Per-seed differences: accuracy +1 and +3 points, NLL −0.1 and −0.2, AUROC +10 and +6.
+    assert delta[2:4] == ["+2.00 ± 1.00", "-0.1500 ± 0.0500"]
+    assert delta[-1] == "+8.00 ± 2.00 |"
+
+
+def test_tables_only_reads_saved_results_and_names_a_missing_run(tmp_path: Path) -> None:
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "results.json").write_text('{"test": {"accuracy": 0.5}}')
+    assert paper_fmnist.finished_results(tmp_path / "done") == {"test": {"accuracy": 0.5}}
+    with pytest.raises(SystemExit, match=r"missing/results.json not found: run the benchmark"):
+        paper_fmnist.finished_results(tmp_path / "missing")
+
+
 def test_write_section_replaces_only_its_marked_block(tmp_path: Path) -> None:
     path = tmp_path / "results.md"
     path.write_text("# Results\n\nintro\n")

@@ -56,6 +56,7 @@ DEFAULT_METHODS = ("PS-MAP", "FS-EB (train-corr)")
 
 # (column title, results path, scale): percentages as in the paper's tables.
 TEST_COLUMNS = (
+    ("val NLL", ("val_nll",), 1.0),  # the selection criterion: validation, never test
     ("Acc. (%)", ("test", "accuracy"), 100.0),
     ("NLL", ("test", "nll"), 1.0),
     ("ECE (%)", ("test", "ece"), 100.0),
@@ -101,6 +102,11 @@ def protocol_overrides(protocol: str, cifar: Path, train_images: int) -> list[st
         f"data.test={folder}, split: test, {keep}}}",
         f"data.ood={{held_out: {folder}, split: test, classes: {list(HELD_OUT)}}}}}",
     ]
+
+
+def best_val_nll(run_dir: Path) -> float:
+    """Validation NLL of the checkpoint the run selected (``run.json``)."""
+    return float(json.loads((run_dir / "run.json").read_text())["training"]["best_val_nll"])
 
 
 def table(all_results: dict[str, list[dict]], protocol: str) -> str:
@@ -195,7 +201,7 @@ def main() -> None:
                 [*base, *overrides, f"train.seed={seed}", f"output.dir={out}", *args.override],
             )
             result = finished_results(out) if args.tables_only else run(recipe)
-            all_results[name].append(result)
+            all_results[name].append(result | {"val_nll": best_val_nll(out)})
 
     command = (
         f"`python -m benchmarks.paper_cifar10 --protocol {args.protocol} --epochs {args.epochs} "

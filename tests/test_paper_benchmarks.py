@@ -38,15 +38,18 @@ def test_cifar10_protocols_build_valid_recipes(protocol: str, tmp_path: Path) ->
 
 def _results(acc: float, nll: float, auroc: float) -> dict:
     test = {"accuracy": acc, "nll": nll, "ece": 0.02, "sel_pred_auc": 0.9}
-    return {"test": test, "ood": {"held_out": {"entropy_auroc": auroc}}}
+    return {"test": test, "ood": {"held_out": {"entropy_auroc": auroc}}, "val_nll": nll + 0.01}
 
 
 def test_cifar10_table_gives_mean_and_standard_error_over_seeds() -> None:
     runs = {"PS-MAP": [_results(0.8, 0.5, 0.7), _results(0.9, 0.7, 0.9)]}
     table = paper_cifar10.table(runs, "near")
-    assert "| Method | seeds | Acc. (%) | NLL | ECE (%) | Sel. Pred. (%) | 4 held-out" in table
+    assert (
+        "| Method | seeds | val NLL | Acc. (%) | NLL | ECE (%) | Sel. Pred. (%) | 4 held-out"
+        in table
+    )
     se_acc = 100 * 0.1 / math.sqrt(2) / math.sqrt(2)  # stdev of (80, 90) / sqrt(2)
-    assert f"| PS-MAP | 2 | 85.00 ± {se_acc:.2f} | 0.6000 ± 0.1000 |" in table
+    assert f"| PS-MAP | 2 | 0.6100 ± 0.1000 | 85.00 ± {se_acc:.2f} | 0.6000 ± 0.1000 |" in table
     assert table.rstrip().endswith("| 80.00 ± 10.00 |")
 
 
@@ -63,7 +66,7 @@ def test_delta_rows_pair_the_seeds() -> None:
     ]
     delta = lines[-1].split(" | ")
     # Per-seed differences: accuracy +1 and +3 points, NLL −0.1 and −0.2, AUROC +10 and +6.
-    assert delta[2:4] == ["+2.00 ± 1.00", "-0.1500 ± 0.0500"]
+    assert delta[2:5] == ["-0.1500 ± 0.0500", "+2.00 ± 1.00", "-0.1500 ± 0.0500"]
     assert delta[-1] == "+8.00 ± 2.00 |"
 
 

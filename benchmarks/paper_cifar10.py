@@ -152,23 +152,12 @@ def main() -> None:
     )
     parser.add_argument("--severities", type=int, nargs="+", default=[1, 3, 5])
     parser.add_argument(
-        "--tables-only",
-        action="store_true",
-        help="train and evaluate nothing: rebuild the tables from the runs' saved results.json",
-    )
-    parser.add_argument(
         "--corruption-limit",
         type=int,
-        default=2000,
+        default=1000,
         help="corrupt a stratified subset of this many test images (eval.corruption_limit)",
     )
-    parser.add_argument(
-        "--override",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra recipe override for every run (repeatable), e.g. data.num_workers=0",
-    )
+    paper_fmnist.add_run_arguments(parser)
     args = parser.parse_args()
     if not WEIGHTS.is_dir():
         raise SystemExit(f"{WEIGHTS} not found: this benchmark needs ../shared")

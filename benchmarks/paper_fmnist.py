@@ -168,6 +168,22 @@ def write_section(path: Path, body: str, markers: tuple[str, str] = MARKERS) -> 
     path.write_text(text)
 
 
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every paper driver shares: ``--tables-only`` and ``--override``."""
+    parser.add_argument(
+        "--tables-only",
+        action="store_true",
+        help="train and evaluate nothing: rebuild the tables from the runs' saved results.json",
+    )
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra recipe override for every run (repeatable), e.g. data.num_workers=0",
+    )
+
+
 def main() -> None:
     """CLI: train every method and seed, print and write the table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -184,18 +200,7 @@ def main() -> None:
         "not retrained, and only re-evaluated",
     )
     parser.add_argument("--severities", type=int, nargs="+", default=[1, 2, 3, 4, 5])
-    parser.add_argument(
-        "--tables-only",
-        action="store_true",
-        help="train and evaluate nothing: rebuild the tables from the runs' saved results.json",
-    )
-    parser.add_argument(
-        "--override",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra recipe override for every run (repeatable), e.g. data.num_workers=0",
-    )
+    add_run_arguments(parser)
     args = parser.parse_args()
     corruption_overrides = []
     if args.corruptions:

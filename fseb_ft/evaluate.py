@@ -506,10 +506,10 @@ def predict_splits(
         name: predict(model, accelerator.prepare(eval_loader(data, spec, recipe)), accelerator)[0]
         for name, data in splits.ood.items()
     }
-    corruptions = predict_corruptions(model, splits.test, spec, recipe, accelerator)
     corrupted = corruption_subset(
         splits.test, recipe.eval.corruption_limit, recipe.eval.corruption_seed
     )
+    corruptions = predict_corruptions(model, corrupted, spec, recipe, accelerator)
     labels = (
         None if corrupted is splits.test else torch.as_tensor(corrupted.labels, dtype=torch.long)
     )
@@ -534,15 +534,14 @@ def predict_corruptions(
     others. Empty when ``eval.corruptions`` is.
 
     Returns:
-        corruption name → severity → log-probabilities (N, K), in test order (N: the
-        ``eval.corruption_limit`` subset when set).
+        corruption name → severity → log-probabilities (N, K), in the order of ``test`` (pass
+        :func:`corruption_subset` of the test split to honour ``eval.corruption_limit``).
     """
     cfg = recipe.eval
     if not cfg.corruptions:
         return {}
     from fseb_ft.corruptions import CorruptedImages
 
-    test = corruption_subset(test, cfg.corruption_limit, cfg.corruption_seed)
     main = accelerator.is_main_process
     pairs = [(name, severity) for name in cfg.corruptions for severity in cfg.severities]
     out: dict[str, dict[int, Tensor]] = {}

@@ -4,7 +4,8 @@ Loss (design §1, the negative of Rudner et al. 2023, eq. 8, divided by N_train)
 
     loss = mean_CE(f(x; θ), y) + (reg_scale · R_f + R_θ) / N_train
 
-with ``R_f = ½ Σ_k f_kᵀ Kc⁻¹ f_k`` at the context points and ``R_θ = ‖θ − θ_anchor‖² / (2σ_p²)``.
+with ``R_f = ½ Σ_k f_kᵀ Kc⁻¹ f_k`` at the context points (``reg_points="joint"``: at the training
+and context points) and ``R_θ = ‖θ − θ_anchor‖² / (2σ_p²)``.
 ``reg_scale = 0`` is PS-MAP (plain weight decay ``1 / (prior_var · N_train)``): one objective, two
 configurations.
 

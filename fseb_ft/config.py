@@ -105,10 +105,13 @@ class ModelConfig:
     """Dropout before the classifier (timm ``drop_rate``)."""
     drop_path_rate: float = 0.0
     """Stochastic depth rate (timm ``drop_path_rate``)."""
-    head_init: Literal["timm", "zeros"] = "timm"
-    """The new classifier's initialisation: ``timm``, the architecture's own (EfficientNets draw
-    U(±1/√K), large logits for small K); ``zeros``, all-zero weights and bias, so training
-    starts from uniform predictions at FS-EB's prior mean (the usual choice for fine-tuning)."""
+    head_init: Literal["auto", "timm", "zeros"] = "auto"
+    """The new classifier's initialisation: ``zeros``, all-zero weights and bias, so training
+    starts from uniform predictions at FS-EB's prior mean (the usual choice for fine-tuning);
+    ``timm``, the architecture's own (EfficientNets draw U(±1/√K): large logits for small K,
+    which made FS-EB's first steps diverge on a pretrained EfficientNet-Lite0); ``auto``,
+    ``zeros`` when ``pretrained`` and ``timm`` otherwise (a network trained from scratch needs
+    its random head to break symmetry with its random body)."""
 
     def __post_init__(self) -> None:
         _check(bool(self.name), "name", self.name, "a timm name, hf-hub:… or local-dir:…")
@@ -320,6 +323,10 @@ class TrainConfig:
     """Force CPU even when an accelerator is present."""
     log_every: int = 10
     """Optimiser steps between progress-bar / tracker updates."""
+    max_param_growth: float | None = 10.0
+    """Stop as diverged when the trainable parameters' norm ‖θ‖ exceeds this multiple of its
+    starting value at the end of an epoch (SGD on a stable objective moves ‖θ‖ by far less;
+    a blow-up shows as orders of magnitude); ``null``: never stop for it."""
     trackers: tuple[Literal["tensorboard", "wandb", "mlflow", "comet_ml", "aim"], ...] = (
         "tensorboard",
     )
@@ -330,6 +337,12 @@ class TrainConfig:
         _check(self.epochs >= 1, "epochs", self.epochs, "must be ≥ 1")
         _check(self.grad_accum_steps >= 1, "grad_accum_steps", self.grad_accum_steps, "must be ≥ 1")
         _check(self.log_every >= 1, "log_every", self.log_every, "must be ≥ 1")
+        _check(
+            self.max_param_growth is None or self.max_param_growth > 1,
+            "max_param_growth",
+            self.max_param_growth,
+            "must be > 1 or null",
+        )
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Evaluation: predictions → metrics (test split and named OOD sets) → JSON, Markdown, plots.
 
     python -m fseb_ft.evaluate RUN_DIR [RUN_DIR ...]            # fseb-ft evaluate RUN_DIR ...
+    python -m fseb_ft.evaluate runs/quickstart      # the psmap/ and fseb/ runs of --compare
     python -m fseb_ft.evaluate RUN_A RUN_B ... --ensemble [--out DIR]
 
 The first form re-evaluates each saved run from its resolved recipe and best weights, and
@@ -59,12 +60,14 @@ __all__ = [
     "evaluate_predictions",
     "evaluate_run",
     "evaluate_splits",
+    "expand_run_dirs",
     "main",
     "markdown_table",
     "method_title",
     "predict",
     "predict_corruptions",
     "predict_splits",
+    "warnings_markdown",
     "write_comparison_plots",
     "write_json",
     "write_plots",
@@ -72,6 +75,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+RECIPE_FILE = "recipe.yaml"
+"""The resolved recipe a run directory holds (what makes a folder a run)."""
 
 MODEL_WEIGHTS = Path("model") / "model.safetensors"
 """Where a run directory keeps its best (validation-selected) weights."""
@@ -266,6 +272,14 @@ def corruption_markdown(results: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def warnings_markdown(results: Mapping[str, Any]) -> str:
+    """A Markdown warning block for the problems training recorded (empty when none)."""
+    found = (results.get("training") or {}).get("warnings") or []
+    if not found:
+        return ""
+    return "\n>\n".join(f"> **Warning:** {text}" for text in found) + "\n\n"
+
+
 def markdown_table(results: Mapping[str, Mapping[str, Any]]) -> str:
     """A Markdown table of several runs' results, one row per method (e.g. PS-MAP, FS-EB).
 
@@ -302,7 +316,7 @@ def write_results(
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    md = f"# {title}\n\n" + markdown_table({title: results})
+    md = f"# {title}\n\n" + warnings_markdown(results) + markdown_table({title: results})
     if results.get("corruptions"):
         md += "\n" + corruption_markdown(results)
     (run_dir / "results.md").write_text(md)
@@ -624,6 +638,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m fseb_ft.evalu
     """
     parser = _parser(prog)
     args = parser.parse_args(argv)
+    args.run_dirs = expand_run_dirs(args.run_dirs)
     if args.out is not None and not args.ensemble:
         parser.error("--out is only used with --ensemble (a re-evaluated run writes in place)")
     if args.ensemble and len(args.run_dirs) < 2:
@@ -632,16 +647,40 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m fseb_ft.evalu
     if bad:
         parser.error(f"--set takes eval.KEY=VALUE (evaluation settings only), got {bad}")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if args.ensemble:
-        results = evaluate_ensemble(args.run_dirs, args.out, cpu=args.cpu, overrides=args.overrides)
-        rows = {**results["members"], f"Ensemble of {len(args.run_dirs)}": results}
-    else:
-        each = [(d, evaluate_run(d, args.cpu, args.overrides)) for d in args.run_dirs]
-        rows = {str(d): r for d, r in each}
-        results = each[0][1] if len(each) == 1 else rows
+    try:
+        if args.ensemble:
+            results = evaluate_ensemble(
+                args.run_dirs, args.out, cpu=args.cpu, overrides=args.overrides
+            )
+            rows = {**results["members"], f"Ensemble of {len(args.run_dirs)}": results}
+        else:
+            each = [(d, evaluate_run(d, args.cpu, args.overrides)) for d in args.run_dirs]
+            rows = {str(d): r for d, r in each}
+            results = each[0][1] if len(each) == 1 else rows
+    except FileNotFoundError as err:
+        parser.exit(2, f"{prog}: error: {err}\n")
     if PartialState().is_main_process:
         print(markdown_table(rows))
     return results
+
+
+def expand_run_dirs(paths: Sequence[str | Path]) -> list[Path]:
+    """Each path as given when it is a run directory, else the run directories directly in it.
+
+    ``fseb-ft RECIPE --compare`` writes ``OUTPUT/psmap`` and ``OUTPUT/fseb``, so ``OUTPUT`` stands
+    for both. A path that is neither stays, for :func:`evaluate_run` to report.
+    """
+    out: list[Path] = []
+    for path in map(Path, paths):
+        inner = [] if (path / RECIPE_FILE).exists() else _runs_in(path)
+        out.extend(inner or [path])
+    return out
+
+
+def _runs_in(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        return []
+    return sorted(d for d in folder.iterdir() if (d / RECIPE_FILE).is_file() and d.is_dir())
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
@@ -653,7 +692,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         type=Path,
         nargs="+",
         metavar="RUN_DIR",
-        help="run directories written by fseb_ft.finetune",
+        help="run directories written by fseb_ft.finetune; a folder holding runs (the "
+        "OUTPUT of --compare) stands for the runs in it",
     )
     parser.add_argument(
         "--ensemble",
@@ -691,10 +731,10 @@ def _read_run(
     run_dir: Path, cpu: bool, overrides: Sequence[str] = ()
 ) -> tuple[Recipe, dict[str, Any]]:
     """A finished run's resolved recipe and ``run.json``; a clear error if it is not one."""
-    for needed in ("recipe.yaml", "run.json", str(MODEL_WEIGHTS)):
+    for needed in (RECIPE_FILE, "run.json", str(MODEL_WEIGHTS)):
         if not (run_dir / needed).exists():
             raise FileNotFoundError(f"{run_dir} is not a finished run: {needed} is missing")
-    recipe = load_recipe(run_dir / "recipe.yaml", [f"train.cpu={str(cpu).lower()}", *overrides])
+    recipe = load_recipe(run_dir / RECIPE_FILE, [f"train.cpu={str(cpu).lower()}", *overrides])
     return recipe, json.loads((run_dir / "run.json").read_text())
 
 

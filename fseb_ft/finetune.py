@@ -16,8 +16,8 @@ import dataclasses
 import logging
 import math
 import os
+import shutil
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,8 @@ from fseb_ft.models import InputSpec, create_model, input_spec
 from fseb_ft.objective import FSEBObjective
 from fseb_ft.train import (
     ContextStream,
+    NonFiniteLossError,
+    TrainingDivergedError,
     build_optimizer,
     build_scheduler,
     fit,
@@ -71,9 +73,11 @@ def run(recipe: Recipe, splits: Splits | None = None) -> dict[str, Any]:
     run_dir = Path(recipe.output.dir)
     _check_resumable(recipe, run_dir)
     accelerator = make_accelerator(recipe, run_dir)
+    if recipe.train.resume == "never" and accelerator.is_main_process:
+        _clear_previous_run(run_dir)
+    accelerator.wait_for_everyone()
     if accelerator.device.type == "cpu":
         keep_freed_memory()
-    start = time.perf_counter()
     set_seed(recipe.train.seed)
     if splits is None:
         splits = build_splits(recipe.data, recipe.train.seed)
@@ -128,7 +132,6 @@ def run(recipe: Recipe, splits: Splits | None = None) -> dict[str, Any]:
         save_best=lambda m: _save_weights(m, run_dir / MODEL_WEIGHTS),
     )
     accelerator.wait_for_everyone()
-    train_seconds = time.perf_counter() - start
     load_model(accelerator.unwrap_model(model), str(run_dir / MODEL_WEIGHTS))
     results = evaluate_splits(model, splits, spec, recipe, accelerator)
     results["training"] = {
@@ -136,8 +139,9 @@ def run(recipe: Recipe, splits: Splits | None = None) -> dict[str, Any]:
         f"best_val_{recipe.train.select_metric}": state.best_value,
         "epochs": state.epoch,
         "steps": state.step,
-        "seconds": train_seconds,
+        "seconds": state.seconds,
         "history": state.history,
+        "warnings": state.warnings,
     }
     if accelerator.is_main_process:
         write_results(run_dir, results, title=method_title(recipe))
@@ -180,6 +184,26 @@ def _check_resumable(recipe: Recipe, run_dir: Path) -> None:
             " resuming would mix the two. Use another output.dir, or train.resume=never to "
             "start over in this one."
         )
+
+
+def _clear_previous_run(run_dir: Path) -> None:
+    """``train.resume=never``: remove, and say, what an earlier run left in ``run_dir``.
+
+    Starting over overwrites the checkpoints, best model and results anyway; removing them up
+    front means a run killed early never leaves the old run's results beside its own recipe.
+    """
+    old = [run_dir / "checkpoints", run_dir / MODEL_WEIGHTS.parent, run_dir / "run.json"]
+    old += [run_dir / "results.json", run_dir / "results.md", *sorted(run_dir.glob("*.png"))]
+    found = [path for path in old if path.exists()]
+    if not found:
+        return
+    names = ", ".join(p.name + ("/" if p.is_dir() else "") for p in found)
+    print(f"train.resume=never: starting over in {run_dir}; removing the earlier run's {names}")
+    for path in found:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 def _num_classes(recipe: Recipe, splits: Splits) -> int:
@@ -270,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         if args.compare:
             return compare(args.recipe, args.overrides)
         results = run(recipe)
-    except (ConfigError, RecipeMismatchError) as err:
+    except (ConfigError, RecipeMismatchError, NonFiniteLossError, TrainingDivergedError) as err:
         parser.exit(2, f"fseb-ft: error: {err}\n")
     if PartialState().is_main_process:
         print(markdown_table({method_title(recipe): results}))

@@ -39,7 +39,7 @@ from timm.models import save_for_hf
 from torch import nn
 
 from fseb_ft.config import ConfigError, OutputConfig, Recipe, dump_recipe, load_recipe
-from fseb_ft.evaluate import MODEL_WEIGHTS, markdown_table, method_title
+from fseb_ft.evaluate import MODEL_WEIGHTS, markdown_table, method_title, warnings_markdown
 
 __all__ = [
     "HubPushError",
@@ -225,6 +225,8 @@ def model_card(
         front["datasets"] = sorted(set(datasets))
     meta = yaml.safe_dump(front, sort_keys=False, allow_unicode=True)
     parts = [f"---\n{meta}---\n", f"# {repo_id.split('/')[-1] if repo_id else title}\n"]
+    if warnings_markdown(results):
+        parts.append(warnings_markdown(results))
     parts.append(_provenance(recipe, run_info, source, method))
     parts.append(_method_section(recipe, run_info, method))
     parts.append(_results_section(recipe, run_info, results, title, baseline))

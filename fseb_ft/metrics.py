@@ -26,6 +26,7 @@ __all__ = [
     "binary_auroc",
     "brier",
     "calibration_bins",
+    "chance_accuracy",
     "classification_metrics",
     "confidence_scores",
     "ece",
@@ -176,6 +177,26 @@ def accuracy(probs: Tensor, labels: Tensor) -> Tensor:
     labels = _check_labels(labels, probs.shape[0], probs.shape[1])
     pred = probs.argmax(dim=-1)  # (N,)
     return _f64(pred == labels.to(pred.device)).mean()
+
+
+def chance_accuracy(labels: Tensor) -> Tensor:
+    """Accuracy of always predicting the most frequent label: the rate of the majority class.
+
+    A classifier whose accuracy is not above this has learned nothing measurable.
+
+    Args:
+        labels: ``(N,)`` integer labels, N ≥ 1.
+
+    Returns:
+        0-dim float64 tensor in ``(0, 1]``.
+    """
+    labels = _check_tensor(labels, "labels")
+    n = labels.shape[0] if labels.ndim else 0  # a wrong ndim is reported by _check_labels
+    labels = _check_labels(labels, n, torch.iinfo(torch.int64).max)
+    if labels.numel() == 0:
+        raise ValueError("`labels` must not be empty: chance accuracy of no samples is undefined")
+    counts = torch.bincount(labels)  # (max label + 1,)
+    return _f64(counts.max()) / labels.numel()
 
 
 def nll(log_probs: Tensor, labels: Tensor) -> Tensor:

@@ -12,7 +12,7 @@ from torch import nn
 
 from fseb_ft.config import DataConfig, ModelConfig
 
-__all__ = ["InputSpec", "PaperCNN", "create_model", "fseb_cnn", "input_spec"]
+__all__ = ["InputSpec", "PaperCNN", "create_model", "fseb_cnn", "head_init", "input_spec"]
 
 
 @dataclass(frozen=True)
@@ -57,9 +57,16 @@ def create_model(cfg: ModelConfig, num_classes: int, in_chans: int = 3) -> nn.Mo
             "Face Hub may be unreachable: retry with network access, point model.name at a "
             "'local-dir:' folder in timm's Hub format, or set model.pretrained=false."
         ) from err
-    if cfg.head_init == "zeros":
+    if head_init(cfg) == "zeros":
         zero_classifier(model)
     return model
+
+
+def head_init(cfg: ModelConfig) -> str:
+    """``model.head_init`` resolved: ``auto`` is ``zeros`` when pretrained, else ``timm``."""
+    if cfg.head_init == "auto":
+        return "zeros" if cfg.pretrained else "timm"
+    return cfg.head_init
 
 
 def zero_classifier(model: nn.Module) -> None:

@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,13 +31,14 @@ from tqdm.auto import tqdm
 from fseb_ft.config import OptimConfig, Recipe
 from fseb_ft.data import seed_transform
 from fseb_ft.evaluate import predict
-from fseb_ft.metrics import classification_metrics
+from fseb_ft.metrics import chance_accuracy, classification_metrics
 from fseb_ft.objective import FSEBObjective
 
 __all__ = [
     "ContextStream",
     "NonFiniteLossError",
     "TrainState",
+    "TrainingDivergedError",
     "build_optimizer",
     "build_scheduler",
     "fit",
@@ -53,6 +55,10 @@ class NonFiniteLossError(RuntimeError):
     """The training loss became NaN or infinite; the last good checkpoint is kept."""
 
 
+class TrainingDivergedError(RuntimeError):
+    """The parameter norm grew past ``train.max_param_growth`` × its start: training diverged."""
+
+
 @dataclass
 class TrainState:
     """Loop progress saved with every checkpoint."""
@@ -67,6 +73,13 @@ class TrainState:
     """Validation value of the selection metric at ``best_epoch``."""
     history: list[dict[str, float]] = field(default_factory=list)
     """Per-epoch training and validation summaries."""
+    initial_param_norm: float | None = None
+    """‖θ‖ of the trainable parameters before the first step (the divergence check's scale)."""
+    seconds: float = 0.0
+    """Wall-clock seconds of the completed epochs (training and validation), summed over every
+    invocation of a resumed run."""
+    warnings: list[str] = field(default_factory=list)
+    """Problems found during training that do not stop it (reported in results and the card)."""
 
 
 def build_optimizer(cfg: OptimConfig, params: list[nn.Parameter]) -> torch.optim.Optimizer:
@@ -248,7 +261,10 @@ def fit(
         state = TrainState(**json.loads((checkpoint / _STATE_FILE).read_text()))
         accelerator.print(f"resuming from {checkpoint} (epoch {state.epoch} done)")
     model = objective.model
+    if state.initial_param_norm is None:
+        state.initial_param_norm = param_norm(objective.trainable_parameters())
     for epoch in range(state.epoch, cfg.epochs):
+        started = time.perf_counter()
         train_summary = _train_epoch(
             recipe,
             accelerator,
@@ -261,19 +277,83 @@ def fit(
             epoch,
         )
         log_probs, labels = predict(model, val_loader, accelerator)
-        val = {k: float(v) for k, v in classification_metrics(log_probs, labels).items()}
         state.epoch = epoch + 1
         record = {"epoch": state.epoch, "step": state.step, **train_summary}
+        record["param_norm"] = param_norm(objective.trainable_parameters())
+        _check_divergence(record, log_probs, state.initial_param_norm, cfg.max_param_growth)
+        val = {k: float(v) for k, v in classification_metrics(log_probs, labels).items()}
         record.update({f"val_{k}": v for k, v in val.items()})
-        state.history.append(record)
+        record["val_chance_accuracy"] = float(chance_accuracy(labels))
         if _improved(cfg.select_metric, val[cfg.select_metric], state.best_value):
             state.best_value, state.best_epoch = val[cfg.select_metric], state.epoch
             if accelerator.is_main_process:
                 save_best(accelerator.unwrap_model(model))
         accelerator.log({k: v for k, v in record.items() if k != "epoch"}, step=state.step)
         accelerator.print(_epoch_line(record, cfg.select_metric))
+        record["seconds"] = time.perf_counter() - started
+        state.seconds += record["seconds"]
+        state.history.append(record)
+        if state.epoch == cfg.epochs and all(_at_chance(r) for r in state.history):
+            _warn(state, accelerator, _chance_warning(state.history, len(labels)))
         _save_checkpoint(accelerator, run_dir, state)
     return state
+
+
+def param_norm(params: Sequence[Tensor]) -> float:
+    """‖θ‖₂ over ``params`` (one host sync): the scale the divergence check compares."""
+    with torch.no_grad():
+        return math.sqrt(float(sum(p.detach().float().pow(2).sum() for p in params)))
+
+
+def _check_divergence(
+    record: dict[str, float], val_log_probs: Tensor, start: float, limit: float | None
+) -> None:
+    """Stop when ‖θ‖ grew past ``limit`` × its start, or it or the validation predictions are
+    not finite: training diverged.
+
+    A diverging run is otherwise silent: the training loss can stay finite while ‖θ‖ and
+    ``R_θ`` grow by orders of magnitude and validation sits at chance, and the run would end
+    with a model card.
+    """
+    norm = record["param_norm"]
+    finite = math.isfinite(norm) and bool(torch.isfinite(val_log_probs).all())
+    if finite and (limit is None or norm <= limit * start):
+        return
+    what = (
+        f"the parameter norm grew from {start:.4g} to {norm:.4g} ({norm / start:.3g}×, limit "
+        f"train.max_param_growth={limit:g})"
+        if finite
+        else f"the validation predictions are not finite (parameter norm {norm:.4g}, "
+        f"{start:.4g} at the start)"
+    )
+    raise TrainingDivergedError(
+        f"training diverged in epoch {record['epoch']}: {what}; train_param_reg="
+        f"{record.get('train_param_reg', float('nan')):.4g}, train_fs_reg="
+        f"{record.get('train_fs_reg', float('nan')):.4g}. Stopped before saving this epoch; no "
+        "model card was written. Lower optim.lr, start from model.head_init=zeros, or widen "
+        "the prior (raise fseb.prior_cov_diag or prior_cov_scale)."
+    )
+
+
+def _at_chance(record: dict[str, float]) -> bool:
+    """Validation accuracy no better than always predicting the most frequent class."""
+    return record["val_accuracy"] <= record["val_chance_accuracy"]
+
+
+def _chance_warning(history: Sequence[dict[str, float]], num_val: int) -> str:
+    best = max(r["val_accuracy"] for r in history)
+    return (
+        f"validation accuracy never beat chance in {len(history)} epoch(s): best "
+        f"{best:.2%} against {history[-1]['val_chance_accuracy']:.2%} for always predicting the "
+        f"most frequent class ({num_val} validation images). The model has learned nothing "
+        "measurable: check the labels, lower optim.lr, or train longer."
+    )
+
+
+def _warn(state: TrainState, accelerator: Accelerator, message: str) -> None:
+    state.warnings.append(message)
+    logger.warning("%s", message)
+    accelerator.print(f"WARNING: {message}")
 
 
 def _train_epoch(
@@ -366,6 +446,7 @@ def _fmt(values: dict[str, float], short: bool = False) -> dict[str, str] | str:
 
 
 def _epoch_line(record: dict[str, float], select: str) -> str:
-    keys = ["train_loss", "train_nll", "train_fs_reg", "val_accuracy", "val_nll", "val_ece"]
+    keys = ["train_loss", "train_nll", "train_fs_reg", "train_param_reg", "val_accuracy"]
+    keys += ["val_nll", "val_ece"]
     shown = " ".join(f"{k}={record[k]:.4f}" for k in keys if k in record)
     return f"epoch {record['epoch']}: {shown} (selecting on val_{select})"

@@ -56,7 +56,7 @@ def test_zero_head_starts_at_uniform_predictions_and_keeps_the_body(tmp_path: Pa
     torch.manual_seed(0)
     save_for_hf(timm.create_model("test_byobnet", num_classes=7), tmp_path / "folder")
     name = f"local-dir:{tmp_path / 'folder'}"
-    timm_head = create_model(ModelConfig(name=name, pretrained=True), num_classes=3).eval()
+    timm_head = create_model(ModelConfig(name=name, head_init="timm"), num_classes=3).eval()
     zero_head = create_model(ModelConfig(name=name, head_init="zeros"), num_classes=3).eval()
     x = torch.randn(4, 3, 32, 32)
     assert timm_head(x).abs().max() > 0
@@ -68,6 +68,18 @@ def test_zero_head_starts_at_uniform_predictions_and_keeps_the_body(tmp_path: Pa
         recipe_from_dict(
             {"model": {"head_init": "normal"}, "data": {"train": {"source": "sklearn_digits"}}}
         )
+
+
+def test_default_head_is_zero_for_a_pretrained_backbone_and_timm_from_scratch(
+    tmp_path: Path,
+) -> None:
+    torch.manual_seed(0)
+    save_for_hf(timm.create_model("test_byobnet", num_classes=7), tmp_path / "folder")
+    pretrained = create_model(ModelConfig(name=f"local-dir:{tmp_path / 'folder'}"), 3)
+    assert ModelConfig().head_init == "auto"
+    assert all(torch.count_nonzero(p) == 0 for p in pretrained.get_classifier().parameters())
+    scratch = create_model(ModelConfig(name="test_byobnet", pretrained=False), 3)
+    assert torch.count_nonzero(scratch.get_classifier().weight) > 0
 
 
 def test_unknown_model_and_missing_weights_are_clear_errors(tmp_path: Path) -> None:

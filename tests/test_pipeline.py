@@ -134,8 +134,12 @@ def test_killed_run_resumes_to_the_same_weights(
         return original_epoch(*args, **kwargs)
 
     monkeypatch.setattr(train_module, "_train_epoch", counting_epoch)
-    run(recipe_from_dict(_recipe_dict(folders, resumed)))
+    training = run(recipe_from_dict(_recipe_dict(folders, resumed)))["training"]
     assert epochs_trained == [1]  # only the second epoch was trained again
+    # The killed invocation's epoch still counts towards the run's training time.
+    epoch_seconds = [record["seconds"] for record in training["history"]]
+    assert len(epoch_seconds) == 2 and min(epoch_seconds) > 0
+    assert training["seconds"] == pytest.approx(sum(epoch_seconds))
 
     for name in ("checkpoints/epoch-0002/model.safetensors", "model/model.safetensors"):
         a, b = load_file(straight / name), load_file(resumed / name)

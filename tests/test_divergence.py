@@ -1,0 +1,79 @@
+"""A run that diverges or learns nothing says so: it stops, or its results and card warn."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from fseb_ft.config import recipe_from_dict
+from fseb_ft.finetune import run
+from fseb_ft.metrics import chance_accuracy
+from fseb_ft.train import TrainingDivergedError, _check_divergence
+from tests.test_pipeline import _recipe_dict, _write_folder
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("data")
+    _write_folder(root / "ind", "train", {"cat": 12, "dog": 12, "fox": 12})
+    _write_folder(root / "ind", "test", {"cat": 5, "dog": 4, "fox": 4})
+    _write_folder(root / "ood", "test", {"owl": 5})
+    return {"ind": root / "ind", "ood": root / "ood"}
+
+
+def test_chance_accuracy_is_the_majority_class_rate() -> None:
+    assert float(chance_accuracy(torch.tensor([2, 0, 2, 1]))) == 0.5
+    assert float(chance_accuracy(torch.tensor([7]))) == 1.0
+    with pytest.raises(ValueError, match="must not be empty"):
+        chance_accuracy(torch.tensor([], dtype=torch.long))
+
+
+def test_divergence_check_stops_on_norm_growth_or_non_finite_predictions() -> None:
+    finite = torch.zeros(4, 3)  # (N, K) validation log-probabilities
+    record = {"epoch": 3, "param_norm": 9.0, "train_param_reg": 1.0, "train_fs_reg": 2.0}
+    _check_divergence(record, finite, start=1.0, limit=10.0)  # 9× is within the limit
+    record["param_norm"] = 11.0
+    with pytest.raises(TrainingDivergedError, match=r"epoch 3: the parameter norm grew from 1 to"):
+        _check_divergence(record, finite, start=1.0, limit=10.0)
+    _check_divergence(record, finite, start=1.0, limit=None)
+    with pytest.raises(TrainingDivergedError, match=r"validation predictions are not finite"):
+        _check_divergence(record, torch.full((4, 3), float("nan")), start=1.0, limit=None)
+
+
+def test_a_diverging_run_stops_before_it_writes_results_or_a_model_card(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    # The new user's failure: a random head under a tight prior (s = 1e-5, d = 1e-2) blows up.
+    recipe = _recipe_dict(folders, tmp_path / "run", epochs=1)
+    recipe["model"]["head_init"] = "timm"
+    recipe["fseb"].update(prior_cov_scale=1e-5, prior_cov_diag=1e-2)
+    recipe["optim"]["lr"] = 0.05
+    with pytest.raises(TrainingDivergedError, match=r"training diverged in epoch 1"):
+        run(recipe_from_dict(recipe))
+    assert not (tmp_path / "run" / "results.json").exists()
+    assert not (tmp_path / "run" / "model" / "README.md").exists()
+
+
+def test_a_run_that_never_beats_chance_warns_in_its_results_and_model_card(
+    folders: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A zero head that never moves predicts class 0 for everything: exactly chance.
+    recipe = _recipe_dict(folders, tmp_path / "run", epochs=1)
+    recipe["model"]["head_init"] = "zeros"
+    recipe["fseb"]["reg_scale"] = 0.0
+    recipe["optim"].update(lr=1e-30, warmup_steps=0)
+    results = run(recipe_from_dict(recipe))
+    warnings = results["training"]["warnings"]
+    assert len(warnings) == 1 and "never beat chance in 1 epoch(s)" in warnings[0]
+    assert "33.33% for always predicting the most frequent class (9 validation" in warnings[0]
+    for page in ("results.md", "model/README.md"):
+        assert (
+            "> **Warning:** validation accuracy never beat chance"
+            in (tmp_path / "run" / page).read_text()
+        )
+    out = capsys.readouterr().out
+    assert "WARNING: validation accuracy never beat chance" in out
+    epoch_lines = [line for line in out.splitlines() if line.startswith("epoch ")]
+    assert len(epoch_lines) == 1 and all("train_param_reg=" in line for line in epoch_lines)

@@ -1,0 +1,63 @@
+"""The run folder as the README describes it: re-evaluating --compare output, starting over."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fseb_ft.config import recipe_from_dict
+from fseb_ft.evaluate import expand_run_dirs
+from fseb_ft.evaluate import main as evaluate_main
+from fseb_ft.finetune import run
+from tests.test_pipeline import _recipe_dict, _write_folder
+
+
+def test_a_compare_output_folder_stands_for_its_runs(tmp_path: Path) -> None:
+    for name in ("psmap", "fseb"):
+        (tmp_path / "qs" / name).mkdir(parents=True)
+        (tmp_path / "qs" / name / "recipe.yaml").write_text("{}")
+    (tmp_path / "qs" / "comparison.md").write_text("")
+    single = tmp_path / "qs" / "fseb"
+    assert expand_run_dirs([tmp_path / "qs"]) == [
+        tmp_path / "qs" / "fseb",
+        tmp_path / "qs" / "psmap",
+    ]
+    assert expand_run_dirs([single]) == [single]
+    assert expand_run_dirs([tmp_path / "nothing"]) == [tmp_path / "nothing"]
+
+
+def test_evaluating_a_folder_that_holds_no_run_is_one_clear_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stop:
+        evaluate_main([str(tmp_path)], prog="fseb-ft evaluate")
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        err.strip()
+        == f"fseb-ft evaluate: error: {tmp_path} is not a finished run: recipe.yaml is missing"
+    )
+
+
+def test_resume_never_says_it_starts_over_and_removes_the_earlier_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _write_folder(tmp_path / "data", "train", {"cat": 8, "dog": 8})
+    _write_folder(tmp_path / "data", "test", {"cat": 2, "dog": 2})
+    folders = {"ind": tmp_path / "data", "ood": tmp_path / "data"}
+    out = tmp_path / "run"
+    recipe = _recipe_dict(folders, out, epochs=1)
+    recipe["data"]["ood"] = {}
+    recipe["fseb"]["reg_scale"] = 0.0
+    recipe["train"]["resume"] = "never"
+    for stale in ("results.json", "corruptions.png", "checkpoints/epoch-0003/trainer_state.json"):
+        (out / stale).parent.mkdir(parents=True, exist_ok=True)
+        (out / stale).write_text("{}")
+    run(recipe_from_dict(recipe))
+    said = capsys.readouterr().out
+    assert f"train.resume=never: starting over in {out}; removing the earlier run's" in said
+    assert "checkpoints/, results.json, corruptions.png" in said
+    assert not (out / "corruptions.png").exists()
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["epoch-0001"]
+    assert (out / "results.json").read_text() != "{}"

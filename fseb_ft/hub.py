@@ -38,6 +38,7 @@ from safetensors.torch import load_model
 from timm.models import save_for_hf
 from torch import nn
 
+from fseb_ft.atomic import cleaned_on_failure, publish
 from fseb_ft.config import ConfigError, OutputConfig, Recipe, dump_recipe, load_recipe
 from fseb_ft.evaluate import MODEL_WEIGHTS, markdown_table, method_title
 
@@ -128,15 +129,16 @@ def save_model_folder(
     # Export into a scratch folder beside the model folder, then move each file into place, so
     # a killed export never leaves a half-written config or weights file.
     with tempfile.TemporaryDirectory(dir=run_dir, prefix=".model-export-") as tmp:
-        save_for_hf(
-            model,
-            tmp,
-            model_config=model_config,
-            data_config=data_config,
-            safe_serialization=True,
-        )
+        with cleaned_on_failure(Path(tmp), what=f"the model folder {folder}"):
+            save_for_hf(
+                model,
+                tmp,
+                model_config=model_config,
+                data_config=data_config,
+                safe_serialization=True,
+            )
         for name in ("model.safetensors", "config.json"):
-            os.replace(Path(tmp) / name, folder / name)
+            publish(Path(tmp) / name, folder / name)
     _write_docs(run_dir, recipe, run_info, results, source, baseline, repo_id)
     return folder
 

@@ -13,7 +13,6 @@ import importlib.util
 import json
 import logging
 import math
-import os
 import shutil
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -27,6 +26,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Sampler
 from tqdm.auto import tqdm
 
+from fseb_ft.atomic import cleaned_on_failure, publish
 from fseb_ft.config import OptimConfig, Recipe
 from fseb_ft.data import seed_transform
 from fseb_ft.evaluate import predict
@@ -349,11 +349,15 @@ def _save_checkpoint(accelerator: Accelerator, run_dir: Path, state: TrainState)
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
+    kept = latest_checkpoint(run_dir)
+    hint = f"{kept} is intact; rerun to resume from it" if kept else "no checkpoint was lost"
+    with cleaned_on_failure(tmp, what=f"checkpoint {final.name}", hint=hint):
+        accelerator.save_state(str(tmp))
+        if accelerator.is_main_process:
+            (tmp / _STATE_FILE).write_text(json.dumps(asdict(state), indent=1))
     if accelerator.is_main_process:
-        (tmp / _STATE_FILE).write_text(json.dumps(asdict(state), indent=1))
         shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
+        publish(tmp, final)
         for old in root.glob("epoch-*"):
             if old != final:
                 shutil.rmtree(old, ignore_errors=True)

@@ -126,7 +126,7 @@ def test_cli_reports_a_full_disk_in_one_line(
     )
 
 
-class _Stop(Exception):
+class _StopError(Exception):
     pass
 
 
@@ -151,7 +151,7 @@ def test_a_run_removes_the_temporary_files_a_killed_run_left(
         path.write_bytes(b"partial")
 
     def stop(*args: object, **kwargs: object) -> None:
-        raise _Stop  # everything the test needs happened before the data is read
+        raise _StopError  # everything the test needs happened before the data is read
 
     monkeypatch.setattr(finetune_module, "build_splits", stop)
     recipe = recipe_from_dict(
@@ -162,7 +162,7 @@ def test_a_run_removes_the_temporary_files_a_killed_run_left(
             "output": {"dir": str(run_dir)},
         }
     )
-    with pytest.raises(_Stop):
+    with pytest.raises(_StopError):
         finetune_module.run(recipe)
     left = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*"))
     assert left == [

@@ -326,14 +326,36 @@ def _train_epoch(
             means = {k: float(v) / count for k, v in sums.items()}
             if not all(math.isfinite(v) for v in means.values()):
                 raise NonFiniteLossError(
-                    f"training loss became non-finite in epoch {epoch + 1} near step "
-                    f"{state.step} ({_fmt(means)}); the last good checkpoint is kept in "
-                    f"{Path(recipe.output.dir) / 'checkpoints'}. Lower optim.lr, use "
-                    "train.mixed_precision=no, or raise fseb.prior_cov_diag."
+                    _non_finite_message(recipe, accelerator, epoch, state, means)
                 )
             bar.set_postfix(_fmt(means, short=True), refresh=False)
     means = {k: float(v) / max(count, 1) for k, v in sums.items()}
     return {f"train_{k}": v for k, v in means.items()} | {"lr": scheduler.get_last_lr()[0]}
+
+
+def _non_finite_message(
+    recipe: Recipe, accelerator: Accelerator, epoch: int, state: TrainState, means: dict[str, float]
+) -> str:
+    """What happened, what is kept (only what exists) and the remedies that apply to this run."""
+    # Only this run's checkpoints count (train.resume=never may find an older run's).
+    kept = latest_checkpoint(Path(recipe.output.dir)) if state.epoch > 0 else None
+    if kept is None:
+        saved = "no epoch had finished, so there is no checkpoint to resume from"
+    else:
+        saved = f"the last good checkpoint is kept in {kept}"
+    remedies = ["lower optim.lr"]
+    if recipe.fseb.reg_scale > 0:
+        remedies.append("raise fseb.prior_cov_diag")
+    if recipe.optim.grad_clip_norm is None:
+        remedies.append("set optim.grad_clip_norm")
+    if accelerator.mixed_precision != "no":
+        remedies.append(
+            f"use train.mixed_precision=no (this run used {accelerator.mixed_precision})"
+        )
+    return (
+        f"training loss became non-finite in epoch {epoch + 1} near step {state.step} "
+        f"({_fmt(means)}); {saved}. Try: {', '.join(remedies)}."
+    )
 
 
 def _improved(metric: str, value: float, best: float | None) -> bool:

@@ -20,7 +20,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
+from fseb_ft.atomic import write_text
 from fseb_ft.config import Recipe, load_recipe
 from fseb_ft.data import (
     IndexedImages,
@@ -315,11 +315,11 @@ def write_results(
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    write_json(run_dir / "results.json", results)
     md = f"# {title}\n\n" + warnings_markdown(results) + markdown_table({title: results})
     if results.get("corruptions"):
         md += "\n" + corruption_markdown(results)
-    (run_dir / "results.md").write_text(md)
+    write_text(run_dir / "results.md", md)
     if predictions is None:
         predictions = getattr(results, "predictions", None)
     if predictions is not None:
@@ -614,9 +614,7 @@ def eval_loader(data: Any, spec: InputSpec, recipe: Recipe) -> torch.utils.data.
 
 def write_json(path: Path, obj: Any) -> None:
     """Write JSON atomically (temporary file, then rename)."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_text(path, json.dumps(obj, indent=2) + "\n")
 
 
 def method_title(recipe: Recipe) -> str:

@@ -15,7 +15,6 @@ import argparse
 import dataclasses
 import logging
 import math
-import os
 import shutil
 import sys
 from collections.abc import Sequence
@@ -28,6 +27,7 @@ from safetensors.torch import load_model, save_model
 from torch import nn
 
 from fseb_ft.allocator import keep_freed_memory
+from fseb_ft.atomic import DiskFullError, cleaned_on_failure, publish, remove_orphans, write_text
 from fseb_ft.config import ConfigError, Recipe, dump_recipe, load_recipe
 from fseb_ft.context import build_context_pool
 from fseb_ft.data import (
@@ -73,8 +73,11 @@ def run(recipe: Recipe, splits: Splits | None = None) -> dict[str, Any]:
     run_dir = Path(recipe.output.dir)
     _check_resumable(recipe, run_dir)
     accelerator = make_accelerator(recipe, run_dir)
-    if recipe.train.resume == "never" and accelerator.is_main_process:
-        _clear_previous_run(run_dir)
+    if accelerator.is_main_process:
+        for orphan in remove_orphans(run_dir):
+            accelerator.print(f"removed {orphan}, left by an interrupted run")
+        if recipe.train.resume == "never":
+            _clear_previous_run(run_dir)
     accelerator.wait_for_everyone()
     if accelerator.device.type == "cpu":
         keep_freed_memory()
@@ -114,7 +117,7 @@ def run(recipe: Recipe, splits: Splits | None = None) -> dict[str, Any]:
     }
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "recipe.yaml").write_text(dump_recipe(recipe))
+        write_text(run_dir / "recipe.yaml", dump_recipe(recipe))
         write_json(run_dir / "run.json", run_info)
     if accelerator.log_with:
         accelerator.init_trackers(run_dir.name, config=_flat(dataclasses.asdict(recipe)))
@@ -256,8 +259,10 @@ def _save_weights(model: nn.Module, path: Path) -> None:
     """Atomically replace the best weights (a killed run never leaves a half-written file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    save_model(model, str(tmp))
-    os.replace(tmp, path)
+    hint = f"the best weights so far stay in {path}" if path.exists() else ""
+    with cleaned_on_failure(tmp, what="the best weights", hint=hint):
+        save_model(model, str(tmp))
+    publish(tmp, path)
 
 
 def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -296,6 +301,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         results = run(recipe)
     except (ConfigError, RecipeMismatchError, NonFiniteLossError, TrainingDivergedError) as err:
         parser.exit(2, f"fseb-ft: error: {err}\n")
+    except DiskFullError as err:
+        parser.exit(1, f"fseb-ft: error: {err}\n")
     if PartialState().is_main_process:
         print(markdown_table({method_title(recipe): results}))
     return results

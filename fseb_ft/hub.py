@@ -38,6 +38,7 @@ from safetensors.torch import load_model
 from timm.models import save_for_hf
 from torch import nn
 
+from fseb_ft.atomic import cleaned_on_failure, publish
 from fseb_ft.config import ConfigError, OutputConfig, Recipe, dump_recipe, load_recipe
 from fseb_ft.evaluate import MODEL_WEIGHTS, markdown_table, method_title, warnings_markdown
 
@@ -128,15 +129,16 @@ def save_model_folder(
     # Export into a scratch folder beside the model folder, then move each file into place, so
     # a killed export never leaves a half-written config or weights file.
     with tempfile.TemporaryDirectory(dir=run_dir, prefix=".model-export-") as tmp:
-        save_for_hf(
-            model,
-            tmp,
-            model_config=model_config,
-            data_config=data_config,
-            safe_serialization=True,
-        )
+        with cleaned_on_failure(Path(tmp), what=f"the model folder {folder}"):
+            save_for_hf(
+                model,
+                tmp,
+                model_config=model_config,
+                data_config=data_config,
+                safe_serialization=True,
+            )
         for name in ("model.safetensors", "config.json"):
-            os.replace(Path(tmp) / name, folder / name)
+            publish(Path(tmp) / name, folder / name)
     _write_docs(run_dir, recipe, run_info, results, source, baseline, repo_id)
     return folder
 
@@ -301,15 +303,17 @@ def push_run(
     with ``repo_id`` in its usage example; ``False`` uploads the folder as it is.
 
     Raises:
-        HubPushError: anything failed; the message has the cause and the retry command.
+        FileNotFoundError: ``run_dir`` is not a finished run (nothing was sent).
+        HubPushError: the upload failed; the message has the cause and the retry command.
     """
     run_dir = Path(run_dir)
     folder = run_dir / MODEL_DIR
+    # Local files first: a folder that is not a run is not a Hub (or token) problem.
+    if not (folder / "config.json").is_file() or not (folder / "fseb.json").is_file():
+        export_run(run_dir, repo_id=repo_id)
+    elif refresh_card:
+        write_model_card(run_dir, repo_id=repo_id)
     try:
-        if not (folder / "config.json").is_file() or not (folder / "fseb.json").is_file():
-            export_run(run_dir, repo_id=repo_id)
-        elif refresh_card:
-            write_model_card(run_dir, repo_id=repo_id)
         return push_folder(
             folder,
             repo_id,
@@ -416,6 +420,11 @@ def main(argv: Sequence[str] | None = None) -> str:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if not (args.run_dir / "recipe.yaml").is_file():
+        parser.error(
+            f"{args.run_dir} is not a run directory (it has no recipe.yaml): give the "
+            "output.dir of a fseb-ft training run"
+        )
     out = _saved_output(args.run_dir)
     repo_id = args.repo_id or out.push_to_hub
     if not repo_id:
@@ -434,7 +443,7 @@ def main(argv: Sequence[str] | None = None) -> str:
             endpoint=args.endpoint,
             refresh_card=not args.keep_card,
         )
-    except HubPushError as err:
+    except (HubPushError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(1) from None
     print(f"pushed {args.run_dir / MODEL_DIR} to {url}")
@@ -689,7 +698,9 @@ def _data_specs(recipe: Recipe) -> list[Any]:
 def _read_run(run_dir: Path) -> tuple[Recipe, dict[str, Any], dict[str, Any]]:
     for needed in ("recipe.yaml", "run.json", "results.json"):
         if not (run_dir / needed).is_file():
-            raise FileNotFoundError(f"{run_dir} is not a finished run: {needed} is missing")
+            raise FileNotFoundError(
+                f"{run_dir} is not a finished fseb-ft run: {needed} is missing (nothing was sent)"
+            )
     recipe = load_recipe(run_dir / "recipe.yaml")
     run_info = json.loads((run_dir / "run.json").read_text())
     results = json.loads((run_dir / "results.json").read_text())

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
+import huggingface_hub
 import timm
 import torch
 from timm.data import resolve_data_config
@@ -52,11 +54,7 @@ def create_model(cfg: ModelConfig, num_classes: int, in_chans: int = 3) -> nn.Mo
             ) from err
         raise
     except OSError as err:
-        raise OSError(
-            f"could not fetch pretrained weights for model.name={cfg.name!r}: {err}. The Hugging "
-            "Face Hub may be unreachable: retry with network access, point model.name at a "
-            "'local-dir:' folder in timm's Hub format, or set model.pretrained=false."
-        ) from err
+        raise OSError(_load_failure(cfg, err)) from err
     if head_init(cfg) == "zeros":
         zero_classifier(model)
     return model
@@ -67,6 +65,34 @@ def head_init(cfg: ModelConfig) -> str:
     if cfg.head_init == "auto":
         return "zeros" if cfg.pretrained else "timm"
     return cfg.head_init
+
+
+def _load_failure(cfg: ModelConfig, err: OSError) -> str:
+    """Why ``timm.create_model`` could not read the model, and what to do next."""
+    if cfg.name.startswith("local-dir:"):
+        folder = Path(cfg.name.removeprefix("local-dir:")).expanduser()
+        found = "does not exist" if not folder.exists() else f"cannot be loaded ({err})"
+        return (
+            f"model.name={cfg.name!r}: the folder {folder} {found}. A 'local-dir:' folder holds "
+            "config.json and model.safetensors in timm's Hub format, as "
+            "timm.models.save_for_hf or a run's model/ folder writes them."
+        )
+    if huggingface_hub.constants.HF_HUB_OFFLINE:
+        return (
+            f"could not load pretrained weights for model.name={cfg.name!r}: HF_HUB_OFFLINE=1 is "
+            f"set and they are not in the Hugging Face cache ({err}). Download them once with "
+            "network access, point model.name at a 'local-dir:' folder in timm's Hub format, or "
+            "set model.pretrained=false."
+        )
+    cause: BaseException = err
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    return (
+        f"could not fetch pretrained weights for model.name={cfg.name!r} from the Hugging Face "
+        f"Hub ({type(cause).__name__}: {cause}). Offline? Set HF_HUB_OFFLINE=1 to use the local "
+        "cache at once instead of retrying the network, point model.name at a 'local-dir:' "
+        "folder in timm's Hub format, or set model.pretrained=false."
+    )
 
 
 def zero_classifier(model: nn.Module) -> None:

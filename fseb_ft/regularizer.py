@@ -175,7 +175,16 @@ def parameter_term(
 def _quad_cholesky(F: Tensor, H: Tensor, scale: float, diag: float, jitter: float) -> Tensor:
     """``Σ_k f_kᵀ Kc⁻¹ f_k`` via ``Kc = L Lᵀ``: ``‖L⁻¹ F‖²_F``."""
     Kc = prior_covariance(H, scale, diag, dtype=F.dtype)  # (M, M)
-    L = _cholesky_with_jitter(Kc, jitter, what="the prior covariance Kc")  # (M, M)
+    if diag == 0:
+        advice = (
+            "With prior_cov_diag = 0, Kc = s·(HHᵀ + 11ᵀ) has no diagonal term to keep it positive "
+            "definite: it is singular whenever the context points' features [H, 1] are linearly "
+            "dependent or nearly so (duplicate or near-collinear points, M > D + 1, float "
+            "rounding). Raise fseb.prior_cov_diag (it adds to the diagonal as the jitter did)"
+        )
+    else:
+        advice = f"prior_cov_diag = {diag:g} is too small for these features: raise it"
+    L = _cholesky_with_jitter(Kc, jitter, "the prior covariance Kc", advice, "context points")
     Z = torch.linalg.solve_triangular(L, F, upper=False)  # (M, K)
     return Z.pow(2).sum()
 
@@ -190,15 +199,20 @@ def _quad_woodbury(F: Tensor, H: Tensor, scale: float, diag: float, jitter: floa
     U = torch.cat([H, ones], dim=1)  # (M, P), P = D + 1
     P = U.shape[1]
     A = U.mT @ U + (diag / scale) * torch.eye(P, dtype=U.dtype, device=U.device)  # (P, P)
-    L = _cholesky_with_jitter(A, jitter, what="the Woodbury capacitance matrix")  # (P, P)
+    advice = f"prior_cov_diag / prior_cov_scale = {diag / scale:g} is too small: raise it"
+    L = _cholesky_with_jitter(A, jitter, "the Woodbury capacitance matrix", advice)  # (P, P)
     G = torch.linalg.solve_triangular(L, U.mT @ F, upper=False)  # (P, K)
     return (F.pow(2).sum() - G.pow(2).sum()) / diag
 
 
-def _cholesky_with_jitter(A: Tensor, jitter: float, what: str) -> Tensor:
+def _cholesky_with_jitter(
+    A: Tensor, jitter: float, what: str, advice: str, rows: str | None = None
+) -> Tensor:
     """Lower Cholesky factor of ``A``, adding ``jitter · mean(diag A) · 10^i`` until it succeeds.
 
-    On an accelerator this defers to :func:`_cholesky_on_device`, which never syncs the host.
+    ``advice`` (the remedy) and ``rows`` (what a row of ``A`` stands for, if anything; its
+    duplicates are counted) go into the warning, which also gives ``A``'s spectrum. On an
+    accelerator this defers to :func:`_cholesky_on_device`, which never syncs the host.
     """
     if A.device.type != "cpu":
         return _cholesky_on_device(A)
@@ -217,18 +231,43 @@ def _cholesky_with_jitter(A: Tensor, jitter: float, what: str) -> Tensor:
         L, info = torch.linalg.cholesky_ex(A + added * eye)
         if not bool(info.any()):
             warnings.warn(
-                f"Cholesky of {what} ({A.shape[-1]}×{A.shape[-1]}) failed; succeeded after adding "
-                f"{float(added):.3g} to the diagonal ({jitter * 10.0**i:.0e} × mean diagonal). "
-                "Duplicate context points with prior_cov_diag = 0 cause this; raise "
-                "fseb.prior_cov_diag to silence it.",
+                f"Cholesky of {what} ({A.shape[-1]}×{A.shape[-1]}) failed: it is numerically "
+                f"singular ({_diagnosis(A, rows)}); succeeded after adding {float(added):.3g} to "
+                f"the diagonal ({jitter * 10.0**i:.0e} × mean diagonal). {advice} to silence "
+                "this warning.",
                 CholeskyJitterWarning,
                 stacklevel=3,
             )
             return L
     raise torch.linalg.LinAlgError(
-        f"Cholesky of {what} failed even with {float(added):.3g} added to the diagonal; the "
-        "prior hyper-parameters may be extreme (raise fseb.prior_cov_diag)."
+        f"Cholesky of {what} failed even with {float(added):.3g} added to the diagonal "
+        f"({_diagnosis(A, rows)}). {advice}."
     )
+
+
+def _diagnosis(A: Tensor, rows: str | None) -> str:
+    """The facts behind a failed factorisation of the symmetric ``A``: spectrum, rank, repeats.
+
+    Only runs once a factorisation has failed, so its extra O(n³) is off the normal path.
+    """
+    eig = torch.linalg.eigvalsh(A)  # (n,) ascending
+    n = A.shape[-1]
+    top = eig[-1].abs().clamp_min(torch.finfo(A.dtype).tiny)
+    rank = int((eig > n * torch.finfo(A.dtype).eps * top).sum())
+    text = (
+        f"eigenvalues from {float(eig[0]):.3g} to {float(eig[-1]):.3g}, numerical rank "
+        f"{rank} of {n}"
+    )
+    if rows is not None:
+        # Rows equal to 8 digits: identical inputs can differ in the last bits after the matmul.
+        same = torch.cdist(A, A) <= 1e-8 * A.diagonal().abs().max()  # (n, n)
+        repeats = int(same.tril(-1).any(dim=1).sum())
+        text += (
+            f"; {repeats} of the {n} {rows} repeat an earlier one"
+            if repeats
+            else f"; no two {rows} are identical"
+        )
+    return text
 
 
 def _check_features(features: Tensor) -> None:

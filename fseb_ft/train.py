@@ -13,7 +13,6 @@ import importlib.util
 import json
 import logging
 import math
-import os
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -28,6 +27,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Sampler
 from tqdm.auto import tqdm
 
+from fseb_ft.atomic import cleaned_on_failure, publish
 from fseb_ft.config import OptimConfig, Recipe
 from fseb_ft.data import seed_transform
 from fseb_ft.evaluate import predict
@@ -406,14 +406,36 @@ def _train_epoch(
             means = {k: float(v) / count for k, v in sums.items()}
             if not all(math.isfinite(v) for v in means.values()):
                 raise NonFiniteLossError(
-                    f"training loss became non-finite in epoch {epoch + 1} near step "
-                    f"{state.step} ({_fmt(means)}); the last good checkpoint is kept in "
-                    f"{Path(recipe.output.dir) / 'checkpoints'}. Lower optim.lr, use "
-                    "train.mixed_precision=no, or raise fseb.prior_cov_diag."
+                    _non_finite_message(recipe, accelerator, epoch, state, means)
                 )
             bar.set_postfix(_fmt(means, short=True), refresh=False)
     means = {k: float(v) / max(count, 1) for k, v in sums.items()}
     return {f"train_{k}": v for k, v in means.items()} | {"lr": scheduler.get_last_lr()[0]}
+
+
+def _non_finite_message(
+    recipe: Recipe, accelerator: Accelerator, epoch: int, state: TrainState, means: dict[str, float]
+) -> str:
+    """What happened, what is kept (only what exists) and the remedies that apply to this run."""
+    # Only this run's checkpoints count (train.resume=never may find an older run's).
+    kept = latest_checkpoint(Path(recipe.output.dir)) if state.epoch > 0 else None
+    if kept is None:
+        saved = "no epoch had finished, so there is no checkpoint to resume from"
+    else:
+        saved = f"the last good checkpoint is kept in {kept}"
+    remedies = ["lower optim.lr"]
+    if recipe.fseb.reg_scale > 0:
+        remedies.append("raise fseb.prior_cov_diag")
+    if recipe.optim.grad_clip_norm is None:
+        remedies.append("set optim.grad_clip_norm")
+    if accelerator.mixed_precision != "no":
+        remedies.append(
+            f"use train.mixed_precision=no (this run used {accelerator.mixed_precision})"
+        )
+    return (
+        f"training loss became non-finite in epoch {epoch + 1} near step {state.step} "
+        f"({_fmt(means)}); {saved}. Try: {', '.join(remedies)}."
+    )
 
 
 def _improved(metric: str, value: float, best: float | None) -> bool:
@@ -429,11 +451,15 @@ def _save_checkpoint(accelerator: Accelerator, run_dir: Path, state: TrainState)
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
+    kept = latest_checkpoint(run_dir)
+    hint = f"{kept} is intact; rerun to resume from it" if kept else "no checkpoint was lost"
+    with cleaned_on_failure(tmp, what=f"checkpoint {final.name}", hint=hint):
+        accelerator.save_state(str(tmp))
+        if accelerator.is_main_process:
+            (tmp / _STATE_FILE).write_text(json.dumps(asdict(state), indent=1))
     if accelerator.is_main_process:
-        (tmp / _STATE_FILE).write_text(json.dumps(asdict(state), indent=1))
         shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
+        publish(tmp, final)
         for old in root.glob("epoch-*"):
             if old != final:
                 shutil.rmtree(old, ignore_errors=True)

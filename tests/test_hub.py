@@ -173,6 +173,17 @@ def test_fseb_json_records_regulariser_context_data_and_source(tiny_run) -> None
     assert meta["results"]["test"] == pytest.approx(tiny_run.results["test"])
 
 
+def test_every_file_of_the_run_has_the_mode_a_plain_open_gives(tiny_run, tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    plain.write_text("x")
+    mode = plain.stat().st_mode & 0o777  # 0o666 & ~umask
+    files = [p for p in tiny_run.dir.rglob("*") if p.is_file()]
+    assert tiny_run.folder / "model.safetensors" in files  # safetensors writes it 0600
+    assert {str(p.relative_to(tiny_run.dir)): oct(p.stat().st_mode & 0o777) for p in files} == {
+        str(p.relative_to(tiny_run.dir)): oct(mode) for p in files
+    }
+
+
 def test_card_has_hub_metadata_results_plots_recipe_and_usage(tiny_run) -> None:
     text = (tiny_run.folder / "README.md").read_text()
     card = ModelCard(text)

@@ -1,0 +1,137 @@
+"""Error and warning messages say what actually happened and what applies to this run."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import huggingface_hub
+import pytest
+import timm
+import torch
+from huggingface_hub.errors import LocalEntryNotFoundError
+from test_pipeline import _recipe_dict, _write_folder
+
+import fseb_ft.hub as hub
+from fseb_ft.config import ModelConfig, recipe_from_dict
+from fseb_ft.finetune import run
+from fseb_ft.models import create_model
+from fseb_ft.objective import FSEBObjective
+from fseb_ft.regularizer import CholeskyJitterWarning, function_space_term
+from fseb_ft.train import NonFiniteLossError, TrainState, _non_finite_message
+
+UNREACHABLE = "http://127.0.0.1:9"  # discard port: nothing listens
+
+
+def test_nan_before_any_epoch_finished_names_no_checkpoint_and_fits_an_fp32_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = tmp_path / "data"
+    _write_folder(data, "train", {"cat": 6, "dog": 6})
+    _write_folder(data, "test", {"cat": 2, "dog": 2})
+    raw = _recipe_dict({"ind": data, "ood": data}, tmp_path / "run", epochs=1)
+    raw["data"]["augment"] = "none"
+    recipe = recipe_from_dict(raw)
+    original = FSEBObjective.forward
+
+    def poisoned(self, *args, **kwargs):
+        terms = original(self, *args, **kwargs)
+        terms["loss"] = terms["loss"] * float("nan")
+        return terms
+
+    monkeypatch.setattr(FSEBObjective, "forward", poisoned)
+    with pytest.raises(NonFiniteLossError) as err:
+        run(recipe)
+    message = str(err.value)
+    assert "non-finite in epoch 1" in message and "no epoch had finished" in message
+    assert "checkpoints" not in message and not (tmp_path / "run" / "checkpoints").exists()
+    assert "mixed_precision" not in message  # a float32 run
+    assert "lower optim.lr" in message and "raise fseb.prior_cov_diag" in message
+
+
+def test_nan_message_suggests_only_what_applies(tmp_path: Path) -> None:
+    raw = {"data": {"train": {"source": "imagefolder", "path": str(tmp_path)}}}
+    raw["output"] = {"dir": str(tmp_path)}
+    means = {"loss": float("nan")}
+    bf16 = SimpleNamespace(mixed_precision="bf16")
+    fp32 = SimpleNamespace(mixed_precision="no")
+    fseb = recipe_from_dict(raw)
+    psmap = recipe_from_dict({**raw, "fseb": {"reg_scale": 0}})
+    text = _non_finite_message(fseb, bf16, 0, TrainState(), means)
+    assert "train.mixed_precision=no (this run used bf16)" in text
+    assert "mixed_precision" not in _non_finite_message(fseb, fp32, 0, TrainState(), means)
+    assert "prior_cov_diag" not in _non_finite_message(psmap, fp32, 0, TrainState(), means)
+
+
+def test_push_of_a_folder_that_is_not_a_run_says_so_without_hub_advice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", UNREACHABLE)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        hub.main([str(tmp_path), "user/name"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path} is not a run directory (it has no recipe.yaml)" in err
+    assert "token" not in err and "Nothing was lost" not in err
+
+    with pytest.raises(FileNotFoundError) as raised:
+        hub.push_run(tmp_path, "user/name", endpoint=UNREACHABLE)
+    assert not isinstance(raised.value, hub.HubPushError)
+    assert "is not a finished fseb-ft run: recipe.yaml is missing" in str(raised.value)
+    assert "Nothing was lost" not in str(raised.value) and "token" not in str(raised.value)
+
+
+def test_a_local_dir_pointing_nowhere_says_so_and_blames_no_hub(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-folder"
+    with pytest.raises(OSError) as err:
+        create_model(ModelConfig(name=f"local-dir:{missing}"), num_classes=3)
+    message = str(err.value)
+    assert f"the folder {missing} does not exist" in message
+    assert "Hub" not in message.replace("Hub format", "") and "unreachable" not in message
+
+
+@pytest.mark.parametrize("offline", [False, True])
+def test_pretrained_weights_offline_point_to_hf_hub_offline_and_local_dir(
+    monkeypatch: pytest.MonkeyPatch, offline: bool
+) -> None:
+    def no_network(*args: object, **kwargs: object) -> None:
+        try:
+            raise OSError("[Errno -2] Name or service not known")
+        except OSError as dns:
+            raise LocalEntryNotFoundError("cannot find the requested files") from dns
+
+    monkeypatch.setattr(timm, "create_model", no_network)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", offline)
+    with pytest.raises(OSError) as err:
+        create_model(ModelConfig(name="resnet18"), num_classes=3)
+    message = str(err.value)
+    assert "local-dir:" in message and "model.pretrained=false" in message
+    if offline:
+        assert "HF_HUB_OFFLINE=1 is set and they are not in the Hugging Face cache" in message
+    else:
+        assert "Set HF_HUB_OFFLINE=1" in message and "Name or service not known" in message
+
+
+def test_jitter_warning_on_singular_kc_without_duplicates_says_what_happened() -> None:
+    g = torch.Generator().manual_seed(0)
+    # 16 distinct context points, D = 1280, whose features span only 6 directions.
+    H = torch.randn(16, 6, generator=g) @ torch.randn(6, 1280, generator=g)  # (16, 1280)
+    F = torch.randn(16, 10, generator=g)  # (16, 10)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        function_space_term(F, H, 1.0, 0.0)
+    (warning,) = [w for w in caught if issubclass(w.category, CholeskyJitterWarning)]
+    message = str(warning.message)
+    assert "numerical rank 7 of 16" in message and "no two context points are identical" in message
+    assert "uplicate context points" not in message and "prior_cov_diag = 0" in message
+    assert "Raise fseb.prior_cov_diag" in message
+
+
+def test_jitter_warning_counts_duplicate_context_points() -> None:
+    g = torch.Generator().manual_seed(1)
+    H = torch.randn(4, 3, generator=g, dtype=torch.float64).repeat(3, 1)  # 12 points, 4 distinct
+    F = torch.randn(12, 2, generator=g, dtype=torch.float64)
+    with pytest.warns(CholeskyJitterWarning, match="8 of the 12 context points repeat an earlier"):
+        function_space_term(F, H, 1.0, 0.0)

@@ -330,7 +330,7 @@ def _own_class_folders(data: HFImages, path: Path, split: str) -> HFImages:
     present = [data.class_names[k] for k in np.unique(data.labels)]
     folder = path / split if (path / split).is_dir() else path
     folders = []
-    # Unless the split folder is named otherwise (e.g. "val" for split "validation").
+    # Not for a split stored under another folder name (e.g. "val/" for split "validation").
     if all((folder / name).is_dir() for name in present):
         folders = [p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")]
     names = sorted(set(present) | set(folders))

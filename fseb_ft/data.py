@@ -60,6 +60,7 @@ __all__ = [
     "load_imagefolder",
     "load_sklearn_digits",
     "load_spec",
+    "load_split",
     "make_loader",
     "normalize_to_tensor",
     "read_idx",
@@ -300,7 +301,7 @@ def load_imagefolder(
 ) -> HFImages:
     """Load ``path/<split>/<class>/*`` (or a flat ``path/<class>/*`` as split "train").
 
-    Labels follow the sorted class folder names, as ``datasets``' imagefolder builder assigns them.
+    Labels follow the sorted names of this split's class folders, empty folders included.
     """
     path = Path(path)
     if not path.is_dir():
@@ -314,7 +315,29 @@ def load_imagefolder(
         cache_dir=None if cache_dir is None else str(cache_dir),
     )
     identity = f"imagefolder:{path}:{split}#{dataset._fingerprint}"
-    return _nonempty(HFImages(dataset, "image", "label", None, identity, channels))
+    data = HFImages(dataset, "image", "label", None, identity, channels)
+    return _nonempty(_own_class_folders(data, path, split))
+
+
+def _own_class_folders(data: HFImages, path: Path, split: str) -> HFImages:
+    """Relabel ``data`` by the sorted class folders of its own split, empty ones included.
+
+    ``datasets``' imagefolder builder numbers the class folders of all splits together and skips
+    empty ones: a class folder only the test split has would become a training class without
+    images, and an empty training folder would vanish without a word. Per split, a renamed or
+    extra test folder is caught by :meth:`Splits.check_labels` and an empty one is reported.
+    """
+    present = [data.class_names[k] for k in np.unique(data.labels)]
+    folder = path / split if (path / split).is_dir() else path
+    folders = []
+    # Not for a split stored under another folder name (e.g. "val/" for split "validation").
+    if all((folder / name).is_dir() for name in present):
+        folders = [p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    names = sorted(set(present) | set(folders))
+    remap = np.array([names.index(n) if n in names else -1 for n in data.class_names], np.int64)
+    data.labels = remap[data.labels]  # (N,)
+    data.class_names = names
+    return data
 
 
 def load_disk(
@@ -855,11 +878,55 @@ class Splits:
             "ood": {name: data.identity for name, data in self.ood.items()},
         }
 
-    def check_labels(self, num_classes: int) -> None:
-        """Every labelled split must have labels in ``[0, num_classes)``."""
-        for data in (self.train, self.val, self.test):
-            if data is not None:
+    def check_labels(self, num_classes: int) -> list[str]:
+        """Check every labelled split against ``[0, num_classes)`` and train's classes.
+
+        Raises ValueError naming the split (``data.test: ...``) when val/test call a label by
+        another class name than train (an extra or renamed class folder) or a label is out of
+        range. Returns a warning for training classes without images (an empty class folder).
+        """
+        for key, data in (("train", self.train), ("val", self.val), ("test", self.test)):
+            if data is None:
+                continue
+            if key != "train":
+                _check_same_classes(data, self.train, f"data.{key}")
+            try:
                 check_labels(data, num_classes)
+            except ValueError as err:
+                raise ValueError(f"data.{key}: {err}") from err
+        counts = np.bincount(self.train.labels, minlength=num_classes)  # (K,)
+        empty = [name for name, n in zip(self.train.class_names, counts, strict=False) if n == 0]
+        if not empty:
+            return []
+        return [
+            f"data.train ({self.train.identity}) has no images of class(es) {empty}: their "
+            f"outputs of the {num_classes}-way head are never trained (an empty class folder?)"
+        ]
+
+
+def _check_same_classes(data: LabeledImages, train: LabeledImages, key: str) -> None:
+    """Raise when ``data`` names a label it uses differently from ``train`` (both named)."""
+    if not (_named(data) and _named(train)):
+        return
+    names, known = data.class_names, train.class_names
+    used = [int(k) for k in np.unique(data.labels) if 0 <= k < len(names)]
+    if all(k < len(known) and names[k] == known[k] for k in used):
+        return
+    extra = [names[k] for k in used if names[k] not in known]
+    missing = [name for name in known if name not in names]
+    found = [f"it has {extra} that data.train lacks"] if extra else []
+    found += [f"it lacks {missing}"] if missing else []
+    found = found or [f"it numbers its classes {names}, data.train {known}"]
+    raise ValueError(
+        f"{key} ({data.identity}) does not match the classes of data.train "
+        f"({train.identity}): {'; '.join(found)}. Give every split the same class folders "
+        "(an empty one is fine) with the same names."
+    )
+
+
+def _named(data: LabeledImages) -> bool:
+    """Whether ``data`` has real class names, not the "0".."K-1" stand-ins."""
+    return data.class_names != [str(k) for k in range(len(data.class_names))]
 
 
 def select_classes(data: LabeledImages, classes: Sequence[int]) -> IndexedImages:
@@ -915,16 +982,31 @@ def load_spec(spec: DatasetSpec, channels: int = 3, seed: int = 0) -> LabeledIma
     return data
 
 
+def load_split(key: str, spec: DatasetSpec, channels: int = 3, seed: int = 0) -> LabeledImages:
+    """:func:`load_spec`, with an error prefixed by the recipe key: ``data.test: ...``."""
+    try:
+        return load_spec(spec, channels, seed)
+    except (ValueError, TypeError, OSError) as err:
+        try:
+            prefixed = type(err)(f"{key}: {err}")
+        except TypeError:  # an exception type that needs other arguments
+            prefixed = ValueError(f"{key}: {err}")
+        raise prefixed from err
+
+
 def build_splits(cfg: DataConfig, seed: int) -> Splits:
     """Load train/val/test/OOD; without ``val``, hold out a seeded stratified part of train."""
-    full = load_spec(cfg.train, cfg.channels, seed)
+    full = load_split("data.train", cfg.train, cfg.channels, seed)
     if cfg.val is not None:
-        train, val = full, load_spec(cfg.val, cfg.channels, seed)
+        train, val = full, load_split("data.val", cfg.val, cfg.channels, seed)
     else:
         train_idx, val_idx = stratified_split(full.labels, cfg.val_fraction, seed)
         train, val = IndexedImages(full, train_idx), IndexedImages(full, val_idx)
-    test = None if cfg.test is None else load_spec(cfg.test, cfg.channels, seed)
-    ood = {name: load_spec(spec, cfg.channels, seed) for name, spec in cfg.ood.items()}
+    test = None if cfg.test is None else load_split("data.test", cfg.test, cfg.channels, seed)
+    ood = {
+        name: load_split(f"data.ood.{name}", spec, cfg.channels, seed)
+        for name, spec in cfg.ood.items()
+    }
     return Splits(train=train, val=val, test=test, ood=ood)
 
 

@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import logging
 import math
+import os
 import shutil
 import sys
 from collections.abc import Sequence
@@ -34,7 +35,7 @@ from fseb_ft.data import (
     Splits,
     TransformedImages,
     build_splits,
-    load_spec,
+    load_split,
     make_loader,
     train_transform,
 )
@@ -55,14 +56,18 @@ from fseb_ft.train import (
     ContextStream,
     NonFiniteLossError,
     TrainingDivergedError,
+    applied_precision,
     build_optimizer,
     build_scheduler,
     fit,
     latest_checkpoint,
+    launch_warnings,
     make_accelerator,
 )
 
 __all__ = ["cli", "compare", "main", "run"]
+
+logger = logging.getLogger("fseb_ft")
 
 
 def run(recipe: Recipe, splits: Splits | None = None) -> dict[str, Any]:
@@ -79,12 +84,14 @@ def run(recipe: Recipe, splits: Splits | None = None) -> dict[str, Any]:
         if recipe.train.resume == "never":
             _clear_previous_run(run_dir)
     accelerator.wait_for_everyone()
+    warned = _warn(accelerator, launch_warnings(accelerator, os.environ))
     if accelerator.device.type == "cpu":
         keep_freed_memory()
     set_seed(recipe.train.seed)
     if splits is None:
         splits = build_splits(recipe.data, recipe.train.seed)
-    num_classes = _num_classes(recipe, splits)
+    num_classes, data_warnings = _num_classes(recipe, splits)
+    warned += _warn(accelerator, data_warnings)
     model = create_model(recipe.model, num_classes, in_chans=recipe.data.channels)
     spec = input_spec(model, recipe.model, recipe.data)
     seed = recipe.train.seed
@@ -114,6 +121,9 @@ def run(recipe: Recipe, splits: Splits | None = None) -> dict[str, Any]:
         "data": splits.identities(),
         "context": None if context is None else context.pool.identity,
         "num_processes": accelerator.num_processes,
+        "device": accelerator.device.type,
+        "mixed_precision": applied_precision(accelerator),
+        "warnings": warned,
     }
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -144,7 +154,7 @@ def run(recipe: Recipe, splits: Splits | None = None) -> dict[str, Any]:
         "steps": state.step,
         "seconds": state.seconds,
         "history": state.history,
-        "warnings": state.warnings,
+        "warnings": [*warned, *state.warnings],
     }
     if accelerator.is_main_process:
         write_results(run_dir, results, title=method_title(recipe))
@@ -209,7 +219,16 @@ def _clear_previous_run(run_dir: Path) -> None:
             path.unlink()
 
 
-def _num_classes(recipe: Recipe, splits: Splits) -> int:
+def _warn(accelerator: Accelerator, messages: list[str]) -> list[str]:
+    """Log ``messages`` once (main process) and return them for run.json."""
+    if accelerator.is_main_process:
+        for message in messages:
+            logger.warning(message)
+    return messages
+
+
+def _num_classes(recipe: Recipe, splits: Splits) -> tuple[int, list[str]]:
+    """The head's class count K, after checking the splits' labels; and the data warnings."""
     found = splits.train.num_classes
     k = recipe.model.num_classes or found
     if k < found:
@@ -217,8 +236,7 @@ def _num_classes(recipe: Recipe, splits: Splits) -> int:
             f"model.num_classes={k} but the training labels go up to {found - 1}; "
             f"set model.num_classes to at least {found} or null"
         )
-    splits.check_labels(k)
-    return k
+    return k, splits.check_labels(k)
 
 
 def _context_stream(
@@ -231,7 +249,10 @@ def _context_stream(
     if recipe.fseb.reg_scale == 0:
         return None
     ctx = recipe.context
-    others = [load_spec(s, recipe.data.channels, recipe.train.seed) for s in ctx.datasets]
+    others = [
+        load_split(f"context.datasets[{i}]", s, recipe.data.channels, recipe.train.seed)
+        for i, s in enumerate(ctx.datasets)
+    ]
     pool = build_context_pool(
         kind=ctx.kind,
         train=splits.train if ctx.kind in ("train", "mixture") else None,

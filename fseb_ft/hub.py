@@ -544,7 +544,18 @@ def _provenance(
         f"A timm `{arch}` image classifier {start} with **{method}** using `fseb_ft`, "
         f"on `{data.get('train', '?')}` ({run_info.get('num_train', '?')} training images; "
         f"{run_info['num_classes']} classes: {shown or '–'}). "
-        f"Input: {size} pixels, {recipe.data.channels} channel(s).\n"
+        f"Input: {size} pixels, {recipe.data.channels} channel(s)." + _hardware(run_info) + "\n"
+    )
+
+
+def _hardware(run_info: Mapping[str, Any]) -> str:
+    """The sentence on devices and precision (empty for a run.json that predates them)."""
+    if "mixed_precision" not in run_info:
+        return ""
+    precision = run_info["mixed_precision"]
+    return (
+        f" Trained on {run_info.get('num_processes', 1)} {run_info.get('device', '?')} "
+        f"process(es), mixed precision `{precision}`{' (fp32)' if precision == 'no' else ''}."
     )
 
 

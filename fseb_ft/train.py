@@ -15,14 +15,14 @@ import logging
 import math
 import shutil
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration
+from accelerate.utils import DataLoaderConfiguration, DistributedType
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Sampler
 from tqdm.auto import tqdm
@@ -39,10 +39,12 @@ __all__ = [
     "NonFiniteLossError",
     "TrainState",
     "TrainingDivergedError",
+    "applied_precision",
     "build_optimizer",
     "build_scheduler",
     "fit",
     "latest_checkpoint",
+    "launch_warnings",
     "make_accelerator",
 ]
 
@@ -224,6 +226,43 @@ def make_accelerator(recipe: Recipe, run_dir: Path) -> Accelerator:
         # Per-epoch seeded shuffling (set_epoch) is what makes a resumed run match.
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
     )
+
+
+def applied_precision(accelerator: Accelerator) -> str:
+    """The mixed precision the loop really autocasts to: ``no``, ``bf16``, ``fp16`` (or ``fp8``).
+
+    Accelerate keeps a requested fp16 as its setting on CPU but autocasts nothing there.
+    """
+    requested = accelerator.mixed_precision
+    delegated = accelerator.distributed_type in (
+        DistributedType.DEEPSPEED,
+        DistributedType.MEGATRON_LM,
+    )
+    return requested if accelerator.native_amp or delegated else "no"
+
+
+def launch_warnings(accelerator: Accelerator, environ: Mapping[str, str]) -> list[str]:
+    """What was asked of this run but does not happen, to print at start and keep in run.json.
+
+    ``environ`` is the process environment: ``accelerate launch`` sets ``ACCELERATE_USE_CPU``, and
+    ``MASTER_ADDR`` only when asked for several processes; its single-process launcher (``--cpu``,
+    or no GPU) then still starts one.
+    """
+    found = []
+    applied = applied_precision(accelerator)
+    if applied != accelerator.mixed_precision:
+        device = accelerator.device.type.upper()
+        found.append(
+            f"{accelerator.mixed_precision} mixed precision is not supported on {device}; "
+            f"training in {'fp32' if applied == 'no' else applied}"
+        )
+    if accelerator.num_processes == 1 and {"ACCELERATE_USE_CPU", "MASTER_ADDR"} <= set(environ):
+        found.append(
+            "accelerate launch asked for several processes but only this one runs (without GPUs "
+            "or with --cpu it starts a single process); for several CPU processes use torchrun "
+            "--nproc_per_node N -m fseb_ft.finetune RECIPE.yaml (docs/cli.md)"
+        )
+    return found
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

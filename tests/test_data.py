@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 
 from fseb_ft import data as fdata
+from fseb_ft.config import recipe_from_dict
 from fseb_ft.data import (
     FASHION_MNIST_CLASSES,
     ArrayImages,
@@ -388,6 +389,70 @@ def test_check_labels_names_offending_values() -> None:
         check_labels(data, 3)
     data.labels = np.array([0, 1, 2, 2])
     check_labels(data, 3)
+
+
+def _imagefolder_splits(root: Path, train: dict[str, int], test: dict[str, int]) -> fdata.Splits:
+    """build_splits of an image folder with the given class folders (count 0: an empty folder)."""
+    _write_folder(root, {"train": train, "test": test}, (4, 4))
+    spec = {"source": "imagefolder", "path": str(root)}
+    recipe = recipe_from_dict(
+        {"data": {"train": {**spec, "split": "train"}, "test": {**spec, "split": "test"}}}
+    )
+    return fdata.build_splits(recipe.data, seed=0)
+
+
+def test_empty_training_class_folder_is_a_class_and_is_warned_about(tmp_path: Path) -> None:
+    splits = _imagefolder_splits(
+        tmp_path / "f", {"ant": 3, "bee": 0, "cat": 3}, {"ant": 1, "bee": 1, "cat": 1}
+    )
+    assert splits.train.class_names == ["ant", "bee", "cat"]
+    assert sorted(splits.test.labels.tolist()) == [0, 1, 2]
+    (warning,) = splits.check_labels(3)
+    assert "data.train" in warning and "no images of class(es) ['bee']" in warning
+
+
+@pytest.mark.parametrize(
+    ("test", "message"),
+    [
+        ({"ant": 1, "bee": 1, "cat": 1, "owl": 1}, r"it has \['owl'\] that data.train lacks"),
+        ({"ant": 1, "bee": 1, "wolf": 1}, r"\['wolf'\] that data.train lacks; it lacks \['cat'\]"),
+        ({"ant": 1, "cat": 1}, r"it lacks \['bee'\]"),  # would score cats as bees
+    ],
+)
+def test_test_folder_with_other_classes_fails_naming_split_and_classes(
+    tmp_path: Path, test: dict[str, int], message: str
+) -> None:
+    splits = _imagefolder_splits(tmp_path / "f", {"ant": 2, "bee": 2, "cat": 2}, test)
+    assert splits.train.class_names == ["ant", "bee", "cat"]
+    with pytest.raises(ValueError, match=r"^data\.test \(imagefolder:.*:test#.*\) does not match"):
+        splits.check_labels(3)
+    with pytest.raises(ValueError, match=message):
+        splits.check_labels(3)
+
+
+def test_test_folder_with_fewer_classes_in_the_same_order_is_fine(tmp_path: Path) -> None:
+    splits = _imagefolder_splits(tmp_path / "f", {"ant": 2, "bee": 2, "cat": 2}, {"ant": 1})
+    assert splits.check_labels(3) == []
+
+
+def test_unnamed_labels_out_of_range_name_the_split() -> None:
+    def arrays(labels: list[int]) -> ArrayImages:
+        return ArrayImages(np.zeros((len(labels), 2, 2), np.uint8), np.array(labels))
+
+    splits = fdata.Splits(arrays([0, 1, 2]), arrays([0, 1]), arrays([0, 3]), {})
+    with pytest.raises(ValueError, match=r"^data\.test: arrays#\w+ has label values 3 outside"):
+        splits.check_labels(3)
+
+
+def test_dataset_without_label_column_names_the_split(tmp_path: Path) -> None:
+    _hf_dataset().remove_columns("label").save_to_disk(str(tmp_path / "nolabel"))
+    spec = {"source": "disk", "path": str(tmp_path / "nolabel")}
+    data = {"train": {"source": "sklearn_digits"}, "test": spec}
+    with pytest.raises(ValueError, match=r"^data\.test: column 'label' not found in disk:"):
+        fdata.build_splits(recipe_from_dict({"data": data}).data, seed=0)
+    data = {"train": {"source": "sklearn_digits"}, "ood": {"blank": spec}}
+    with pytest.raises(ValueError, match=r"^data\.ood\.blank: column 'label' not found"):
+        fdata.build_splits(recipe_from_dict({"data": data}).data, seed=0)
 
 
 # --------------------------------------------------------------------------- transforms

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from accelerate.state import AcceleratorState
 from PIL import Image
 from safetensors.torch import load_file
 
@@ -25,6 +26,12 @@ from fseb_ft.train import NonFiniteLossError
 REPO = Path(__file__).parents[1]
 N_TEST = 13  # odd, so two processes see an uneven last batch
 N_OOD = 5
+# What `accelerate launch --cpu --num_processes 2 --mixed_precision bf16` sets (it starts one).
+LAUNCH_2_CPU_BF16 = {
+    "ACCELERATE_USE_CPU": "True",
+    "ACCELERATE_MIXED_PRECISION": "bf16",
+    "MASTER_ADDR": "127.0.0.1",
+}
 
 
 def _write_folder(root: Path, split: str, classes: dict[str, int], size: int = 16) -> None:
@@ -186,3 +193,46 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(
         run(recipe)
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["epoch-0001"]
     assert (out / "model" / "model.safetensors").is_file()
+
+
+@pytest.fixture
+def fresh_accelerate_state() -> None:
+    """Accelerate keeps one process-wide state: let a test set its precision, then forget it."""
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@pytest.mark.parametrize(
+    ("precision", "environ", "recorded", "warning"),
+    [
+        (None, LAUNCH_2_CPU_BF16, "bf16", "asked for several processes but only this one runs"),
+        ("fp16", {}, "no", "fp16 mixed precision is not supported on CPU; training in fp32"),
+    ],
+)
+def test_run_records_the_precision_that_ran_and_says_what_it_could_not_honour(
+    folders: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    fresh_accelerate_state: None,
+    precision: str | None,
+    environ: dict[str, str],
+    recorded: str,
+    warning: str,
+) -> None:
+    for key, value in environ.items():
+        monkeypatch.setenv(key, value)
+    out = tmp_path / "run"
+    recipe = _recipe_dict(folders, out, epochs=1)
+    recipe["fseb"]["reg_scale"] = 0.0  # one quick step: what is recorded is under test
+    recipe["data"]["batch_size"] = recipe["eval"]["batch_size"] = 32
+    recipe["optim"]["lr"] = 0.001
+    recipe["train"]["mixed_precision"] = precision
+    run(recipe_from_dict(recipe))
+    info = json.loads((out / "run.json").read_text())
+    assert (info["mixed_precision"], info["device"], info["num_processes"]) == (recorded, "cpu", 1)
+    assert [w for w in info["warnings"] if warning in w]
+    assert warning in caplog.text
+    card = (out / "model" / "README.md").read_text()
+    assert f"Trained on 1 cpu process(es), mixed precision `{recorded}`" in card

@@ -453,6 +453,16 @@ def test_eval_transform_is_timms_eval_transform_bit_for_bit(
     assert torch.equal(copied(image=image)["image"], expected)
 
 
+def test_train_resize_shrinks_with_antialiasing_like_evaluation() -> None:
+    # Noise shrunk 4x / 3x: cv2's plain bilinear aliases (about 37 grey levels away from the
+    # eval transform's PIL resize); INTER_AREA averages as PIL does (about 9).
+    image = np.random.default_rng(0).integers(0, 256, (64, 48, 3), dtype=np.uint8)  # (H, W, 3)
+    mean, std = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
+    train = train_transform((16, 16), mean, std, "none")(image=image)["image"]  # (3, 16, 16)
+    evaluation = eval_transform((16, 16), mean, std)(image=image)["image"]
+    assert (train - evaluation).abs().mean().item() * 0.25 * 255 < 15
+
+
 def test_is_deterministic() -> None:
     assert is_deterministic(eval_transform((8, 8), MEAN, STD))
     assert is_deterministic(train_transform((8, 8), MEAN, STD, "none"))

@@ -546,8 +546,8 @@ def train_transform(
     timm's data config.
     """
     height, width = check_input_size(input_size)
-    # INTER_AREA when shrinking: antialiased like the PIL resize of evaluation (cv2's bilinear
-    # aliases when shrinking more than 2x); upscaling stays bilinear.
+    # INTER_AREA when shrinking: it averages like evaluation's antialiased PIL resize, where cv2's
+    # bilinear reads only 2x2 pixels per output and aliases. Upscaling stays bilinear.
     resize = A.Resize(height, width, area_for_downscale="image")
     flip = A.HorizontalFlip(p=0.5)
     if augment == "none":

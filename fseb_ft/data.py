@@ -3,7 +3,9 @@
 Every source (HF Hub id, image folder, ``save_to_disk`` folder, ``.npz`` arrays, IDX gzip files,
 scikit-learn digits) becomes a :class:`LabeledImages`: indexable ``(uint8 HxWxC image, int label)``
 pairs plus ``labels``, ``class_names`` and a short provenance string ``identity``. Transforms turn
-those images into normalised float32 CHW tensors for timm backbones.
+those images into normalised float32 CHW tensors for timm backbones: evaluation with timm's own
+eval transform (the preprocessing an exported model's card documents), training with
+albumentations.
 
 This module takes plain arguments; mapping a recipe onto them is the caller's job.
 """
@@ -26,6 +28,7 @@ import cv2
 import datasets
 import numpy as np
 import PIL.Image
+import timm.data
 import torch
 from albumentations.pytorch import ToTensorV2
 from torch.utils.data import DataLoader, Dataset
@@ -35,8 +38,10 @@ from fseb_ft.config import DataConfig, DatasetSpec
 __all__ = [
     "AUGMENTATIONS",
     "DIGITS_TEST_FRACTION",
+    "EVAL_RESIZE",
     "FASHION_MNIST_CLASSES",
     "ArrayImages",
+    "EvalTransform",
     "HFImages",
     "IndexedImages",
     "LabeledImages",
@@ -84,6 +89,10 @@ FASHION_MNIST_CLASSES = [
     "Ankle boot",
 ]
 AUGMENTATIONS = ("none", "flip", "crop_flip", "randaug-lite")
+EVAL_RESIZE: dict[str, Any] = {"interpolation": "bilinear", "crop_pct": 1.0, "crop_mode": "squash"}
+"""How evaluation brings an image to the input size, in timm's data-config keys: squash the whole
+image to (H, W) with PIL's antialiased bilinear resize, no centre-crop margin. Exported models
+carry these keys in ``config.json``, so their documented transform is :func:`eval_transform`."""
 
 # PIL modes that hold one intensity channel; everything else is converted to RGB.
 _GRAY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"}
@@ -560,7 +569,9 @@ def train_transform(
     timm's data config.
     """
     height, width = check_input_size(input_size)
-    resize = A.Resize(height, width)
+    # INTER_AREA when shrinking: it averages like evaluation's antialiased PIL resize, where cv2's
+    # bilinear reads only 2x2 pixels per output and aliases. Upscaling stays bilinear.
+    resize = A.Resize(height, width, area_for_downscale="image")
     flip = A.HorizontalFlip(p=0.5)
     if augment == "none":
         steps: list[Any] = [resize]
@@ -577,7 +588,12 @@ def train_transform(
             flip,
         ]
     elif augment == "randaug-lite":
-        steps = [A.RandomResizedCrop(size=(height, width), scale=(0.35, 1.0)), flip]
+        steps = [
+            A.RandomResizedCrop(
+                size=(height, width), scale=(0.35, 1.0), area_for_downscale="image"
+            ),
+            flip,
+        ]
     else:
         raise ValueError(f"augment must be one of {list(AUGMENTATIONS)}, got {augment!r}")
     return compose_seeded([*steps, *normalize_to_tensor(mean, std)], seed)
@@ -585,10 +601,48 @@ def train_transform(
 
 def eval_transform(
     input_size: tuple[int, int], mean: Sequence[float], std: Sequence[float]
-) -> A.Compose:
-    """Evaluation pipeline: resize to ``input_size``, normalise, CHW float32 tensor."""
-    height, width = check_input_size(input_size)
-    return compose_seeded([A.Resize(height, width), *normalize_to_tensor(mean, std)], None)
+) -> EvalTransform:
+    """Evaluation pipeline: resize to ``input_size``, normalise, CHW float32 tensor.
+
+    timm's eval transform with :data:`EVAL_RESIZE`: bit for bit what
+    ``timm.data.create_transform(**timm.data.resolve_data_config(model=m))`` does to the PIL image
+    for a model ``m`` exported by :mod:`fseb_ft.hub`.
+    """
+    return EvalTransform(input_size, mean, std)
+
+
+class EvalTransform:
+    """timm's evaluation transform, called like albumentations: ``t(image=array)["image"]``.
+
+    The uint8 (H, W, 1|3) array becomes a PIL image of mode "L" or "RGB" (what
+    ``Image.open(path).convert(mode)`` gives for the same pixels), which
+    ``timm.data.create_transform`` in eval mode resizes, converts and normalises. Deterministic
+    and picklable (DataLoader workers).
+    """
+
+    def __init__(
+        self, input_size: tuple[int, int], mean: Sequence[float], std: Sequence[float]
+    ) -> None:
+        """Build timm's transform for ``input_size`` (H, W) and ``mean``/``std`` in [0, 1] units."""
+        self.input_size = check_input_size(input_size)
+        self.mean, self.std = _check_stats(mean, std)
+        self.transform = timm.data.create_transform(
+            input_size=self.input_size, is_training=False, mean=self.mean, std=self.std,
+            **EVAL_RESIZE,
+        )  # fmt: skip
+
+    def __call__(self, *, image: np.ndarray) -> dict[str, torch.Tensor]:
+        """``{"image": tensor (C, H, W) float32}`` of a uint8 (H, W, C) image."""
+        if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] not in (1, 3):
+            raise ValueError(
+                f"expected a uint8 (H, W, 1|3) image, got {image.dtype} of shape {image.shape}"
+            )
+        pil = PIL.Image.fromarray(image[:, :, 0] if image.shape[2] == 1 else image)  # L | RGB
+        return {"image": self.transform(pil)}
+
+    def __repr__(self) -> str:
+        """The timm pipeline, for logs."""
+        return f"EvalTransform({self.transform})"
 
 
 def seed_transform(transform: Any, seed: int | None) -> None:
@@ -603,10 +657,12 @@ def seed_transform(transform: Any, seed: int | None) -> None:
 
 
 def is_deterministic(transform: Any) -> bool:
-    """True when every step of an albumentations pipeline is a fixed function of its input.
+    """True for :class:`EvalTransform` and albumentations pipelines of fixed steps only.
 
     Unknown transforms count as random, which is the safe answer for caching.
     """
+    if isinstance(transform, EvalTransform):
+        return True
     if isinstance(transform, A.Compose):
         return transform.p == 1 and all(is_deterministic(t) for t in transform.transforms)
     return isinstance(transform, _DETERMINISTIC) and transform.p == 1
@@ -615,8 +671,8 @@ def is_deterministic(transform: Any) -> bool:
 class TransformedImages(Dataset):
     """``(tensor (C, H, W) float32, int label)`` pairs: a :class:`LabeledImages` plus a transform.
 
-    ``transform`` is an albumentations pipeline ending in ToTensorV2, called as
-    ``transform(image=array)["image"]``.
+    ``transform`` is an :class:`EvalTransform` or an albumentations pipeline ending in
+    ToTensorV2, called as ``transform(image=array)["image"]``.
     """
 
     def __init__(self, base: LabeledImages, transform: Callable[..., dict[str, Any]]) -> None:
@@ -701,6 +757,14 @@ def compose_seeded(steps: list[Any], seed: int | None) -> A.Compose:
 
 def normalize_to_tensor(mean: Sequence[float], std: Sequence[float]) -> list[Any]:
     """Normalise (mean/std in [0, 1] units) and convert to a CHW float32 tensor."""
+    mean, std = _check_stats(mean, std)
+    return [A.Normalize(mean=mean, std=std, max_pixel_value=255.0), ToTensorV2()]
+
+
+def _check_stats(
+    mean: Sequence[float], std: Sequence[float]
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Normalisation statistics as float tuples of 1 or 3 entries, std positive."""
     mean, std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
     if len(mean) != len(std) or len(mean) not in (1, 3):
         raise ValueError(
@@ -708,7 +772,7 @@ def normalize_to_tensor(mean: Sequence[float], std: Sequence[float]) -> list[Any
         )
     if min(std) <= 0:
         raise ValueError(f"std entries must be positive, got {std}")
-    return [A.Normalize(mean=mean, std=std, max_pixel_value=255.0), ToTensorV2()]
+    return mean, std
 
 
 def check_input_size(input_size: Sequence[int]) -> tuple[int, int]:
@@ -726,7 +790,8 @@ def check_transform_channels(transform: Any, channels: int, identity: str) -> No
     """
     steps = transform.transforms if isinstance(transform, A.Compose) else [transform]
     for step in steps:
-        entries = int(np.size(step.mean)) if isinstance(step, A.Normalize) else 1
+        normalises = isinstance(step, A.Normalize | EvalTransform)
+        entries = int(np.size(step.mean)) if normalises else 1
         if entries not in (1, channels):
             raise ValueError(
                 f"transform normalises {entries} channels but {identity} yields "

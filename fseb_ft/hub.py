@@ -40,6 +40,7 @@ from torch import nn
 
 from fseb_ft.atomic import cleaned_on_failure, publish
 from fseb_ft.config import ConfigError, OutputConfig, Recipe, dump_recipe, load_recipe
+from fseb_ft.data import EVAL_RESIZE
 from fseb_ft.evaluate import MODEL_WEIGHTS, markdown_table, method_title, warnings_markdown
 
 __all__ = [
@@ -114,9 +115,8 @@ def save_model_folder(
         "input_size": (recipe.data.channels, *(int(s) for s in spec["size"])),
         "mean": tuple(spec["mean"]),
         "std": tuple(spec["std"]),
-        # fseb_ft evaluates on a plain resize to input_size: no centre-crop margin.
-        "crop_pct": 1.0,
-        "interpolation": "bilinear",
+        # How fseb_ft's evaluation resizes: timm's transform for this config is eval_transform.
+        **EVAL_RESIZE,
     }
     model_config = {
         "label_names": names,

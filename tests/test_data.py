@@ -7,6 +7,7 @@ extract a few members to tmp_path) and skip when it is absent.
 from __future__ import annotations
 
 import gzip
+import pickle
 import struct
 import tarfile
 from pathlib import Path
@@ -14,12 +15,14 @@ from pathlib import Path
 import datasets
 import numpy as np
 import pytest
+import timm
 import torch
 from PIL import Image
 
 from fseb_ft import data as fdata
 from fseb_ft.config import recipe_from_dict
 from fseb_ft.data import (
+    EVAL_RESIZE,
     FASHION_MNIST_CLASSES,
     ArrayImages,
     HFImages,
@@ -490,6 +493,39 @@ def test_transformed_images_expand_gray_to_three_channels() -> None:
     single = ArrayImages(np.full((2, 5, 5), 128, np.uint8), np.array([1, 0]), channels=1)
     image, _ = TransformedImages(single, eval_transform((6, 6), (0.5,), (0.5,)))[0]
     assert image.shape == (1, 6, 6)
+
+
+@pytest.mark.parametrize(
+    ("channels", "input_size", "image_size"),
+    [(3, (12, 20), (37, 29)), (3, (16, 16), (10, 41)), (1, (28, 28), (40, 33))],
+)
+def test_eval_transform_is_timms_eval_transform_bit_for_bit(
+    channels: int, input_size: tuple[int, int], image_size: tuple[int, int]
+) -> None:
+    # What the card's snippet runs for an exported model: its config.json's data config.
+    mean, std = (0.4, 0.5, 0.6)[:channels], (0.2, 0.25, 0.3)[:channels]
+    exported = {"input_size": (channels, *input_size), "mean": mean, "std": std, **EVAL_RESIZE}
+    timm_transform = timm.data.create_transform(
+        **timm.data.resolve_data_config(pretrained_cfg=exported)
+    )
+    rng = np.random.default_rng(channels)
+    image = rng.integers(0, 256, (*image_size, channels), dtype=np.uint8)  # (H, W, C)
+    expected = timm_transform(Image.fromarray(image[:, :, 0] if channels == 1 else image))
+    transform = eval_transform(input_size, mean, std)
+    assert torch.equal(transform(image=image)["image"], expected)
+    assert expected.shape == (channels, *input_size)
+    copied = pickle.loads(pickle.dumps(transform))  # DataLoader workers get a pickled copy
+    assert torch.equal(copied(image=image)["image"], expected)
+
+
+def test_train_resize_shrinks_with_antialiasing_like_evaluation() -> None:
+    # Noise shrunk 4x / 3x: cv2's plain bilinear aliases (about 37 grey levels away from the
+    # eval transform's PIL resize); INTER_AREA averages as PIL does (about 9).
+    image = np.random.default_rng(0).integers(0, 256, (64, 48, 3), dtype=np.uint8)  # (H, W, 3)
+    mean, std = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
+    train = train_transform((16, 16), mean, std, "none")(image=image)["image"]  # (3, 16, 16)
+    evaluation = eval_transform((16, 16), mean, std)(image=image)["image"]
+    assert (train - evaluation).abs().mean().item() * 0.25 * 255 < 15
 
 
 def test_is_deterministic() -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import datasets
 import huggingface_hub
 import huggingface_hub._upload_pipeline as upload_pipeline
 import numpy as np
@@ -36,12 +37,14 @@ import fseb_ft.finetune as finetune_module
 import fseb_ft.hub as hub
 from fseb_ft import finetune
 from fseb_ft.config import ConfigError, OutputConfig, recipe_from_dict
+from fseb_ft.data import eval_transform
 from fseb_ft.evaluate import markdown_table
 from fseb_ft.finetune import run
 
 UNREACHABLE = "http://127.0.0.1:9"  # discard port: nothing listens, connections are refused
 REPO_ID = "user/tiny-fseb"
 BASE_FILES = {"config.json", "model.safetensors", "fseb.json", "README.md"}
+TEST_IMAGE_SIZE = (44, 30)  # (H, W) of the tiny run's test images; the model takes 16 x 16
 
 
 def _recipe_dict(data: Path, ood: Path, out: Path) -> dict[str, Any]:
@@ -81,7 +84,9 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     """A finished FS-EB run whose push (to a closed loopback port) failed."""
     root = tmp_path_factory.mktemp("hub")
     _write_folder(root / "ind", "train", {"cat": 8, "dog": 8, "fox": 8})
-    _write_folder(root / "ind", "test", {"cat": 3, "dog": 3, "fox": 3})
+    # Test images larger than the 16 px input and not square, as users' photos are: evaluation
+    # must resize them exactly as the card's snippet does.
+    _write_folder(root / "ind", "test", {"cat": 3, "dog": 3, "fox": 3}, size=TEST_IMAGE_SIZE)
     _write_folder(root / "ood", "test", {"owl": 4})
     out = root / "compare" / "fseb"
     out.mkdir(parents=True)
@@ -144,6 +149,36 @@ def test_run_writes_a_timm_folder_that_loads_with_identical_logits(tiny_run) -> 
     assert tuple(data_cfg["std"]) == pytest.approx((0.2, 0.25, 0.3))
     assert data_cfg["crop_pct"] == 1.0
     assert loaded.pretrained_cfg["label_names"] == ["cat", "dog", "fox"]
+
+
+def _card_snippet(card: str, folder: Path) -> str:
+    """The card's "How to use" code, loading ``folder`` and reading the file ``image_path``."""
+    code = card.split("## How to use")[1].split("```python\n")[1].split("```")[0]
+    hub_line = f'model = timm.create_model("hf-hub:{REPO_ID}", pretrained=True).eval()\n'
+    local_line = f'model = timm.create_model("local-dir:{folder}", pretrained=True).eval()\n'
+    assert code.count(hub_line) == 1 and code.count(f"# {local_line}") == 1
+    assert code.count('Image.open("image.jpg")') == 1
+    code = code.replace(hub_line, "").replace(f"# {local_line}", local_line)
+    return code.replace('Image.open("image.jpg")', "Image.open(image_path)")
+
+
+def test_card_snippet_reproduces_the_runs_test_predictions(tiny_run) -> None:
+    snippet = _card_snippet((tiny_run.folder / "README.md").read_text(), tiny_run.folder)
+    test_dir = tiny_run.dir.parents[1] / "ind"
+    files = datasets.load_dataset("imagefolder", data_dir=str(test_dir), split="test")
+    files = files.cast_column("image", datasets.Image(decode=False))  # the run's sample order
+    probs = []
+    for item in files:
+        scope: dict[str, Any] = {"image_path": item["image"]["path"]}
+        exec(compile(snippet, "model card", "exec"), scope)  # the card's code, as users run it
+        probs.append(scope["probs"])
+    log_probs, labels = tiny_run.results.predictions.test
+    assert torch.equal(torch.tensor(files["label"]), labels)
+    torch.testing.assert_close(torch.stack(probs), log_probs.exp(), rtol=0, atol=1e-5)
+    accuracy = json.loads((tiny_run.dir / "results.json").read_text())["test"]["accuracy"]
+    assert (torch.stack(probs).argmax(-1) == labels).double().mean().item() == pytest.approx(
+        accuracy, abs=1e-6
+    )
 
 
 def test_config_json_carries_the_runs_input_and_labels(tiny_run) -> None:
@@ -383,7 +418,12 @@ def test_one_channel_fseb_model_round_trips(tmp_path: Path) -> None:
     x = torch.randn(2, 1, 28, 28, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert torch.equal(loaded(x), model(x))
-    assert timm.data.resolve_data_config(model=loaded)["input_size"] == (1, 28, 28)
+    config = timm.data.resolve_data_config(model=loaded)
+    assert config["input_size"] == (1, 28, 28)
+    # The card's transform for this model is fseb_ft's evaluation transform, bit for bit.
+    image = np.random.default_rng(2).integers(0, 256, (40, 33, 1), dtype=np.uint8)  # (H, W, 1)
+    expected = timm.data.create_transform(**config)(Image.fromarray(image[:, :, 0]))
+    assert torch.equal(eval_transform((28, 28), (0.5,), (0.5,))(image=image)["image"], expected)
     assert loaded.pretrained_cfg["label_names"] == ["0", "1", "2", "3"]
     text = (folder / "README.md").read_text()
     assert ModelCard(text).data.license == "mit" and "ps-map" in ModelCard(text).data.tags

@@ -34,14 +34,18 @@ LAUNCH_2_CPU_BF16 = {
 }
 
 
-def _write_folder(root: Path, split: str, classes: dict[str, int], size: int = 16) -> None:
+def _write_folder(
+    root: Path, split: str, classes: dict[str, int], size: int | tuple[int, int] = 16
+) -> None:
+    """Noisy per-class-coloured PNGs ``root/split/<class>/NNN.png`` of ``size`` (side or (H, W))."""
+    height, width = (size, size) if isinstance(size, int) else size
     # crc32, not hash(): str hashes are salted per process, and fixtures must not vary by run.
     rng = np.random.default_rng(zlib.crc32(f"{root.name}/{split}".encode()))
     for name, count in classes.items():
         base = rng.integers(0, 256, size=3)
         (root / split / name).mkdir(parents=True, exist_ok=True)
         for i in range(count):
-            noise = rng.integers(-40, 40, size=(size, size, 3))
+            noise = rng.integers(-40, 40, size=(height, width, 3))
             pixels = np.clip(base + noise, 0, 255).astype(np.uint8)
             Image.fromarray(pixels).save(root / split / name / f"{i:03d}.png")
 

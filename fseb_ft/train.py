@@ -467,9 +467,9 @@ def _non_finite_message(
         remedies.append("raise fseb.prior_cov_diag")
     if recipe.optim.grad_clip_norm is None:
         remedies.append("set optim.grad_clip_norm")
-    if accelerator.mixed_precision != "no":
+    if applied_precision(accelerator) != "no":
         remedies.append(
-            f"use train.mixed_precision=no (this run used {accelerator.mixed_precision})"
+            f"use train.mixed_precision=no (this run used {applied_precision(accelerator)})"
         )
     return (
         f"training loss became non-finite in epoch {epoch + 1} near step {state.step} "

@@ -598,6 +598,7 @@ def test_all_exports() -> None:
         "classification_metrics",
         "calibration_bins",
         "binary_auroc",
+        "chance_accuracy",
     }
     for name in M.__all__:
         assert callable(getattr(M, name))

@@ -8,18 +8,28 @@ run saves its resolved recipe (:func:`dump_recipe`) so it can be re-run or re-ev
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
-import inspect
-import math
 import sys
 import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal
 
 import yaml
+
+from fseb_ft import schema
+from fseb_ft.options import (
+    AUGMENTATIONS,
+    CONTEXT_KINDS,
+    FORWARD_MODES,
+    HEAD_INITS,
+    PARAM_ANCHORS,
+    REG_POINTS,
+    SOLVERS,
+    SOURCES,
+)
+from fseb_ft.schema import ConfigError, check, parent_section, plain_tree, set_key
 
 __all__ = [
     "ConfigError",
@@ -44,20 +54,11 @@ __all__ = [
 ]
 
 
-class ConfigError(ValueError):
-    """A recipe key is unknown or its value has the wrong type or range."""
-
-
-def _check(ok: bool, key: str, value: object, allowed: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key}={value!r}: {allowed}")
-
-
 @dataclass(frozen=True)
 class DatasetSpec:
     """Where one split of labelled images comes from."""
 
-    source: Literal["hub", "imagefolder", "disk", "arrays", "idx", "sklearn_digits"]
+    source: Literal[SOURCES]
     """``hub``: an HF Hub dataset id; ``imagefolder``: ``path/<split>/<class>/*.jpg``;
     ``disk``: a ``save_to_disk`` folder; ``arrays``: an ``.npz`` with ``images``/``labels``;
     ``idx``: MNIST-style ``{split}-images-idx3-ubyte.gz`` files in ``path``;
@@ -79,9 +80,9 @@ class DatasetSpec:
 
     def __post_init__(self) -> None:
         needs_path = self.source != "sklearn_digits"
-        _check(not needs_path or bool(self.path), "path", self.path, f"required for {self.source}")
-        _check(self.limit is None or self.limit > 0, "limit", self.limit, "must be > 0 or null")
-        _check(
+        check(not needs_path or bool(self.path), "path", self.path, f"required for {self.source}")
+        check(self.limit is None or self.limit > 0, "limit", self.limit, "must be > 0 or null")
+        check(
             self.classes is None or len(set(self.classes)) == len(self.classes) > 0,
             "classes",
             self.classes,
@@ -105,7 +106,7 @@ class ModelConfig:
     """Dropout before the classifier (timm ``drop_rate``)."""
     drop_path_rate: float = 0.0
     """Stochastic depth rate (timm ``drop_path_rate``)."""
-    head_init: Literal["auto", "timm", "zeros"] = "auto"
+    head_init: Literal[HEAD_INITS] = "auto"
     """The new classifier's initialisation: ``zeros``, all-zero weights and bias, so training
     starts from uniform predictions at FS-EB's prior mean (the usual choice for fine-tuning);
     ``timm``, the architecture's own (EfficientNets draw U(±1/√K): large logits for small K,
@@ -114,14 +115,14 @@ class ModelConfig:
     its random head to break symmetry with its random body)."""
 
     def __post_init__(self) -> None:
-        _check(bool(self.name), "name", self.name, "a timm name, hf-hub:… or local-dir:…")
-        _check(
+        check(bool(self.name), "name", self.name, "a timm name, hf-hub:… or local-dir:…")
+        check(
             self.num_classes is None or self.num_classes >= 2,
             "num_classes",
             self.num_classes,
             "must be ≥ 2 or null",
         )
-        _check(
+        check(
             self.input_size is None or self.input_size >= 8,
             "input_size",
             self.input_size,
@@ -129,7 +130,7 @@ class ModelConfig:
         )
         for name in ("drop_rate", "drop_path_rate"):
             value = getattr(self, name)
-            _check(0 <= value < 1, name, value, "must be in [0, 1)")
+            check(0 <= value < 1, name, value, "must be in [0, 1)")
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ class DataConfig:
     """Named semantic-shift (OOD) sets, scored against ``test``."""
     val_fraction: float = 0.1
     """Fraction of ``train`` held out when ``val`` is ``null``."""
-    augment: Literal["none", "flip", "crop_flip", "randaug-lite"] = "crop_flip"
+    augment: Literal[AUGMENTATIONS] = "crop_flip"
     """Training augmentation (albumentations)."""
     channels: Literal[1, 3] = 3
     """Image channels fed to the model; grayscale sources are repeated to 3 by default."""
@@ -161,48 +162,53 @@ class DataConfig:
     """DataLoader worker processes."""
 
     def __post_init__(self) -> None:
-        _check(0 < self.val_fraction < 1, "val_fraction", self.val_fraction, "must be in (0, 1)")
-        _check(self.batch_size >= 1, "batch_size", self.batch_size, "must be ≥ 1")
-        _check(self.num_workers >= 0, "num_workers", self.num_workers, "must be ≥ 0")
+        check(0 < self.val_fraction < 1, "val_fraction", self.val_fraction, "must be in (0, 1)")
+        check(self.batch_size >= 1, "batch_size", self.batch_size, "must be ≥ 1")
+        check(self.num_workers >= 0, "num_workers", self.num_workers, "must be ≥ 0")
         for name in ("mean", "std"):
             value = getattr(self, name)
-            _check(
+            check(
                 value is None or len(value) == self.channels,
                 name,
                 value,
                 f"must have {self.channels} values (one per channel) or be null",
             )
-        _check(self.std is None or all(s > 0 for s in self.std), "std", self.std, "must be > 0")
+        check(self.std is None or all(s > 0 for s in self.std), "std", self.std, "must be > 0")
 
 
 @dataclass(frozen=True)
 class ContextConfig:
     """The context distribution: where the points x̂ of the function-space term come from."""
 
-    kind: Literal["train", "dataset", "mixture"] = "train"
+    # "corruption" now means only the covariate-shift suite (eval.corruptions).
+    RENAMED_KEYS = types.MappingProxyType({"corrupt": "perturb"})
+
+    kind: Literal[CONTEXT_KINDS] = "train"
     """``train``: the training inputs; ``dataset``: ``datasets``; ``mixture``: both, by weight."""
     datasets: tuple[DatasetSpec, ...] = ()
     """Other datasets (labels ignored) for ``dataset`` and ``mixture``."""
     weights: tuple[float, ...] = ()
     """Mixture weights: training inputs first, then each of ``datasets`` (``mixture`` only)."""
-    corrupt: bool = True
-    """Apply the reference corruption transform (crop, flip, blur, solarise, colour jitter);
-    ``false`` makes the pool fixed so φ0 features are computed once and cached."""
+    perturb: bool = True
+    """Perturb each context image afresh when it is drawn, with the reference's "corrupted
+    training inputs" transform (random crop, flip, blur, solarise, colour jitter); ``false``
+    makes the pool fixed so φ0 features are computed once and cached. Called ``corrupt``
+    before, which is still accepted."""
     pool_size: int = 10_000
     """Size of the fixed, seeded pool drawn from the sources; reshuffled each epoch."""
     batch_size: int = 32
     """Context batch size M per process and step."""
 
     def __post_init__(self) -> None:
-        _check(self.pool_size >= 1, "pool_size", self.pool_size, "must be ≥ 1")
-        _check(self.batch_size >= 2, "batch_size", self.batch_size, "must be ≥ 2")
-        _check(
+        check(self.pool_size >= 1, "pool_size", self.pool_size, "must be ≥ 1")
+        check(self.batch_size >= 2, "batch_size", self.batch_size, "must be ≥ 2")
+        check(
             self.kind != "dataset" or len(self.datasets) == 1,
             "datasets",
             self.datasets,
             "kind='dataset' needs exactly one dataset (use kind='mixture' to combine several)",
         )
-        _check(
+        check(
             self.kind != "mixture" or len(self.datasets) > 0,
             "datasets",
             self.datasets,
@@ -210,7 +216,7 @@ class ContextConfig:
         )
         if self.kind == "mixture":
             n = len(self.datasets) + 1
-            _check(
+            check(
                 len(self.weights) == n
                 and all(w >= 0 for w in self.weights)
                 and sum(self.weights) > 0,
@@ -232,13 +238,13 @@ class FSEBConfig:
     """s in Kc = s (H Hᵀ + 1 1ᵀ) + d I (reference: 1e-5 pretrained ResNet-50, 0.01 FMNIST CNN)."""
     prior_cov_diag: float = 1e-2
     """d in Kc (reference: 1e-2 pretrained ResNet-50, 1 FMNIST CNN)."""
-    forward_mode: Literal["joint", "separate"] = "joint"
+    forward_mode: Literal[FORWARD_MODES] = "joint"
     """One forward over [x; x̂] (BatchNorm sees both) or two separate ones."""
-    reg_points: Literal["context", "joint"] = "context"
-    """Where R_f is evaluated: the context batch x̂ (M points, design §1) or the training batch
+    reg_points: Literal[REG_POINTS] = "context"
+    """Where R_f is evaluated: the context batch x̂ (M points, the paper) or the training batch
     and the context batch together, [x; x̂] (B + M points; Kc from φ0's features of both), as the
     authors' FashionMNIST and ResNet-18 configs do (``--reg_points joint``)."""
-    param_anchor: Literal["zero", "init"] = "zero"
+    param_anchor: Literal[PARAM_ANCHORS] = "zero"
     """Centre of the parameter prior: zero (the paper) or the starting weights (L2-SP)."""
     param_noise_std: float = 0.0
     """σ of the EB-VI form θ + σε; 0 is EB-MAP (the paper's σ² = 1e-20 is numerically MAP)."""
@@ -246,23 +252,23 @@ class FSEBConfig:
     """Monte-Carlo samples S for the likelihood when param_noise_std > 0."""
     reg_samples: int = 1
     """Monte-Carlo samples J for R_f when param_noise_std > 0."""
-    solver: Literal["auto", "cholesky", "woodbury"] = "auto"
+    solver: Literal[SOLVERS] = "auto"
     """How Kc⁻¹ is applied; ``auto`` picks the cheaper exact one by size."""
 
     def __post_init__(self) -> None:
-        _check(self.reg_scale >= 0, "reg_scale", self.reg_scale, "must be ≥ 0 (0 is PS-MAP)")
-        _check(self.prior_var > 0, "prior_var", self.prior_var, "must be > 0")
-        _check(self.prior_cov_scale >= 0, "prior_cov_scale", self.prior_cov_scale, "must be ≥ 0")
-        _check(self.prior_cov_diag >= 0, "prior_cov_diag", self.prior_cov_diag, "must be ≥ 0")
-        _check(
+        check(self.reg_scale >= 0, "reg_scale", self.reg_scale, "must be ≥ 0 (0 is PS-MAP)")
+        check(self.prior_var > 0, "prior_var", self.prior_var, "must be > 0")
+        check(self.prior_cov_scale >= 0, "prior_cov_scale", self.prior_cov_scale, "must be ≥ 0")
+        check(self.prior_cov_diag >= 0, "prior_cov_diag", self.prior_cov_diag, "must be ≥ 0")
+        check(
             self.prior_cov_scale > 0 or self.prior_cov_diag > 0,
             "prior_cov_diag",
             self.prior_cov_diag,
             "prior_cov_scale and prior_cov_diag cannot both be 0",
         )
-        _check(self.param_noise_std >= 0, "param_noise_std", self.param_noise_std, "must be ≥ 0")
+        check(self.param_noise_std >= 0, "param_noise_std", self.param_noise_std, "must be ≥ 0")
         for name in ("likelihood_samples", "reg_samples"):
-            _check(getattr(self, name) >= 1, name, getattr(self, name), "must be ≥ 1")
+            check(getattr(self, name) >= 1, name, getattr(self, name), "must be ≥ 1")
 
 
 @dataclass(frozen=True)
@@ -289,12 +295,12 @@ class OptimConfig:
     """Clip the global gradient norm (``null``: no clipping)."""
 
     def __post_init__(self) -> None:
-        _check(self.lr > 0, "lr", self.lr, "must be > 0")
-        _check(0 <= self.momentum < 1, "momentum", self.momentum, "must be in [0, 1)")
-        _check(all(0 <= b < 1 for b in self.betas), "betas", self.betas, "each in [0, 1)")
-        _check(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", self.min_lr_ratio, "in [0, 1]")
-        _check(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "must be ≥ 0")
-        _check(
+        check(self.lr > 0, "lr", self.lr, "must be > 0")
+        check(0 <= self.momentum < 1, "momentum", self.momentum, "must be in [0, 1)")
+        check(all(0 <= b < 1 for b in self.betas), "betas", self.betas, "each in [0, 1)")
+        check(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", self.min_lr_ratio, "in [0, 1]")
+        check(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "must be ≥ 0")
+        check(
             self.grad_clip_norm is None or self.grad_clip_norm > 0,
             "grad_clip_norm",
             self.grad_clip_norm,
@@ -334,10 +340,10 @@ class TrainConfig:
     with a log message (``pip install tensorboard`` to get the default)."""
 
     def __post_init__(self) -> None:
-        _check(self.epochs >= 1, "epochs", self.epochs, "must be ≥ 1")
-        _check(self.grad_accum_steps >= 1, "grad_accum_steps", self.grad_accum_steps, "must be ≥ 1")
-        _check(self.log_every >= 1, "log_every", self.log_every, "must be ≥ 1")
-        _check(
+        check(self.epochs >= 1, "epochs", self.epochs, "must be ≥ 1")
+        check(self.grad_accum_steps >= 1, "grad_accum_steps", self.grad_accum_steps, "must be ≥ 1")
+        check(self.log_every >= 1, "log_every", self.log_every, "must be ≥ 1")
+        check(
             self.max_param_growth is None or self.max_param_growth > 1,
             "max_param_growth",
             self.max_param_growth,
@@ -372,14 +378,14 @@ class EvalConfig:
     ``~/.cache/fseb_ft/corruptions``."""
 
     def __post_init__(self) -> None:
-        _check(self.batch_size >= 1, "batch_size", self.batch_size, "must be ≥ 1")
-        _check(
+        check(self.batch_size >= 1, "batch_size", self.batch_size, "must be ≥ 1")
+        check(
             self.corruption_limit is None or self.corruption_limit >= 1,
             "corruption_limit",
             self.corruption_limit,
             "must be ≥ 1 or null",
         )
-        _check(
+        check(
             len(self.severities) > 0 and all(1 <= s <= 5 for s in self.severities),
             "severities",
             self.severities,
@@ -387,7 +393,7 @@ class EvalConfig:
         )
         # Sorted and without repeats, so results and tables list them in order.
         object.__setattr__(self, "severities", tuple(sorted(set(self.severities))))
-        _check(self.corruption_seed >= 0, "corruption_seed", self.corruption_seed, "must be ≥ 0")
+        check(self.corruption_seed >= 0, "corruption_seed", self.corruption_seed, "must be ≥ 0")
         if isinstance(self.corruptions, str):  # eval.corruptions=all on the command line
             object.__setattr__(self, "corruptions", (self.corruptions,))
         if self.corruptions:
@@ -424,15 +430,15 @@ class OutputConfig:
     def __post_init__(self) -> None:
         repo = self.push_to_hub
         well_formed = repo is not None and repo.count("/") == 1 and all(repo.split("/"))
-        _check(
+        check(
             repo is None or (well_formed and not any(c.isspace() for c in repo)),
             "push_to_hub",
             repo,
             "a Hub repo id 'user/name' or null",
         )
-        _check(self.revision is None or bool(self.revision), "revision", self.revision, "a branch")
-        _check(bool(self.commit_message), "commit_message", self.commit_message, "non-empty")
-        _check(self.license is None or bool(self.license), "license", self.license, "an id or null")
+        check(self.revision is None or bool(self.revision), "revision", self.revision, "a branch")
+        check(bool(self.commit_message), "commit_message", self.commit_message, "non-empty")
+        check(self.license is None or bool(self.license), "license", self.license, "an id or null")
 
 
 @dataclass(frozen=True)
@@ -477,147 +483,23 @@ def read_recipe_file(path: str | Path) -> dict[str, Any]:
 
 def recipe_from_dict(raw: Mapping[str, Any]) -> Recipe:
     """Validate a nested mapping (as read from YAML) into a :class:`Recipe`."""
-    return _build(Recipe, raw, "")
+    return schema.build(Recipe, raw)
 
 
 def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     """Return a copy of ``raw`` with each ``a.b.c=value`` set (value parsed as YAML)."""
-    out: dict[str, Any] = _deep_copy(raw)
+    out: dict[str, Any] = schema.deep_copy(raw)
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {item!r} must look like section.key=value")
-        parts = key.split(".")
-        parent_section(out, parts)[parts[-1]] = yaml.safe_load(text) if text.strip() else None
+        set_key(out, key.split("."), yaml.safe_load(text) if text.strip() else None)
     return out
-
-
-def parent_section(tree: dict[str, Any], parts: Sequence[str]) -> dict[str, Any]:
-    """The mapping of ``tree`` that holds the dotted key ``parts``, creating missing sections."""
-    node = tree
-    for i, part in enumerate(parts[:-1]):
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise ConfigError(f"{'.'.join(parts[: i + 1])} is a value, not a section")
-        node = child
-    return node
 
 
 def dump_recipe(recipe: Recipe) -> str:
     """The resolved recipe as YAML (defaults filled in), loadable by :func:`load_recipe`."""
     return yaml.safe_dump(plain_tree(dataclasses.asdict(recipe)), sort_keys=False)
-
-
-def _deep_copy(node: Any) -> Any:
-    if isinstance(node, Mapping):
-        return {k: _deep_copy(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_deep_copy(v) for v in node]
-    return node
-
-
-def plain_tree(node: Any) -> Any:
-    """Tuples → lists and mappings → dicts with string keys, as YAML would give them."""
-    if isinstance(node, Mapping):
-        return {str(k): plain_tree(v) for k, v in node.items()}
-    if isinstance(node, list | tuple):
-        return [plain_tree(v) for v in node]
-    return node
-
-
-def _build(cls: type, raw: Any, path: str) -> Any:
-    where = path or "recipe"
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{where} must be a mapping of keys, got {raw!r}")
-    hints = get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    for key in raw:
-        if key not in names:
-            raise ConfigError(f"unknown key {_join(path, key)!r}; allowed keys here: {names}")
-    kwargs = {k: _coerce(hints[k], v, _join(path, k)) for k, v in raw.items()}
-    missing = [
-        f.name
-        for f in dataclasses.fields(cls)
-        if f.name not in kwargs
-        and f.default is dataclasses.MISSING
-        and f.default_factory is dataclasses.MISSING
-    ]
-    if missing:
-        raise ConfigError(f"{where} is missing required key(s) {[_join(path, m) for m in missing]}")
-    try:
-        return cls(**kwargs)
-    except ConfigError as err:
-        raise ConfigError(f"{_join(path, str(err))}") from None
-
-
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
-
-
-def _coerce(tp: Any, value: Any, key: str) -> Any:
-    origin, args = get_origin(tp), get_args(tp)
-    if origin in (Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in (a for a in args if a is not type(None)):
-            try:
-                return _coerce(arg, value, key)
-            except ConfigError as err:
-                errors.append(str(err))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{key}={value!r}: {errors}")
-    if origin is Literal:
-        if isinstance(value, bool) and "no" in args:
-            # YAML 1.1 reads a bare `no` (e.g. train.mixed_precision=no) as false.
-            value = "yes" if value else "no"
-        if value not in args:
-            raise ConfigError(f"{key}={value!r}: allowed values are {list(args)}")
-        return value
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, key)
-    if origin is tuple:
-        if not isinstance(value, list | tuple):
-            raise ConfigError(f"{key}={value!r}: expected a list")
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value))
-        if len(value) != len(args):
-            raise ConfigError(f"{key}={value!r}: expected a list of {len(args)} values")
-        return tuple(
-            _coerce(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True))
-        )
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{key}={value!r}: expected a mapping of name: value")
-        return {str(k): _coerce(args[1], v, f"{key}.{k}") for k, v in value.items()}
-    return _coerce_scalar(tp, value, key)
-
-
-def _coerce_scalar(tp: Any, value: Any, key: str) -> Any:
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key}={value!r}: expected true or false")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key}={value!r}: expected an integer")
-    if tp is float:
-        # PyYAML reads "1e-5" (no dot) as a string; accept it as the number people mean.
-        if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                raise ConfigError(f"{key}={value!r}: expected a number") from None
-        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-            return float(value)
-        raise ConfigError(f"{key}={value!r}: expected a finite number")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise ConfigError(f"{key}={value!r}: expected a string")
-    raise TypeError(f"unsupported recipe field type {tp!r} at {key}")
 
 
 # The smallest valid recipe; the reference shows every default by resolving it.
@@ -643,154 +525,14 @@ directory.
 def reference_markdown() -> str:
     """The recipe reference (``docs/recipes.md``) generated from the recipe dataclasses.
 
-    One table per recipe section, one row per key: dotted name, type, default and the docstring
-    written under the field. Nested specs (:class:`DatasetSpec`) get a table of their own listing
-    where they are used, and the defaults of the smallest valid recipe close the page. New fields
-    and sections appear without touching this function. Regenerate the file with
+    One table per recipe section, one row per key (see :func:`fseb_ft.schema.reference_markdown`);
+    the defaults of the smallest valid recipe close the page. Regenerate the file with
     ``python -m fseb_ft.config --reference > docs/recipes.md``.
 
     Raises:
         ValueError: a field has no docstring.
     """
-    hints = get_type_hints(Recipe)
-    used_in: dict[type, list[str]] = {}
-    parts = [_REFERENCE_INTRO]
-    for section in dataclasses.fields(Recipe):
-        cls = hints[section.name]
-        _collect_nested(cls, section.name, used_in)
-        required = " Required." if _is_required(section) else ""
-        parts.append(f"## `{section.name}`\n\n{_markdown_text(_doc(cls))}{required}\n")
-        parts.append(_field_table(cls, f"{section.name}."))
-    for cls, places in used_in.items():
-        where = ", ".join(f"`{p}`" for p in places)
-        parts.append(f"## {cls.__name__}\n\n{_markdown_text(_doc(cls))} Used by {where}.\n")
-        parts.append(_field_table(cls, ""))
-    defaults = dump_recipe(recipe_from_dict(_MINIMAL_RECIPE))
-    parts.append(
-        "## All defaults\n\nThe smallest valid recipe, "
-        f"`{_inline_yaml(_MINIMAL_RECIPE)}`, resolves to:\n\n```yaml\n{defaults}```\n"
-    )
-    return "\n".join(parts)
-
-
-def _field_table(cls: type, prefix: str) -> str:
-    docs = _field_docs(cls)
-    hints = get_type_hints(cls)
-    missing = [f.name for f in dataclasses.fields(cls) if not docs.get(f.name)]
-    if missing:
-        raise ValueError(
-            f"{cls.__name__} field(s) {missing} have no docstring: write one as a string literal "
-            "on the line under the field"
-        )
-    rows = ["| key | type | default | description |", "|---|---|---|---|"]
-    for f in dataclasses.fields(cls):
-        cells = (
-            f"`{prefix}{f.name}`",
-            _type_text(hints[f.name]),
-            _default_text(f),
-            _markdown_text(docs[f.name]),
-        )
-        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(rows) + "\n"
-
-
-def _field_docs(cls: type) -> dict[str, str]:
-    """Field name → the string literal under that field in ``cls``'s source (its docstring)."""
-    tree = ast.parse(inspect.getsource(inspect.getmodule(cls)))
-    node = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls.__name__)
-    docs = {}
-    for stmt, after in zip(node.body, node.body[1:], strict=False):
-        if (
-            isinstance(stmt, ast.AnnAssign)
-            and isinstance(stmt.target, ast.Name)
-            and isinstance(after, ast.Expr)
-            and isinstance(after.value, ast.Constant)
-            and isinstance(after.value.value, str)
-        ):
-            docs[stmt.target.id] = inspect.cleandoc(after.value.value)
-    return docs
-
-
-def _collect_nested(tp: Any, where: str, found: dict[type, list[str]]) -> None:
-    """Record every dataclass reachable from ``tp`` (below a section) and its dotted places."""
-    for f in dataclasses.fields(tp) if dataclasses.is_dataclass(tp) else ():
-        inner, suffix = _unwrap(get_type_hints(tp)[f.name])
-        if inner is not None:
-            first = inner not in found
-            found.setdefault(inner, []).append(f"{where}.{f.name}{suffix}")
-            if first:
-                _collect_nested(inner, inner.__name__, found)
-
-
-def _unwrap(tp: Any) -> tuple[type | None, str]:
-    """(dataclass inside ``tp`` or None, how one is addressed: ``""``, ``[i]`` or ``.<name>``)."""
-    origin, args = get_origin(tp), get_args(tp)
-    if dataclasses.is_dataclass(tp):
-        return tp, ""
-    if origin in (Union, types.UnionType):
-        for arg in args:
-            found = _unwrap(arg)
-            if found[0] is not None:
-                return found
-    if origin is tuple and args:
-        return _unwrap(args[0])[0], "[i]"
-    if origin is dict:
-        return _unwrap(args[1])[0], ".<name>"
-    return None, ""
-
-
-def _type_text(tp: Any) -> str:
-    origin, args = get_origin(tp), get_args(tp)
-    if origin in (Union, types.UnionType):
-        text = " or ".join(_type_text(a) for a in args if a is not type(None))
-        return f"{text} or null" if type(None) in args else text
-    if origin is Literal:
-        values = [f"`{_inline_yaml(a)}`" for a in args]
-        return values[0] if len(values) == 1 else f"{', '.join(values[:-1])} or {values[-1]}"
-    if origin is tuple:
-        if len(args) == 2 and args[1] is Ellipsis:
-            return f"list of {_type_text(args[0])}"
-        return f"list of {len(args)} {' / '.join(sorted({_type_text(a) for a in args}))}"
-    if origin is dict:
-        return f"mapping of name to {_type_text(args[1])}"
-    if dataclasses.is_dataclass(tp):
-        return f"[{tp.__name__}](#{tp.__name__.lower()})"
-    return {bool: "bool", int: "int", float: "float", str: "string"}.get(tp, str(tp))
-
-
-def _is_required(f: dataclasses.Field) -> bool:
-    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-
-
-def _default_text(f: dataclasses.Field) -> str:
-    if _is_required(f):
-        return "required"
-    value = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-    return f"`{_inline_yaml(value)}`"
-
-
-def _inline_yaml(value: Any) -> str:
-    """``value`` as one line of flow-style YAML."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, Mapping):
-        return "{" + ", ".join(f"{k}: {_inline_yaml(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_inline_yaml(v) for v in value) + "]"
-    if isinstance(value, str) and yaml.safe_load(value) != value:
-        return repr(value)  # "no" would read as false, "" as null: quote them
-    return str(value)
-
-
-def _doc(cls: type) -> str:
-    return inspect.cleandoc(cls.__doc__ or "")
-
-
-def _markdown_text(doc: str) -> str:
-    """A docstring as one Markdown line: reST ````code```` becomes ```code```."""
-    return " ".join(doc.split()).replace("``", "`")
+    return schema.reference_markdown(Recipe, _REFERENCE_INTRO, _MINIMAL_RECIPE, dump_recipe)
 
 
 def _main(argv: Sequence[str] | None = None) -> None:

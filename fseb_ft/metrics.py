@@ -1,4 +1,4 @@
-"""Evaluation metrics for classifiers: pure tensor maths (design.md, section 3).
+"""Evaluation metrics for classifiers: pure tensor maths (definitions: docs/method.md, "Metrics").
 
 Conventions shared by every function:
 

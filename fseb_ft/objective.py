@@ -1,6 +1,6 @@
 """The FS-EB training objective: a trainable model, its frozen starting copy φ0, named loss terms.
 
-Loss (design §1, the negative of Rudner et al. 2023, eq. 8, divided by N_train)::
+Loss (docs/method.md, "The idea"; the negative of Rudner et al. 2023, eq. 8, divided by N_train)::
 
     loss = mean_CE(f(x; θ), y) + (reg_scale · R_f + R_θ) / N_train
 
@@ -36,8 +36,9 @@ FeatureFn = Callable[[nn.Module, Tensor], Tensor]
 def timm_features(model: nn.Module, x: Tensor) -> Tensor:
     """Penultimate features of a timm model: ``forward_head(forward_features(x), pre_logits=True)``.
 
-    This is ``h(x; φ0)`` of design §1: the pooled representation the classifier head reads, of
-    dimension ``model.num_features`` (after timm's optional ``head_hidden_size`` pre-logits layer).
+    This is ``h(x; φ0)`` of docs/method.md ("The empirical prior: φ0 and Kc"): the pooled
+    representation the classifier head reads, of dimension ``model.num_features`` (after timm's
+    optional ``head_hidden_size`` pre-logits layer).
     """
     return model.forward_head(model.forward_features(x), pre_logits=True)  # (M, D)
 

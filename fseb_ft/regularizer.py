@@ -4,8 +4,9 @@ Everything here takes tensors and returns tensors: no Accelerate, files or loggi
 side channel is a :class:`CholeskyJitterWarning` raised through :mod:`warnings` when a prior
 covariance had to be stabilised, so callers decide whether to log it.
 
-Notation (design §1): ``H = h(x̂; φ0)`` are the penultimate features of the frozen starting model
-at the M context points (M, D); ``F = f(x̂; θ)`` are the trainable model's logits there (M, K).
+Notation (docs/method.md, "The empirical prior: φ0 and Kc"): ``H = h(x̂; φ0)`` are the
+penultimate features of the frozen starting model at the M context points (M, D);
+``F = f(x̂; θ)`` are the trainable model's logits there (M, K).
 """
 
 from __future__ import annotations

@@ -1,0 +1,30 @@
+"""Option lists, written once: recipes validate against them and code dispatches on them.
+
+Plain constants, importing nothing, so every layer can read them. A recipe field's ``Literal``
+type is built from the tuple here (``Literal[AUGMENTATIONS]``), so the recipe reference, the
+validation message and the code that acts on the value cannot disagree.
+"""
+
+AUGMENTATIONS = ("none", "flip", "crop_flip", "randaug-lite")
+"""Training augmentations (``data.augment``)."""
+
+CONTEXT_KINDS = ("train", "dataset", "mixture")
+"""Where context points come from (``context.kind``)."""
+
+SOLVERS = ("auto", "cholesky", "woodbury")
+"""How ``Kc⁻¹`` is applied (``fseb.solver``); ``auto`` picks the cheaper exact one."""
+
+FORWARD_MODES = ("joint", "separate")
+"""One forward pass over ``[x; x̂]`` or two (``fseb.forward_mode``)."""
+
+REG_POINTS = ("context", "joint")
+"""Where the function-space term is evaluated (``fseb.reg_points``)."""
+
+PARAM_ANCHORS = ("zero", "init")
+"""Centre of the parameter prior (``fseb.param_anchor``)."""
+
+HEAD_INITS = ("auto", "timm", "zeros")
+"""Initialisation of the new classifier (``model.head_init``)."""
+
+SOURCES = ("hub", "imagefolder", "disk", "arrays", "idx", "sklearn_digits")
+"""Dataset sources (``DatasetSpec.source``)."""

@@ -68,16 +68,16 @@ def methods(cifar: Path) -> dict[str, list[str]]:
     """Method name → recipe overrides. One loop, three configurations."""
     return {
         "PS-MAP": ["fseb.reg_scale=0"],
-        "FS-EB (train-corr)": ["context.kind=train", "context.corrupt=true"],
+        "FS-EB (train-corr)": ["context.kind=train", "context.perturb=true"],
         # The authors' public config: R_f at the training and the context batch.
         "FS-EB (train-corr, joint)": [
             "context.kind=train",
-            "context.corrupt=true",
+            "context.perturb=true",
             "fseb.reg_points=joint",
         ],
         "FS-EB (cifar10-gray)": [
             "context.kind=dataset",
-            "context.corrupt=false",
+            "context.perturb=false",
             f"context.datasets=[{{source: imagefolder, path: '{cifar}', split: train}}]",
         ],
     }

@@ -263,7 +263,7 @@ def _context_stream(
         input_size=spec.size,
         mean=spec.mean,
         std=spec.std,
-        corrupt=ctx.corrupt,
+        corrupt=ctx.perturb,
     )
     accelerator.print(f"context: {pool!r}")
     return ContextStream(

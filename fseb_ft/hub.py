@@ -577,7 +577,7 @@ def _method_section(recipe: Recipe, run_info: Mapping[str, Any], method: str) ->
             f"This model: FS-EB with reg_scale={f.reg_scale:g}, prior_var={f.prior_var:g}, "
             f"prior_cov_scale={f.prior_cov_scale:g}, prior_cov_diag={f.prior_cov_diag:g}; "
             f"context set: `{recipe.context.kind}` "
-            f"({'corrupted' if recipe.context.corrupt else 'uncorrupted'}), pool of "
+            f"({'perturbed' if recipe.context.perturb else 'unperturbed'}), pool of "
             f"{recipe.context.pool_size} images, batches of {recipe.context.batch_size}"
             + (f" (fingerprint `{fingerprint}…`)" if fingerprint else "")
             + ". Full provenance in `fseb.json`.\n"

@@ -17,17 +17,22 @@ processes; ``num_train`` must be the *global* training-set size, counted once.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
-from typing import Literal
+import dataclasses
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as nnf
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from fseb_ft.config import FSEBConfig
+from fseb_ft.options import FORWARD_MODES, PARAM_ANCHORS, REG_POINTS
 from fseb_ft.regularizer import function_space_term, parameter_term
 
 __all__ = ["FSEBObjective", "FeatureFn", "timm_features", "unwrap_model"]
+
+_DEFAULTS = FSEBConfig()
+"""The hyper-parameters' defaults, written once in :class:`~fseb_ft.config.FSEBConfig`."""
 
 FeatureFn = Callable[[nn.Module, Tensor], Tensor]
 """``feature_fn(prior_model, x) -> (M, D)`` penultimate features of φ0 at ``x``."""
@@ -88,17 +93,17 @@ class FSEBObjective(nn.Module):
         model: nn.Module,
         num_train: int,
         *,
-        reg_scale: float = 1.0,
-        prior_var: float = 1.0,
-        prior_cov_scale: float = 1e-5,
-        prior_cov_diag: float = 1e-2,
-        forward_mode: Literal["joint", "separate"] = "joint",
-        reg_points: Literal["context", "joint"] = "context",
-        param_anchor: Literal["zero", "init"] = "zero",
-        param_noise_std: float = 0.0,
-        likelihood_samples: int = 1,
-        reg_samples: int = 1,
-        solver: Literal["auto", "cholesky", "woodbury"] = "auto",
+        reg_scale: float = _DEFAULTS.reg_scale,
+        prior_var: float = _DEFAULTS.prior_var,
+        prior_cov_scale: float = _DEFAULTS.prior_cov_scale,
+        prior_cov_diag: float = _DEFAULTS.prior_cov_diag,
+        forward_mode: str = _DEFAULTS.forward_mode,
+        reg_points: str = _DEFAULTS.reg_points,
+        param_anchor: str = _DEFAULTS.param_anchor,
+        param_noise_std: float = _DEFAULTS.param_noise_std,
+        likelihood_samples: int = _DEFAULTS.likelihood_samples,
+        reg_samples: int = _DEFAULTS.reg_samples,
+        solver: str = _DEFAULTS.solver,
         prior: nn.Module | None = None,
         feature_fn: FeatureFn | None = None,
     ) -> None:
@@ -148,6 +153,38 @@ class FSEBObjective(nn.Module):
                     f"param_anchor='init' needs φ0 to have the trainable parameters' names; "
                     f"missing in the prior: {missing[:5]}"
                 )
+
+    @classmethod
+    def from_config(
+        cls,
+        model: nn.Module,
+        num_train: int,
+        cfg: FSEBConfig,
+        *,
+        prior: nn.Module | None = None,
+        feature_fn: FeatureFn | None = None,
+    ) -> FSEBObjective:
+        """The objective a recipe's ``fseb`` section describes (every field is a keyword here)."""
+        hyper = dataclasses.asdict(cfg)
+        return cls(model, num_train, **hyper, prior=prior, feature_fn=feature_fn)
+
+    def replace_model(self, model: nn.Module, device: torch.device | str | None = None) -> None:
+        """Train ``model`` from now on: the same network wrapped, e.g. by ``accelerator.prepare``.
+
+        φ0 was copied from the network at construction and stays; it moves to ``device`` when
+        given, where the wrapped model now lives.
+
+        Raises:
+            ValueError: ``model`` wraps another network than the one φ0 was copied from.
+        """
+        if unwrap_model(model) is not unwrap_model(self.model):
+            raise ValueError(
+                "replace_model needs the same network (wrapped); build a new FSEBObjective for "
+                "another one, so that φ0 is its own starting point"
+            )
+        self.model = model
+        if device is not None:
+            self.prior.to(device)
 
     def train(self, mode: bool = True) -> FSEBObjective:
         """Set the trainable model's mode; φ0 stays in eval mode whatever ``mode`` is."""
@@ -309,14 +346,21 @@ def _validate(
         raise ValueError(f"reg_scale must be ≥ 0 (0 is PS-MAP); got {reg_scale}")
     if not prior_var > 0:
         raise ValueError(f"prior_var must be > 0; got {prior_var}")
-    if forward_mode not in ("joint", "separate"):
-        raise ValueError(f"forward_mode must be 'joint' or 'separate'; got {forward_mode!r}")
-    if reg_points not in ("context", "joint"):
-        raise ValueError(f"reg_points must be 'context' or 'joint'; got {reg_points!r}")
-    if param_anchor not in ("zero", "init"):
-        raise ValueError(f"param_anchor must be 'zero' or 'init'; got {param_anchor!r}")
+    for name, value, allowed in (
+        ("forward_mode", forward_mode, FORWARD_MODES),
+        ("reg_points", reg_points, REG_POINTS),
+        ("param_anchor", param_anchor, PARAM_ANCHORS),
+    ):
+        if value not in allowed:
+            raise ValueError(f"{name} must be {_one_of(allowed)}; got {value!r}")
     if not param_noise_std >= 0:
         raise ValueError(f"param_noise_std must be ≥ 0; got {param_noise_std}")
     for name, value in (("likelihood_samples", likelihood_samples), ("reg_samples", reg_samples)):
         if not (isinstance(value, int) and value >= 1):
             raise ValueError(f"{name} must be an int ≥ 1; got {value!r}")
+
+
+def _one_of(allowed: Sequence[str]) -> str:
+    """``'a', 'b' or 'c'``."""
+    quoted = [repr(a) for a in allowed]
+    return f"{', '.join(quoted[:-1])} or {quoted[-1]}"

@@ -14,10 +14,11 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Iterable
-from typing import Literal
 
 import torch
 from torch import Tensor
+
+from fseb_ft.options import SOLVERS
 
 __all__ = [
     "CholeskyJitterWarning",
@@ -27,7 +28,6 @@ __all__ = [
     "select_solver",
 ]
 
-Solver = Literal["auto", "cholesky", "woodbury"]
 
 _MAX_JITTER_TRIES = 8
 _DEVICE_FALLBACK_JITTER = 1e-6
@@ -79,7 +79,7 @@ def function_space_term(
     features: Tensor,
     scale: float,
     diag: float,
-    solver: Solver = "auto",
+    solver: str = "auto",
     jitter: float = 1e-10,
 ) -> Tensor:
     """Function-space prior term ``R_f = ½ Σ_k f_kᵀ Kc⁻¹ f_k`` (negative log prior + const).
@@ -114,8 +114,9 @@ def function_space_term(
     _check_hyper(scale, diag)
     if solver == "auto":
         solver = select_solver(features.shape[0], features.shape[1], scale, diag)
-    if solver not in ("cholesky", "woodbury"):
-        raise ValueError(f"solver must be 'auto', 'cholesky' or 'woodbury'; got {solver!r}")
+    if solver == "auto" or solver not in SOLVERS:
+        allowed = ", ".join(repr(name) for name in SOLVERS)
+        raise ValueError(f"solver must be one of {allowed}; got {solver!r}")
     if solver == "woodbury" and not (scale > 0 and diag > 0):
         raise ValueError(
             f"the woodbury solver needs prior_cov_scale > 0 and prior_cov_diag > 0; got "

@@ -14,6 +14,7 @@ from fseb_ft.config import (
     load_recipe,
     recipe_from_dict,
 )
+from fseb_ft.schema import RenamedKeyWarning
 
 RECIPES = sorted((Path(__file__).parents[1] / "recipes").glob("*.yaml"))
 MINIMAL = {"data": {"train": {"source": "sklearn_digits"}}}
@@ -87,3 +88,12 @@ def test_yaml_no_is_the_string_no_where_allowed_and_precision_defaults_to_accele
     assert recipe.train.mixed_precision == "no"
     with pytest.raises(ConfigError, match="expected true or false"):
         load_recipe(RECIPES[0], ["train.cpu=maybe"])
+
+
+def test_renamed_context_key_still_works_with_a_warning_and_never_twice() -> None:
+    with pytest.warns(RenamedKeyWarning, match=r"context.corrupt is renamed context.perturb"):
+        recipe = recipe_from_dict({**MINIMAL, "context": {"corrupt": False}})
+    assert recipe.context.perturb is False
+    assert "corrupt" not in dump_recipe(recipe).split("context:")[1].split("fseb:")[0]
+    with pytest.raises(ConfigError, match=r"context.corrupt and context.perturb are the same key"):
+        recipe_from_dict({**MINIMAL, "context": {"corrupt": False, "perturb": True}})

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+
 import pytest
 import timm
 import torch
 import torch.nn.functional as nnf
 from torch import nn
 
+from fseb_ft.config import FSEBConfig
 from fseb_ft.objective import FSEBObjective, timm_features
 
 N_TRAIN = 500
@@ -258,3 +262,28 @@ def test_missing_context_is_a_clear_error() -> None:
     x, y, _ = _batch()
     with pytest.raises(ValueError, match="context"):
         FSEBObjective(_net(), N_TRAIN, reg_scale=1.0)(x, y)
+
+
+def test_objective_keywords_are_the_recipe_fields_with_the_same_defaults() -> None:
+    params = inspect.signature(FSEBObjective).parameters
+    keywords = {n: p.default for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
+    keywords.pop("prior"), keywords.pop("feature_fn")
+    assert keywords == dataclasses.asdict(FSEBConfig())
+    cfg = FSEBConfig(reg_scale=0.5, prior_cov_diag=3.0, solver="cholesky")
+    obj = FSEBObjective.from_config(_net(), N_TRAIN, cfg)
+    assert {f: getattr(obj, f) for f in keywords} == dataclasses.asdict(cfg)
+
+
+def test_replace_model_takes_the_wrapped_network_and_refuses_another() -> None:
+    class Wrapper(nn.Module):  # what DDP and Accelerate's prepare look like to unwrap_model
+        def __init__(self, module: nn.Module) -> None:
+            super().__init__()
+            self.module = module
+
+    net = _net()
+    obj = FSEBObjective(net, N_TRAIN)
+    wrapped = Wrapper(net)
+    obj.replace_model(wrapped, "cpu")
+    assert obj.model is wrapped
+    with pytest.raises(ValueError, match="same network"):
+        obj.replace_model(_net())

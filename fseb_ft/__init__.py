@@ -8,42 +8,39 @@ Fine-tuning from Python (imports the training stack on first use)::
 
     import fseb_ft
     results = fseb_ft.finetune("recipes/cifar10.yaml", train=train_ds, test=test_ds)
+
+Every name here is imported on first use (PEP 562), so ``import fseb_ft`` loads nothing but
+this file and ``python -m fseb_ft.<module>`` runs a module that was not imported before.
 """
 
+import importlib
 import os
 
 # albumentations asks PyPI for a newer version when imported (2 s timeout); a training library
 # must not phone home, and offline it only costs time. A user's explicit setting still wins.
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
-from fseb_ft.objective import FSEBObjective, timm_features
-from fseb_ft.regularizer import (
-    CholeskyJitterWarning,
-    function_space_term,
-    parameter_term,
-    prior_covariance,
-)
-
-__all__ = [
-    "CholeskyJitterWarning",
-    "FSEBObjective",
-    "function_space_term",
-    "parameter_term",
-    "prior_covariance",
-    "timm_features",
-]
+_LAZY = {
+    "CholeskyJitterWarning": "fseb_ft.regularizer",
+    "FSEBObjective": "fseb_ft.objective",
+    "function_space_term": "fseb_ft.regularizer",
+    "parameter_term": "fseb_ft.regularizer",
+    "prior_covariance": "fseb_ft.regularizer",
+    "timm_features": "fseb_ft.objective",
+}
+__all__ = sorted(_LAZY)
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    """Import ``fseb_ft.finetune`` and ``fseb_ft.api`` on first use (PEP 562).
+    """The public names on first use, and the modules ``api`` and ``finetune`` (PEP 562).
 
-    They pull in the training stack (Accelerate, datasets, albumentations), which importing
-    ``fseb_ft`` for the regulariser alone must not. ``fseb_ft.finetune`` is the CLI module and,
-    being callable, also the Python API: ``fseb_ft.finetune(recipe, train=..., test=...)``.
+    ``fseb_ft.finetune`` is the CLI module and, being callable, also the Python API:
+    ``fseb_ft.finetune(recipe, train=..., test=...)``; it pulls in the training stack
+    (Accelerate, datasets, albumentations), which importing ``fseb_ft`` alone must not.
     """
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
     if name in ("api", "finetune"):
-        import importlib
-
         return importlib.import_module(f"fseb_ft.{name}")
     raise AttributeError(f"module 'fseb_ft' has no attribute {name!r}")

@@ -1,24 +1,31 @@
-"""Fine-tune a timm backbone with FS-EB (or PS-MAP) from a YAML recipe.
+"""Fine-tune a timm backbone with FS-EB (or PS-MAP) from a YAML recipe, or on datasets in memory.
 
     python -m fseb_ft.finetune RECIPE.yaml [section.key=value ...]
     accelerate launch -m fseb_ft.finetune RECIPE.yaml [section.key=value ...]
     fseb-ft RECIPE.yaml fseb.reg_scale=0          # the PS-MAP baseline
 
+    import fseb_ft
+    results = fseb_ft.finetune("recipes/cifar10.yaml", train=hf_train, test=hf_test,
+                               ood={"cifar100": hf_cifar100_test}, train__epochs=5)
+
 A run directory (``output.dir``) receives the resolved recipe, per-epoch checkpoints, the best
 model (``model/model.safetensors``), ``run.json`` (inputs, classes, context provenance, history)
-and ``results.json`` / ``results.md``.
+and ``results.json`` / ``results.md``. The module itself is callable: ``fseb_ft.finetune(...)``
+is :func:`finetune`.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
+import inspect
 import logging
 import math
 import os
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +36,24 @@ from torch import nn
 
 from fseb_ft.allocator import keep_freed_memory
 from fseb_ft.atomic import DiskFullError, cleaned_on_failure, publish, remove_orphans, write_text
-from fseb_ft.config import ConfigError, Recipe, dump_recipe, load_recipe
+from fseb_ft.config import (
+    ConfigError,
+    Recipe,
+    dump_recipe,
+    load_recipe,
+    read_recipe_file,
+    recipe_from_dict,
+)
 from fseb_ft.context import build_context_pool
 from fseb_ft.data import (
+    IndexedImages,
     Splits,
     TransformedImages,
+    as_labeled_images,
     build_splits,
     load_split,
     make_loader,
+    stratified_split,
     train_transform,
 )
 from fseb_ft.evaluate import (
@@ -48,10 +65,10 @@ from fseb_ft.evaluate import (
     write_json,
     write_results,
 )
-from fseb_ft.hub import main as push_main
 from fseb_ft.hub import share_run
 from fseb_ft.models import InputSpec, create_model, input_spec
 from fseb_ft.objective import FSEBObjective
+from fseb_ft.schema import plain_tree, set_key
 from fseb_ft.train import (
     ContextStream,
     NonFiniteLossError,
@@ -65,7 +82,7 @@ from fseb_ft.train import (
     make_accelerator,
 )
 
-__all__ = ["cli", "compare", "main", "run"]
+__all__ = ["compare", "finetune", "main", "resolve_recipe", "run"]
 
 logger = logging.getLogger("fseb_ft")
 
@@ -297,10 +314,17 @@ def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Parse ``RECIPE [key=value ...]``, run it and print the results table."""
+_CLI_USAGE = """Fine-tune a timm backbone with FS-EB (PS-MAP: fseb.reg_scale=0) from a YAML recipe.
+
+Any section.key=value overrides the recipe. The run directory (output.dir) receives the resolved
+recipe, checkpoints, the best model in timm's Hub format (model/), run.json and the results.
+Rerunning the same command continues a killed run."""
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "fseb-ft") -> dict[str, Any]:
+    """Parse ``RECIPE [key=value ...] [--compare]``, run it and print the results table."""
     parser = argparse.ArgumentParser(
-        prog="fseb-ft", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=_CLI_USAGE, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("recipe", type=Path, help="YAML recipe (see recipes/)")
     parser.add_argument("overrides", nargs="*", help="section.key=value overrides")
@@ -318,33 +342,45 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     try:
         recipe = load_recipe(args.recipe, args.overrides)
         if args.compare:
-            return compare(args.recipe, args.overrides)
+            return compare(recipe)
         results = run(recipe)
     except (ConfigError, RecipeMismatchError, NonFiniteLossError, TrainingDivergedError) as err:
-        parser.exit(2, f"fseb-ft: error: {err}\n")
+        parser.exit(2, f"{prog}: error: {err}\n")
     except DiskFullError as err:
-        parser.exit(1, f"fseb-ft: error: {err}\n")
+        parser.exit(1, f"{prog}: error: {err}\n")
     if PartialState().is_main_process:
         print(markdown_table({method_title(recipe): results}))
     return results
 
 
-def compare(recipe_path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+def compare(recipe: Recipe | str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Train PS-MAP and FS-EB from one recipe and write ``comparison.md`` / ``.json``.
 
     The two runs differ only in ``fseb.reg_scale`` (0 for PS-MAP): same data, seed, backbone,
-    optimiser and schedule — one loop, two configurations.
+    optimiser and schedule — one loop, two configurations. ``recipe`` is a :class:`Recipe` or a
+    YAML file (read with ``overrides``); its runs go to ``output.dir``/psmap and /fseb.
+
+    Raises:
+        ConfigError: the recipe's ``fseb.reg_scale`` is 0, so it has no FS-EB setting.
     """
-    recipe = load_recipe(recipe_path, overrides)
+    if not isinstance(recipe, Recipe):
+        recipe = load_recipe(recipe, overrides)
     if recipe.fseb.reg_scale == 0:
-        raise ValueError("--compare needs a recipe with fseb.reg_scale > 0 (its FS-EB setting)")
+        raise ConfigError(
+            "fseb.reg_scale=0: --compare trains PS-MAP (reg_scale 0) beside the recipe's FS-EB, "
+            "so the recipe must set fseb.reg_scale > 0"
+        )
     out = Path(recipe.output.dir)
     results: dict[str, Any] = {}
-    for label, slug, extra in (
-        ("PS-MAP", "psmap", ["fseb.reg_scale=0"]),
-        ("FS-EB", "fseb", []),
+    for label, slug, reg_scale in (
+        ("PS-MAP", "psmap", 0.0),
+        ("FS-EB", "fseb", recipe.fseb.reg_scale),
     ):
-        sub = load_recipe(recipe_path, [*overrides, *extra, f"output.dir={out / slug}"])
+        sub = dataclasses.replace(
+            recipe,
+            fseb=dataclasses.replace(recipe.fseb, reg_scale=reg_scale),
+            output=dataclasses.replace(recipe.output, dir=str(out / slug)),
+        )
         results[label] = run(sub)
     if PartialState().is_main_process:
         table = markdown_table(results)
@@ -362,21 +398,141 @@ def compare(recipe_path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
     return results
 
 
-def cli() -> None:
-    """Console script ``fseb-ft``: ``fseb-ft RECIPE.yaml [key=value ...]``.
+# --------------------------------------------------------------------------------------------
+# The in-memory API: fseb_ft.finetune(recipe, train=..., test=...)
+# --------------------------------------------------------------------------------------------
 
-    Subcommands: ``fseb-ft evaluate RUN_DIR`` and ``fseb-ft push RUN_DIR user/name [--private]
-    [--revision BRANCH]`` (upload the run's model folder to the Hugging Face Hub).
+_SECTIONS = tuple(f.name for f in dataclasses.fields(Recipe))
+# Stands in for a dataset held in memory in the resolved recipe (run.json has its provenance).
+_IN_MEMORY = "in-memory:{}"
+
+
+def finetune(
+    recipe: str | Path | Recipe | Mapping[str, Any] | None = None,
+    train: Any = None,
+    val: Any = None,
+    test: Any = None,
+    ood: Mapping[str, Any] | None = None,
+    *,
+    class_names: Sequence[str] | None = None,
+    image_column: str | None = None,
+    label_column: str | None = None,
+    **overrides: Any,
+) -> dict[str, Any]:
+    """Fine-tune with FS-EB (or PS-MAP, ``fseb__reg_scale=0``) on in-memory datasets.
+
+    Args:
+        recipe: a YAML recipe path, a :class:`~fseb_ft.config.Recipe`, a mapping of sections as
+            in a YAML file, or ``None`` for all defaults (ImageNet-pretrained ResNet-18).
+        train: the training data: a ``datasets.Dataset`` (image and label columns found from
+            their ``Image`` / ``ClassLabel`` features, else ``image``/``img`` and
+            ``label``/``labels``), any map-style torch ``Dataset`` of ``(image, label)`` pairs
+            (image: PIL, numpy (H, W[, C]) uint8, or a (C, H, W) tensor in [0, 1] or uint8), or a
+            :class:`fseb_ft.data.LabeledImages`.
+        val: validation data for model selection; ``None`` holds out a stratified, seeded
+            ``data.val_fraction`` of ``train``.
+        test: the in-distribution test data the results are reported on (required).
+        ood: named semantic-shift sets scored against ``test`` (labels are not used).
+        class_names: class names, index = label; default: the ``ClassLabel`` names, the
+            dataset's ``classes`` attribute, else ``"0" .. "K-1"``.
+        image_column: image column (HF) or item key (torch datasets yielding mappings).
+        label_column: label column (HF) or item key.
+        **overrides: recipe overrides, in any of three spellings (values are Python objects,
+            not YAML text): a section mapping, merged into the recipe (``fseb={"reg_scale": 0}``);
+            ``section__key=value``, a double underscore for each dot (``fseb__reg_scale=0``,
+            ``output__dir="runs/mine"``); dotted keys through a dict (``**{"fseb.reg_scale":
+            0}``). ``train=`` is the training dataset, so the ``train`` *section* takes the
+            second or third spelling (``train__epochs=5``), never ``train={...}``.
+
+    Returns:
+        The results dict of :func:`fseb_ft.finetune.run` (``test``, ``ood``, ``training``),
+        also written to ``output.dir/results.json``. The run directory gets everything a CLI
+        run writes; its ``recipe.yaml`` names the data ``in-memory:<split>`` and ``run.json``
+        records the datasets' provenance, so re-evaluating it with ``fseb-ft evaluate`` needs
+        the data saved to disk and the recipe's ``data`` pointing at it.
     """
-    if len(sys.argv) > 1 and sys.argv[1] == "evaluate":
-        from fseb_ft.evaluate import main as evaluate_main
+    if train is None:
+        raise TypeError("finetune() needs train=: the training dataset")
+    if test is None:
+        raise TypeError(
+            "finetune() needs test=: the results are reported on the test split (the "
+            "validation data only selects the checkpoint and is never reported)"
+        )
+    resolved = resolve_recipe(recipe, overrides, has_val=val is not None, ood_names=ood or {})
+    wrap = {
+        "class_names": class_names,
+        "channels": resolved.data.channels,
+        "image_column": image_column,
+        "label_column": label_column,
+    }
+    splits = Splits(
+        train=as_labeled_images(train, **wrap),
+        val=None,  # set below
+        test=as_labeled_images(test, **wrap),
+        ood={name: as_labeled_images(data, **wrap) for name, data in (ood or {}).items()},
+    )
+    if val is None:
+        splits.train, splits.val = _hold_out(splits.train, resolved)
+    else:
+        splits.val = as_labeled_images(val, **wrap)
+    return run(resolved, splits=splits)
 
-        evaluate_main(sys.argv[2:], prog="fseb-ft evaluate")
-        return
-    if len(sys.argv) > 1 and sys.argv[1] == "push":
-        push_main(sys.argv[2:])
-        return
-    main()
+
+def resolve_recipe(
+    recipe: str | Path | Recipe | Mapping[str, Any] | None,
+    overrides: Mapping[str, Any] | None = None,
+    has_val: bool = False,
+    ood_names: Sequence[str] | Mapping[str, Any] = (),
+) -> Recipe:
+    """The validated recipe ``finetune`` runs: ``recipe`` plus ``overrides``, data in memory.
+
+    ``data.train``, ``data.test`` (and ``data.val`` when ``has_val``, ``data.ood`` for
+    ``ood_names``) become ``in-memory:<name>`` placeholders: the datasets passed to
+    :func:`finetune` replace them.
+    """
+    raw = _raw_recipe(recipe)
+    for key, value in (overrides or {}).items():
+        _apply(raw, key, value)
+    data = raw.setdefault("data", {})
+    if not isinstance(data, dict):
+        raise ConfigError(f"data must be a mapping of keys, got {data!r}")
+    data["train"] = _placeholder("train")
+    data["val"] = _placeholder("val") if has_val else None
+    data["test"] = _placeholder("test")
+    data["ood"] = {str(name): _placeholder(f"ood/{name}") for name in ood_names}
+    return recipe_from_dict(raw)
+
+
+def _raw_recipe(recipe: str | Path | Recipe | Mapping[str, Any] | None) -> dict[str, Any]:
+    """A mutable nested dict of the recipe, as it would be read from YAML."""
+    if recipe is None:
+        return {}
+    if isinstance(recipe, Recipe):
+        return plain_tree(dataclasses.asdict(recipe))
+    if isinstance(recipe, Mapping):
+        return plain_tree(copy.deepcopy(dict(recipe)))
+    return read_recipe_file(recipe)
+
+
+def _apply(raw: dict[str, Any], key: str, value: Any) -> None:
+    """Set one override: ``section={...}`` merges, ``a__b=v`` and ``a.b=v`` set a dotted key."""
+    parts = key.replace("__", ".").split(".")
+    if parts[0] not in _SECTIONS or not all(parts):
+        raise ConfigError(
+            f"unknown override {key!r}: use a recipe section {list(_SECTIONS)} as "
+            "section={...}, section__key=value or **{'section.key': value}"
+        )
+    set_key(raw, parts, value, merge=True)
+
+
+def _placeholder(name: str) -> dict[str, str]:
+    return {"source": "arrays", "path": _IN_MEMORY.format(name), "split": name}
+
+
+def _hold_out(full: Any, recipe: Recipe) -> tuple[Any, Any]:
+    """(train, val): a stratified, seeded ``data.val_fraction`` of ``full`` held out."""
+    train_idx, val_idx = stratified_split(full.labels, recipe.data.val_fraction, recipe.train.seed)
+    return IndexedImages(full, train_idx), IndexedImages(full, val_idx)
 
 
 class _CallableModule(type(sys)):  # type(sys) is types.ModuleType
@@ -384,20 +540,19 @@ class _CallableModule(type(sys)):  # type(sys) is types.ModuleType
 
     ``fseb_ft.finetune`` has to be two things at once: the CLI module that ``python -m
     fseb_ft.finetune`` runs, and the Python API's entry point. A module object cannot be
-    called, so its class is swapped for this ``ModuleType`` subclass, whose ``__call__`` forwards
-    to :func:`fseb_ft.api.finetune` (imported on call: ``api`` imports this module). Attribute
-    access, ``from fseb_ft.finetune import run``, pickling by reference and ``python -m`` behave
-    exactly as for a plain module.
+    called, so its class is swapped for this ``ModuleType`` subclass, whose ``__call__`` is
+    :func:`finetune` and whose signature is its signature. Attribute access, ``from
+    fseb_ft.finetune import run``, pickling by reference and ``python -m`` behave exactly as for
+    a plain module.
     """
 
     def __call__(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """Same as :func:`fseb_ft.api.finetune`."""
-        from fseb_ft.api import finetune
-
+        """Same as :func:`finetune`."""
         return finetune(*args, **kwargs)
 
 
 sys.modules[__name__].__class__ = _CallableModule
+sys.modules[__name__].__signature__ = inspect.signature(finetune)
 
 
 if __name__ == "__main__":

@@ -392,10 +392,10 @@ def retry_command(
     return shlex.join(cmd)
 
 
-def main(argv: Sequence[str] | None = None) -> str:
+def main(argv: Sequence[str] | None = None, prog: str = "fseb-ft push") -> str:
     """CLI ``fseb-ft push RUN_DIR [user/name] [--private] [--revision R]``; returns the URL."""
     parser = argparse.ArgumentParser(
-        prog="fseb-ft push",
+        prog=prog,
         description="Upload a run's model folder (RUN_DIR/model: weights, config.json, "
         "fseb.json, model card, plots) to the Hugging Face Hub. Checkpoints never leave the "
         "machine. A run without a model folder is exported first.",

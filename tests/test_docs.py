@@ -18,7 +18,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 import pytest
 import yaml
 
-from fseb_ft import config
+from fseb_ft import config, schema
 from fseb_ft.config import Recipe, recipe_from_dict, reference_markdown
 
 ROOT = Path(__file__).parents[1]
@@ -68,7 +68,7 @@ def test_every_recipe_field_has_a_docstring_and_a_reference_row() -> None:
     text = reference_markdown()
     hints = get_type_hints(Recipe)
     for cls in classes:
-        docs = config._field_docs(cls)
+        docs = schema._field_docs(cls)
         undocumented = [f.name for f in dataclasses.fields(cls) if not docs.get(f.name)]
         assert not undocumented, f"{cls.__name__} fields without a docstring: {undocumented}"
     for section in SECTIONS:
@@ -89,7 +89,7 @@ def test_reference_refuses_a_field_without_docstring() -> None:
     with pytest.raises(
         ValueError, match=r"_HalfDocumented field\(s\) \['bare'\] have no docstring"
     ):
-        config._field_table(_HalfDocumented, "")
+        schema._field_table(_HalfDocumented, "")
 
 
 def test_own_loop_example_trains(capsys: pytest.CaptureFixture[str]) -> None:

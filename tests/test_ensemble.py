@@ -17,6 +17,7 @@ import yaml
 from test_pipeline import N_OOD, N_TEST, _recipe_dict, _write_folder
 
 from fseb_ft import evaluate
+from fseb_ft.cli import main as cli
 from fseb_ft.evaluate import (
     COMPARISON_PLOTS,
     PLOTS,
@@ -24,7 +25,7 @@ from fseb_ft.evaluate import (
     evaluate_ensemble,
     evaluate_run,
 )
-from fseb_ft.finetune import cli, compare
+from fseb_ft.finetune import compare
 from fseb_ft.metrics import classification_metrics, ood_metrics
 
 

@@ -35,7 +35,7 @@ from test_pipeline import _write_folder
 
 import fseb_ft.finetune as finetune_module
 import fseb_ft.hub as hub
-from fseb_ft import finetune
+from fseb_ft import cli
 from fseb_ft.config import ConfigError, OutputConfig, recipe_from_dict
 from fseb_ft.data import eval_transform
 from fseb_ft.evaluate import markdown_table
@@ -370,7 +370,7 @@ def test_cli_push_exports_a_missing_folder_and_uploads_it(
     argv = ["fseb-ft", "push", str(run_dir), "someone/other", "--revision", "v1"]
     monkeypatch.setenv("HF_TOKEN", "hf_test")
     monkeypatch.setattr(sys, "argv", [*argv, "--endpoint", fake_hub.url])
-    finetune.cli()
+    cli.main()
     assert "pushed" in capsys.readouterr().out
     (commit,) = fake_hub.commits
     assert commit["repo_id"] == "someone/other" and commit["revision"] == "v1"
@@ -385,7 +385,7 @@ def test_cli_push_exports_a_missing_folder_and_uploads_it(
 
     monkeypatch.setattr(sys, "argv", [*argv, "--no-private", "--endpoint", UNREACHABLE])
     with pytest.raises(SystemExit) as exit_info:
-        finetune.cli()
+        cli.main()
     assert exit_info.value.code == 1
     err = capsys.readouterr().err
     assert "could not push" in err

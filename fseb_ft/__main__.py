@@ -1,0 +1,5 @@
+"""``python -m fseb_ft``: the ``fseb-ft`` command."""
+
+from fseb_ft.cli import main
+
+main()

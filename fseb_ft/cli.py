@@ -1,0 +1,89 @@
+"""The ``fseb-ft`` command: one table of subcommands, each the ``main`` of its entry module.
+
+    fseb-ft RECIPE.yaml [section.key=value ...] [--compare]   # = fseb-ft train RECIPE.yaml ...
+    fseb-ft evaluate RUN_DIR [RUN_DIR ...] [eval.key=value ...] [--ensemble]
+    fseb-ft push RUN_DIR [user/name]
+
+Each command's module is imported only when it runs, so ``fseb-ft --help`` and ``fseb-ft push``
+do not load the training stack.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["COMMANDS", "Command", "main"]
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: ``module.main(argv, prog=...)`` runs it."""
+
+    module: str
+    """The entry module whose ``main(argv, prog)`` runs the command."""
+    summary: str
+    """One line for ``fseb-ft --help``."""
+
+
+COMMANDS: dict[str, Command] = {
+    "train": Command(
+        "fseb_ft.finetune",
+        "fine-tune from a YAML recipe (also `fseb-ft RECIPE.yaml`); --compare adds PS-MAP",
+    ),
+    "evaluate": Command(
+        "fseb_ft.evaluate", "re-evaluate finished runs, or evaluate their ensemble (--ensemble)"
+    ),
+    "push": Command("fseb_ft.hub", "upload a run's model folder to the Hugging Face Hub"),
+}
+"""Every ``fseb-ft`` subcommand, in help order. A new command is one entry here."""
+
+_RECIPE_SUFFIXES = (".yaml", ".yml")
+
+
+def main(argv: Sequence[str] | None = None) -> Any:
+    """Console script ``fseb-ft``: dispatch to a command, or train when given a recipe file."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(_help())
+        return None
+    if args[0] == "--version":
+        from fseb_ft import __version__
+
+        print(f"fseb-ft {__version__}")
+        return None
+    name = args[0]
+    if name in COMMANDS:
+        return _run(name, args[1:])
+    if name.endswith(_RECIPE_SUFFIXES) or Path(name).is_file():
+        return _run("train", args)
+    sys.stderr.write(
+        f"fseb-ft: error: unknown command or recipe {name!r}; commands are "
+        f"{', '.join(COMMANDS)}, or give a recipe file (fseb-ft RECIPE.yaml ...)\n"
+    )
+    raise SystemExit(2)
+
+
+def _run(name: str, argv: list[str]) -> Any:
+    module = importlib.import_module(COMMANDS[name].module)
+    return module.main(argv, prog=f"fseb-ft {name}" if name != "train" else "fseb-ft")
+
+
+def _help() -> str:
+    width = max(map(len, COMMANDS))
+    rows = "\n".join(f"  {name:<{width}}  {cmd.summary}" for name, cmd in COMMANDS.items())
+    return (
+        "usage: fseb-ft RECIPE.yaml [section.key=value ...] [--compare]\n"
+        "       fseb-ft COMMAND [args ...]\n\n"
+        "Fine-tune timm backbones with function-space empirical Bayes (FS-EB) regularisation.\n\n"
+        f"commands:\n{rows}\n\n"
+        "`fseb-ft COMMAND --help` describes each; --version prints the version."
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""One ``fseb-ft`` command: its table, its errors, and the recipe read once."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import fseb_ft
+from fseb_ft import cli
+from fseb_ft import finetune as finetune_module
+
+QUICKSTART = Path(__file__).parents[1] / "recipes" / "quickstart.yaml"
+
+
+def test_help_lists_every_command_of_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+    cli.main(["--help"])
+    out = capsys.readouterr().out
+    for name, command in cli.COMMANDS.items():
+        assert f"  {name}" in out and command.summary in out
+
+
+def test_an_unknown_command_names_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["evalute", "runs/x"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == (
+        "fseb-ft: error: unknown command or recipe 'evalute'; commands are train, evaluate, "
+        "push, or give a recipe file (fseb-ft RECIPE.yaml ...)\n"
+    )
+
+
+def test_compare_without_fseb_is_a_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [str(QUICKSTART), "--compare", "fseb.reg_scale=0", f"output.dir={tmp_path}"]
+    with pytest.raises(SystemExit) as stop:
+        cli.main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fseb-ft: error: fseb.reg_scale=0: --compare trains PS-MAP")
+    assert "Traceback" not in err and not any(tmp_path.iterdir())
+
+
+def test_compare_reads_the_recipe_once_and_differs_only_in_reg_scale(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads, runs = [], []
+    load = finetune_module.load_recipe
+    monkeypatch.setattr(
+        finetune_module, "load_recipe", lambda *a, **k: reads.append(a) or load(*a, **k)
+    )
+
+    def fake_run(recipe: Any) -> dict[str, Any]:
+        runs.append(recipe)
+        Path(recipe.output.dir).mkdir(parents=True)
+        return {"test": {"accuracy": 1.0}, "ood": {}, "training": {"seconds": 1.0}}
+
+    monkeypatch.setattr(finetune_module, "run", fake_run)
+    cli.main([str(QUICKSTART), "--compare", f"output.dir={tmp_path}", "train.epochs=1"])
+    assert len(reads) == 1
+    psmap, fseb = runs
+    assert (psmap.fseb.reg_scale, fseb.fseb.reg_scale) == (0.0, 0.1)
+    assert (psmap.output.dir, fseb.output.dir) == (str(tmp_path / "psmap"), str(tmp_path / "fseb"))
+    assert psmap.train == fseb.train and psmap.train.epochs == 1 and psmap.data == fseb.data
+    assert (tmp_path / "comparison.md").is_file()
+
+
+def test_the_callable_module_shows_the_real_signature() -> None:
+    params = inspect.signature(fseb_ft.finetune).parameters
+    assert list(params)[:5] == ["recipe", "train", "val", "test", "ood"]
+    assert fseb_ft.api.finetune is finetune_module.finetune

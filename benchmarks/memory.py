@@ -1,6 +1,6 @@
 """Peak memory of the README's own-folder recipe, with and without DataLoader workers.
 
-    python -m benchmarks.memory [--workers 0 2] [--no-mallopt] [--cap-gib 16] [--single]
+    python -m benchmarks.memory [--workers 0 2] [--no-mallopt] [--cap-gib 18] [--single]
 
 Builds a small 3-class JPEG image folder (``train/``, ``test/`` and a one-class OOD folder) in a
 temporary directory and the README's own-folder recipe for it: ``recipes/quickstart.yaml`` with
@@ -179,7 +179,7 @@ def main() -> None:
     parser.add_argument("--train-per-class", type=int, default=50, help="training JPEGs per class")
     parser.add_argument("--test-per-class", type=int, default=20, help="test (and OOD) JPEGs")
     parser.add_argument("--image-size", type=int, default=256, help="JPEG side in pixels")
-    parser.add_argument("--cap-gib", type=float, default=16.0, help="kill a run above this PSS")
+    parser.add_argument("--cap-gib", type=float, default=18.0, help="kill a run above this PSS")
     parser.add_argument(
         "--min-available-gib", type=float, default=2.0, help="kill a run below this MemAvailable"
     )

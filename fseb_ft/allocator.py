@@ -9,12 +9,13 @@ Raising the thresholds keeps freed blocks in the heap for reuse; the price is th
 process's resident memory stays at its peak (one training step's activations).
 
 Forked children (DataLoader workers, which fork after the heap has grown: the validation
-loader's at the end of epoch 1, the context loader's every epoch) would inherit both the
-settings and that heap, mostly free; their allocations would reuse the inherited free chunks and
-copy them page by page, so each worker would grow towards the parent's peak (issue 15: 39 GB
-RSS and an OOM kill with two workers). So every child forked after :func:`keep_freed_memory`
-restores glibc's default thresholds and calls ``malloc_trim(0)``, which drops the child's view
-of the inherited free pages (the parent keeps its own); a child then holds only what it uses.
+loader's at the end of epoch 1, the context loader's every epoch) would inherit the settings and
+that heap, mostly free pages shared copy-on-write. Each time the parent (or a child) then reused
+one of those pages it was copied, so every generation of workers ended up holding its own copy
+of the parent's peak, until the kernel's OOM killer stopped the run (docs/performance.md,
+"Memory"). So every child forked after :func:`keep_freed_memory` restores glibc's default
+thresholds and calls ``malloc_trim(0)``, which drops the child's view of the inherited free pages
+(the parent keeps its own); a child then holds only what it uses itself.
 
 Limits: glibc on Linux only (a no-op on macOS, Windows and musl); the child hook runs for forks
 made through Python (``os.fork``, ``multiprocessing``'s default ``fork`` context, which the

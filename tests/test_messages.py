@@ -54,13 +54,16 @@ def test_nan_message_suggests_only_what_applies(tmp_path: Path) -> None:
     raw = {"data": {"train": {"source": "imagefolder", "path": str(tmp_path)}}}
     raw["output"] = {"dir": str(tmp_path)}
     means = {"loss": float("nan")}
-    bf16 = SimpleNamespace(mixed_precision="bf16")
-    fp32 = SimpleNamespace(mixed_precision="no")
+    bf16 = SimpleNamespace(mixed_precision="bf16", native_amp=True, distributed_type="NO")
+    fp32 = SimpleNamespace(mixed_precision="no", native_amp=False, distributed_type="NO")
+    # Accelerate keeps a requested fp16 on CPU but autocasts nothing: the run was fp32.
+    fp16_on_cpu = SimpleNamespace(mixed_precision="fp16", native_amp=False, distributed_type="NO")
     fseb = recipe_from_dict(raw)
     psmap = recipe_from_dict({**raw, "fseb": {"reg_scale": 0}})
     text = _non_finite_message(fseb, bf16, 0, TrainState(), means)
     assert "train.mixed_precision=no (this run used bf16)" in text
     assert "mixed_precision" not in _non_finite_message(fseb, fp32, 0, TrainState(), means)
+    assert "mixed_precision" not in _non_finite_message(fseb, fp16_on_cpu, 0, TrainState(), means)
     assert "prior_cov_diag" not in _non_finite_message(psmap, fp32, 0, TrainState(), means)
 
 

@@ -77,7 +77,7 @@ def finetune(
             their ``Image`` / ``ClassLabel`` features, else ``image``/``img`` and
             ``label``/``labels``), any map-style torch ``Dataset`` of ``(image, label)`` pairs
             (image: PIL, numpy (H, W[, C]) uint8, or a (C, H, W) tensor in [0, 1] or uint8), or a
-            :class:`fseb_ft.data.LabeledImages`.
+            :class:`fseb_ft.images.LabeledImages`.
         val: validation data for model selection; ``None`` holds out a stratified, seeded
             ``data.val_fraction`` of ``train``.
         test: the in-distribution test data the results are reported on (required).
@@ -92,7 +92,7 @@ def finetune(
         The results dict of :func:`fseb_ft.finetune.run` (``test``, ``ood``, ``training``),
         also written to ``output.dir/results.json``.
     """
-    from fseb_ft.data import Splits, as_labeled_images
+    from fseb_ft.images import Splits, as_labeled_images
 
     if train is None:
         raise TypeError("finetune() needs train=: the training dataset")
@@ -189,7 +189,7 @@ def _placeholder(name: str) -> dict[str, str]:
 
 def _hold_out(full: Any, recipe: Recipe) -> tuple[Any, Any]:
     """(train, val): a stratified, seeded ``data.val_fraction`` of ``full`` held out."""
-    from fseb_ft.data import IndexedImages, stratified_split
+    from fseb_ft.images import IndexedImages, stratified_split
 
     train_idx, val_idx = stratified_split(full.labels, recipe.data.val_fraction, recipe.train.seed)
     return IndexedImages(full, train_idx), IndexedImages(full, val_idx)

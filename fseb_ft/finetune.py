@@ -30,15 +30,7 @@ from torch import nn
 from fseb_ft.allocator import keep_freed_memory
 from fseb_ft.atomic import DiskFullError, cleaned_on_failure, publish, remove_orphans, write_text
 from fseb_ft.config import ConfigError, Recipe, dump_recipe, load_recipe
-from fseb_ft.context import build_context_pool
-from fseb_ft.data import (
-    Splits,
-    TransformedImages,
-    build_splits,
-    load_split,
-    make_loader,
-    train_transform,
-)
+from fseb_ft.context import ContextStream, build_context_pool
 from fseb_ft.evaluate import (
     MODEL_WEIGHTS,
     eval_loader,
@@ -50,10 +42,11 @@ from fseb_ft.evaluate import (
 )
 from fseb_ft.hub import main as push_main
 from fseb_ft.hub import share_run
+from fseb_ft.images import Splits
 from fseb_ft.models import InputSpec, create_model, input_spec
 from fseb_ft.objective import FSEBObjective
+from fseb_ft.sources import build_splits, load_split
 from fseb_ft.train import (
-    ContextStream,
     NonFiniteLossError,
     TrainingDivergedError,
     applied_precision,
@@ -64,6 +57,7 @@ from fseb_ft.train import (
     launch_warnings,
     make_accelerator,
 )
+from fseb_ft.transforms import TransformedImages, make_loader, train_transform
 
 __all__ = ["cli", "compare", "main", "run"]
 
@@ -133,7 +127,9 @@ def run(recipe: Recipe, splits: Splits | None = None) -> dict[str, Any]:
         accelerator.init_trackers(run_dir.name, config=_flat(dataclasses.asdict(recipe)))
 
     state = fit(
-        recipe=recipe,
+        train=recipe.train,
+        optim=recipe.optim,
+        num_workers=recipe.data.num_workers,
         accelerator=accelerator,
         objective=objective,
         optimizer=optimizer,
@@ -263,7 +259,7 @@ def _context_stream(
         input_size=spec.size,
         mean=spec.mean,
         std=spec.std,
-        corrupt=ctx.corrupt,
+        perturb=ctx.corrupt,
     )
     accelerator.print(f"context: {pool!r}")
     return ContextStream(

@@ -1,12 +1,13 @@
 """Common corruptions (Hendrycks & Dietterich, ICLR 2019) at severities 1–5, CIFAR-10-C style.
 
-Covariate shift is measured by evaluating the test split again after corrupting every image
-(design §3: every metric per corruption and severity). The corruptions follow the reference
-script that made CIFAR-10-C (``make_cifar_c.py`` in ``hendrycks/robustness``): the same formulas
-and the same per-severity parameters, re-implemented with numpy, OpenCV (albumentations'
-imaging backend), SciPy and Pillow. albumentations' own transforms draw their parameters from
-ranges and use other kernels (its ``MotionBlur`` is a uniform line, ``RandomFog`` and
-``RandomSnow`` paint other patterns), so they would not reproduce CIFAR-10-C's severities.
+Covariate shift is measured by evaluating the test split again after corrupting every image (every
+metric per corruption and severity; docs/cli.md, "Covariate shift: corrupted test sets"). The
+corruptions follow the reference script that made CIFAR-10-C (``make_cifar_c.py`` in
+``hendrycks/robustness``): the same formulas and the same per-severity parameters, re-implemented
+with numpy, OpenCV (albumentations' imaging backend), SciPy and Pillow. albumentations' own
+transforms draw their parameters from ranges and use other kernels (its ``MotionBlur`` is a uniform
+line, ``RandomFog`` and ``RandomSnow`` paint other patterns), so they would not reproduce
+CIFAR-10-C's severities.
 
 =================== ============================================================= ===========
 name                CIFAR-10-C parameters, severity 1 → 5                         here

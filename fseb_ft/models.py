@@ -143,7 +143,9 @@ def input_spec(model: nn.Module, model_cfg: ModelConfig, data_cfg: DataConfig) -
 
 
 class PaperCNN(nn.Module):
-    """The FashionMNIST CNN of the paper's reference configuration (design §1).
+    """The FashionMNIST CNN of the paper's reference configuration.
+
+    Its training settings are in docs/method.md, "Hyper-parameters and reference values".
 
     conv3×3-32 → ReLU → maxpool2 → conv3×3-64 → ReLU → maxpool2 → dense 256 → ReLU → dense K,
     'same' padding as in the reference (flax) code. It follows timm's interface:

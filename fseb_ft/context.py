@@ -1,83 +1,51 @@
-"""Context sources for the FS-EB regulariser (design section 2).
+"""Context points for the FS-EB regulariser: the pool they are drawn from and their stream.
 
-Context points x̂ are unlabeled images at which the function-space prior is evaluated. A run
-draws them from a fixed, seeded :class:`ContextPool` (reference: 10k images) taken from the
-training inputs, another dataset, or a weighted mixture, optionally through the "corrupted
-training inputs" transform. The pool's ``identity`` records exactly which images and which
-transform were used, so it can be logged and saved with the run.
+Context points x̂ are unlabeled images at which the function-space prior is evaluated
+(docs/method.md, "Choosing the context set and φ0"). A run draws them from a fixed, seeded
+:class:`ContextPool` (reference: 10k images) taken from the training inputs, another dataset, or
+a weighted mixture, optionally through the "perturbed training inputs" transform. The pool's
+``identity`` records exactly which images and which transform were used, so it can be logged and
+saved with the run. :class:`ContextStream` feeds the training loop one context batch per step.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import albumentations as A
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, Sampler
+from tqdm.auto import tqdm
 
-from fseb_ft.data import (
-    LabeledImages,
-    allocate,
-    check_input_size,
+from fseb_ft.images import LabeledImages, allocate
+from fseb_ft.options import CONTEXT_KINDS
+from fseb_ft.transforms import (
     check_transform_channels,
-    compose_seeded,
+    epoch_seed,
     eval_transform,
     is_deterministic,
     make_loader,
-    normalize_to_tensor,
+    perturbation_transform,
     seed_transform,
 )
 
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
+    from fseb_ft.objective import FSEBObjective
+
 __all__ = [
-    "CONTEXT_KINDS",
     "ContextPool",
+    "ContextStream",
     "build_context_pool",
     "context_loader",
-    "corruption_transform",
     "infinite_batches",
 ]
 
-CONTEXT_KINDS = ("train", "dataset", "mixture")
-
 _Batch = TypeVar("_Batch")
-
-
-def corruption_transform(
-    input_size: tuple[int, int],
-    mean: Sequence[float],
-    std: Sequence[float],
-    strength: float = 1.0,
-    seed: int | None = None,
-) -> A.Compose:
-    """The reference "corrupted training inputs": crop, flip, colour jitter, blur, solarise.
-
-    Corruptions act on the uint8 image; the random resized crop also brings it to
-    ``input_size``; then normalise and convert to a CHW float32 tensor like the eval transform.
-    Magnitudes follow the BYOL/SimCLR family the reference list comes from (jitter 0.4/0.4/0.2/
-    0.1 with p=0.8, blur sigma 0.1-2 px with p=0.5, solarise p=0.2, crop scale down to 0.35);
-    ``strength`` scales all magnitudes and probabilities (1 = reference, capped where a
-    parameter has a hard limit). ``seed`` makes the stream of corruptions reproducible.
-    """
-    if not strength > 0:
-        raise ValueError(f"corruption strength must be positive, got {strength}")
-    height, width = check_input_size(input_size)
-    steps = [
-        A.RandomResizedCrop(size=(height, width), scale=(max(0.08, 1 - 0.65 * strength), 1.0)),
-        A.HorizontalFlip(p=0.5),
-        A.ColorJitter(
-            brightness=0.4 * strength,
-            contrast=0.4 * strength,
-            saturation=0.2 * strength,
-            hue=min(0.5, 0.1 * strength),
-            p=min(1.0, 0.8 * strength),
-        ),
-        A.GaussianBlur(sigma_limit=(0.1, 0.1 + 1.9 * strength), p=min(1.0, 0.5 * strength)),
-        A.Solarize(threshold_range=(0.5, 0.5), p=min(1.0, 0.2 * strength)),
-    ]
-    return compose_seeded([*steps, *normalize_to_tensor(mean, std)], seed)
 
 
 class ContextPool(Dataset):
@@ -93,7 +61,7 @@ class ContextPool(Dataset):
         identity: dict with kind, sources, size, counts, seed, transform, fingerprint (sha256 of
             ``pairs``) for logging and saving with a run.
         is_fixed: True when the transform is deterministic, so φ0 features of the pool can be
-            computed once and cached; False for the corruption transform.
+            computed once and cached; False for the perturbation transform.
     """
 
     def __init__(
@@ -168,15 +136,16 @@ def build_context_pool(
     input_size: tuple[int, int],
     mean: Sequence[float],
     std: Sequence[float],
-    corrupt: bool = False,
+    perturb: bool = False,
     strength: float = 1.0,
 ) -> ContextPool:
     """Build the context pool a recipe asks for.
 
     kind "train": the training inputs; "dataset": exactly one other dataset; "mixture": the
     training inputs (when given) followed by ``datasets``, in proportion to ``weights`` (equal
-    when None). ``corrupt`` applies :func:`corruption_transform` (drawn afresh every time an
-    image is read), else the plain eval transform (a fixed pool whose features can be cached).
+    when None). ``perturb`` applies :func:`~fseb_ft.transforms.perturbation_transform` (drawn
+    afresh every time an image is read), else the plain eval transform (a fixed pool whose
+    features can be cached).
     """
     _check_kind(kind)
     datasets = list(datasets)
@@ -201,9 +170,9 @@ def build_context_pool(
     if kind != "mixture" and weights is not None and len(weights) != 1:
         raise ValueError(f'context kind "{kind}" takes no mixture weights, got {list(weights)}')
     settings = f"input_size={tuple(input_size)}, mean={tuple(mean)}, std={tuple(std)}"
-    if corrupt:
-        transform = corruption_transform(input_size, mean, std, strength, seed)
-        description = f"corruption(strength={strength}, {settings})"
+    if perturb:
+        transform = perturbation_transform(input_size, mean, std, strength, seed)
+        description = f"perturbation(strength={strength}, {settings})"
     else:
         transform = eval_transform(input_size, mean, std)
         description = f"eval({settings})"
@@ -237,8 +206,95 @@ def infinite_batches(loader: Iterable[_Batch]) -> Iterator[_Batch]:
             raise ValueError("the loader produced no batches; cannot cycle an empty loader")
 
 
+class _SeededPermutations(Sampler[int]):
+    """An endless stream of seeded permutations of ``range(n)``, restarted by :meth:`set_epoch`."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n, self.seed, self.epoch = n, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        g = torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch))
+        while True:
+            yield from torch.randperm(self.n, generator=g).tolist()
+
+
+class _IndexedPool(torch.utils.data.Dataset):
+    """``(image, pool index)`` so cached φ0 features can be looked up by index."""
+
+    def __init__(self, pool: torch.utils.data.Dataset) -> None:
+        self.pool = pool
+
+    def __len__(self) -> int:
+        return len(self.pool)
+
+    def __getitem__(self, i: int) -> tuple[Tensor, int]:
+        return self.pool[i], i
+
+    def reseed(self, seed: int) -> None:
+        """Reseed the pool's transform (DataLoader workers call this)."""
+        self.pool.reseed(seed)
+
+
+class ContextStream:
+    """Context batches ``x̂`` (and, for a fixed pool, their cached φ0 features) for every step.
+
+    A fixed pool (deterministic transform) has its features ``h(x̂; φ0)`` computed once, so the
+    step runs no φ0 forward. Each process draws from its own seeded permutation of the pool, so
+    processes regularise different context batches (docs/method.md, "Several processes").
+    """
+
+    def __init__(
+        self,
+        pool: Any,
+        batch_size: int,
+        seed: int,
+        accelerator: Accelerator,
+        objective: FSEBObjective,
+        num_workers: int = 0,
+    ) -> None:
+        self.pool = pool
+        self.device = accelerator.device
+        self.num_workers = num_workers
+        self.seed = seed + 7919 * accelerator.process_index
+        self.sampler = _SeededPermutations(len(pool), self.seed)
+        self.loader = DataLoader(
+            _IndexedPool(pool),
+            batch_size=batch_size,
+            sampler=self.sampler,
+            num_workers=num_workers,
+            drop_last=True,
+            pin_memory=self.device.type == "cuda",
+        )
+        self.features = self._cache(pool, objective, accelerator) if pool.is_fixed else None
+
+    def _cache(self, pool: Any, objective: FSEBObjective, accelerator: Accelerator) -> Tensor:
+        loader = DataLoader(pool, batch_size=256, num_workers=self.num_workers)
+        chunks = []
+        with accelerator.autocast():
+            for x in tqdm(loader, desc="φ0 features", disable=not accelerator.is_main_process):
+                chunks.append(objective.prior_features(x.to(self.device)).float())
+        return torch.cat(chunks)  # (P, D)
+
+    def epoch(self, epoch: int) -> Iterator[tuple[Tensor, Tensor | None]]:
+        """Endless ``(x̂, cached features or None)`` for one training epoch, seeded by epoch."""
+        self.sampler.set_epoch(epoch)
+        if self.num_workers == 0:
+            self.pool.reseed(epoch_seed(self.seed, epoch))
+        for x, idx in self.loader:
+            x = x.to(self.device, non_blocking=True)  # (M, C, H, W)
+            feats = (
+                None
+                if self.features is None
+                else self.features[idx.to(self.device, non_blocking=True)]
+            )
+            yield x, feats
+
+
 def _check_kind(kind: str) -> None:
-    """Only the kinds of design section 2 exist."""
+    """Only the kinds of docs/method.md, "Choosing the context set and φ0", exist."""
     if kind not in CONTEXT_KINDS:
         raise ValueError(f"context kind must be one of {list(CONTEXT_KINDS)}, got {kind!r}")
 

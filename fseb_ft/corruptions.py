@@ -53,7 +53,7 @@ less ``frost``, which blends in photographs of frost that are not shipped here. 
 - Intermediate results stay in float64 (the reference rounds some to uint8 in between), and the
   output is rounded to uint8 (the reference truncates, which darkens by half a level).
 - Single-channel images are corrupted as they are; ``saturate``, which needs colour, works on
-  the grey image repeated to RGB and returns its luma (ITU-R BT.601, as :mod:`fseb_ft.data`).
+  the grey image repeated to RGB and returns its luma (ITU-R BT.601, as :mod:`fseb_ft.pixels`).
 
 **Randomness.** Image ``i`` of a set is corrupted with the generator
 :func:`image_rng` ``(seed, corruption, i)``, so a (corruption, severity, seed) triple always
@@ -61,7 +61,7 @@ gives the same pixels, in any order and any process. The severity is not part of
 severity of a corruption uses the same random draws (common random numbers), so the change
 between severities is the corruption getting stronger, not a new noise pattern.
 
-**Cache.** :class:`CorruptedImages` corrupts a whole :class:`~fseb_ft.data.LabeledImages` once and
+**Cache.** :class:`CorruptedImages` corrupts a whole :class:`~fseb_ft.images.LabeledImages` once and
 stores the uint8 pixels under ``cache_dir`` (default :func:`default_cache_dir`:
 ``$XDG_CACHE_HOME/fseb_ft/corruptions`` or ``~/.cache/fseb_ft/corruptions``) as
 ``<corruption>/s<severity>-seed<seed>-<hash>.npy`` (all pixels, flat) with an ``.npz`` index
@@ -88,7 +88,7 @@ import PIL.Image
 from scipy import ndimage
 from tqdm.auto import tqdm
 
-from fseb_ft.data import LabeledImages, content_hash
+from fseb_ft.images import LabeledImages, content_hash
 
 __all__ = [
     "ALL",
@@ -116,7 +116,7 @@ VERSION = 1
 
 # (H, W, C) float64 in [0, 1], severity index 0..4, generator, spatial scale → float image.
 _Corruption = Callable[[np.ndarray, int, np.random.Generator, float], np.ndarray]
-_LUMA = np.array([0.299, 0.587, 0.114])  # ITU-R BT.601, as fseb_ft.data and OpenCV's RGB2GRAY
+_LUMA = np.array([0.299, 0.587, 0.114])  # ITU-R BT.601, as fseb_ft.pixels and OpenCV's RGB2GRAY
 
 
 # ---------------------------------------------------------------------------------------------
@@ -526,7 +526,7 @@ def default_cache_dir() -> Path:
 
 
 class CorruptedImages(LabeledImages):
-    """A :class:`~fseb_ft.data.LabeledImages` with every image corrupted, labels unchanged.
+    """A :class:`~fseb_ft.images.LabeledImages` with every image corrupted, labels unchanged.
 
     The corrupted uint8 images are computed once, at construction (a tqdm bar when
     ``progress``), cached on disk and served from a read-only memory map; image ``i`` is

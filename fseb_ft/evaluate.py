@@ -33,18 +33,11 @@ from tqdm.auto import tqdm
 
 from fseb_ft.atomic import write_text
 from fseb_ft.config import Recipe, load_recipe
-from fseb_ft.data import (
-    IndexedImages,
-    LabeledImages,
-    Splits,
-    TransformedImages,
-    build_splits,
-    eval_transform,
-    make_loader,
-    stratified_split,
-)
+from fseb_ft.images import IndexedImages, LabeledImages, Splits, stratified_split
 from fseb_ft.metrics import classification_metrics, ensemble_log_probs, ood_metrics
 from fseb_ft.models import InputSpec, create_model
+from fseb_ft.sources import build_splits
+from fseb_ft.transforms import TransformedImages, eval_transform, make_loader
 
 __all__ = [
     "COMPARISON_PLOTS",

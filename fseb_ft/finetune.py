@@ -44,18 +44,7 @@ from fseb_ft.config import (
     read_recipe_file,
     recipe_from_dict,
 )
-from fseb_ft.context import build_context_pool
-from fseb_ft.data import (
-    IndexedImages,
-    Splits,
-    TransformedImages,
-    as_labeled_images,
-    build_splits,
-    load_split,
-    make_loader,
-    stratified_split,
-    train_transform,
-)
+from fseb_ft.context import ContextStream, build_context_pool
 from fseb_ft.evaluate import (
     MODEL_WEIGHTS,
     eval_loader,
@@ -66,11 +55,12 @@ from fseb_ft.evaluate import (
     write_results,
 )
 from fseb_ft.hub import share_run
+from fseb_ft.images import IndexedImages, Splits, as_labeled_images, stratified_split
 from fseb_ft.models import InputSpec, create_model, input_spec
 from fseb_ft.objective import FSEBObjective
 from fseb_ft.schema import plain_tree, set_key
+from fseb_ft.sources import build_splits, load_split
 from fseb_ft.train import (
-    ContextStream,
     NonFiniteLossError,
     TrainingDivergedError,
     applied_precision,
@@ -81,6 +71,7 @@ from fseb_ft.train import (
     launch_warnings,
     make_accelerator,
 )
+from fseb_ft.transforms import TransformedImages, make_loader, train_transform
 
 __all__ = ["compare", "finetune", "main", "resolve_recipe", "run"]
 
@@ -150,7 +141,9 @@ def run(recipe: Recipe, splits: Splits | None = None) -> dict[str, Any]:
         accelerator.init_trackers(run_dir.name, config=_flat(dataclasses.asdict(recipe)))
 
     state = fit(
-        recipe=recipe,
+        train=recipe.train,
+        optim=recipe.optim,
+        num_workers=recipe.data.num_workers,
         accelerator=accelerator,
         objective=objective,
         optimizer=optimizer,
@@ -280,7 +273,7 @@ def _context_stream(
         input_size=spec.size,
         mean=spec.mean,
         std=spec.std,
-        corrupt=ctx.perturb,
+        perturb=ctx.perturb,
     )
     accelerator.print(f"context: {pool!r}")
     return ContextStream(
@@ -428,7 +421,7 @@ def finetune(
             their ``Image`` / ``ClassLabel`` features, else ``image``/``img`` and
             ``label``/``labels``), any map-style torch ``Dataset`` of ``(image, label)`` pairs
             (image: PIL, numpy (H, W[, C]) uint8, or a (C, H, W) tensor in [0, 1] or uint8), or a
-            :class:`fseb_ft.data.LabeledImages`.
+            :class:`fseb_ft.images.LabeledImages`.
         val: validation data for model selection; ``None`` holds out a stratified, seeded
             ``data.val_fraction`` of ``train``.
         test: the in-distribution test data the results are reported on (required).

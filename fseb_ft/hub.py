@@ -40,8 +40,8 @@ from torch import nn
 
 from fseb_ft.atomic import cleaned_on_failure, publish
 from fseb_ft.config import ConfigError, OutputConfig, Recipe, dump_recipe, load_recipe
-from fseb_ft.data import EVAL_RESIZE
 from fseb_ft.evaluate import MODEL_WEIGHTS, markdown_table, method_title, warnings_markdown
+from fseb_ft.models import EVAL_RESIZE
 
 __all__ = [
     "HubPushError",

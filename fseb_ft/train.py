@@ -15,27 +15,26 @@ import logging
 import math
 import shutil
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, DistributedType
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from fseb_ft.atomic import cleaned_on_failure, publish
-from fseb_ft.config import OptimConfig, Recipe
-from fseb_ft.data import seed_transform
+from fseb_ft.config import OptimConfig, Recipe, TrainConfig
+from fseb_ft.context import ContextStream
 from fseb_ft.evaluate import predict
 from fseb_ft.metrics import chance_accuracy, classification_metrics
 from fseb_ft.objective import FSEBObjective
+from fseb_ft.transforms import epoch_seed, seed_transform
 
 __all__ = [
-    "ContextStream",
     "NonFiniteLossError",
     "TrainState",
     "TrainingDivergedError",
@@ -107,93 +106,6 @@ def build_scheduler(
         return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * cosine
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-class _SeededPermutations(Sampler[int]):
-    """An endless stream of seeded permutations of ``range(n)``, restarted by :meth:`set_epoch`."""
-
-    def __init__(self, n: int, seed: int) -> None:
-        self.n, self.seed, self.epoch = n, seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self) -> Iterator[int]:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        while True:
-            yield from torch.randperm(self.n, generator=g).tolist()
-
-
-class _IndexedPool(torch.utils.data.Dataset):
-    """``(image, pool index)`` so cached φ0 features can be looked up by index."""
-
-    def __init__(self, pool: torch.utils.data.Dataset) -> None:
-        self.pool = pool
-
-    def __len__(self) -> int:
-        return len(self.pool)
-
-    def __getitem__(self, i: int) -> tuple[Tensor, int]:
-        return self.pool[i], i
-
-    def reseed(self, seed: int) -> None:
-        """Reseed the pool's transform (DataLoader workers call this)."""
-        self.pool.reseed(seed)
-
-
-class ContextStream:
-    """Context batches ``x̂`` (and, for a fixed pool, their cached φ0 features) for every step.
-
-    A fixed pool (deterministic transform) has its features ``h(x̂; φ0)`` computed once, so the
-    step runs no φ0 forward. Each process draws from its own seeded permutation of the pool, so
-    processes regularise different context batches (design §6).
-    """
-
-    def __init__(
-        self,
-        pool: Any,
-        batch_size: int,
-        seed: int,
-        accelerator: Accelerator,
-        objective: FSEBObjective,
-        num_workers: int = 0,
-    ) -> None:
-        self.pool = pool
-        self.device = accelerator.device
-        self.num_workers = num_workers
-        self.seed = seed + 7919 * accelerator.process_index
-        self.sampler = _SeededPermutations(len(pool), self.seed)
-        self.loader = DataLoader(
-            _IndexedPool(pool),
-            batch_size=batch_size,
-            sampler=self.sampler,
-            num_workers=num_workers,
-            drop_last=True,
-            pin_memory=self.device.type == "cuda",
-        )
-        self.features = self._cache(pool, objective, accelerator) if pool.is_fixed else None
-
-    def _cache(self, pool: Any, objective: FSEBObjective, accelerator: Accelerator) -> Tensor:
-        loader = DataLoader(pool, batch_size=256, num_workers=self.num_workers)
-        chunks = []
-        with accelerator.autocast():
-            for x in tqdm(loader, desc="φ0 features", disable=not accelerator.is_main_process):
-                chunks.append(objective.prior_features(x.to(self.device)).float())
-        return torch.cat(chunks)  # (P, D)
-
-    def epoch(self, epoch: int) -> Iterator[tuple[Tensor, Tensor | None]]:
-        """Endless ``(x̂, cached features or None)`` for one training epoch, seeded by epoch."""
-        self.sampler.set_epoch(epoch)
-        if self.num_workers == 0:
-            self.pool.reseed(self.seed * 1_000_003 + epoch)
-        for x, idx in self.loader:
-            x = x.to(self.device, non_blocking=True)  # (M, C, H, W)
-            feats = (
-                None
-                if self.features is None
-                else self.features[idx.to(self.device, non_blocking=True)]
-            )
-            yield x, feats
 
 
 def _trackers(names: Sequence[str]) -> list[str]:
@@ -274,7 +186,9 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 def fit(
     *,
-    recipe: Recipe,
+    train: TrainConfig,
+    optim: OptimConfig,
+    num_workers: int,
     accelerator: Accelerator,
     objective: FSEBObjective,
     optimizer: torch.optim.Optimizer,
@@ -285,13 +199,14 @@ def fit(
     run_dir: Path,
     save_best: Callable[[nn.Module], None],
 ) -> TrainState:
-    """Train for ``recipe.train.epochs``, validating, checkpointing and resuming as configured.
+    """Train for ``train.epochs``, validating, checkpointing and resuming as configured.
 
     ``train_loader``/``val_loader`` and ``objective.model``/``optimizer`` must already be
     prepared by ``accelerator``; ``scheduler`` is stepped here once per optimiser step (not
-    prepared, so it counts real steps) and registered for checkpointing.
+    prepared, so it counts real steps) and registered for checkpointing. ``num_workers`` is the
+    training loader's (``data.num_workers``): without workers, its transform is reseeded here.
     """
-    cfg = recipe.train
+    cfg = train
     state = TrainState()
     accelerator.register_for_checkpointing(scheduler)
     checkpoint = latest_checkpoint(run_dir) if cfg.resume == "auto" else None
@@ -305,7 +220,10 @@ def fit(
     for epoch in range(state.epoch, cfg.epochs):
         started = time.perf_counter()
         train_summary = _train_epoch(
-            recipe,
+            cfg,
+            optim,
+            num_workers,
+            run_dir,
             accelerator,
             objective,
             optimizer,
@@ -396,7 +314,10 @@ def _warn(state: TrainState, accelerator: Accelerator, message: str) -> None:
 
 
 def _train_epoch(
-    recipe: Recipe,
+    cfg: TrainConfig,
+    optim: OptimConfig,
+    num_workers: int,
+    run_dir: Path,
     accelerator: Accelerator,
     objective: FSEBObjective,
     optimizer: torch.optim.Optimizer,
@@ -406,11 +327,10 @@ def _train_epoch(
     state: TrainState,
     epoch: int,
 ) -> dict[str, float]:
-    cfg = recipe.train
-    seed = cfg.seed * 1_000_003 + epoch
+    seed = epoch_seed(cfg.seed, epoch)
     if hasattr(train_loader, "set_epoch"):
         train_loader.set_epoch(epoch)
-    if recipe.data.num_workers == 0:
+    if num_workers == 0:
         seed_transform(getattr(train_loader.dataset, "transform", None), seed)
     objective.train()
     ctx_iter = context.epoch(epoch) if context is not None else None
@@ -428,10 +348,8 @@ def _train_epoch(
             with accelerator.autocast():
                 terms = objective(x, y, ctx, feats)
             accelerator.backward(terms["loss"])
-            if accelerator.sync_gradients and recipe.optim.grad_clip_norm is not None:
-                accelerator.clip_grad_norm_(
-                    objective.trainable_parameters(), recipe.optim.grad_clip_norm
-                )
+            if accelerator.sync_gradients and optim.grad_clip_norm is not None:
+                accelerator.clip_grad_norm_(objective.trainable_parameters(), optim.grad_clip_norm)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             if accelerator.sync_gradients:
@@ -445,7 +363,9 @@ def _train_epoch(
             means = {k: float(v) / count for k, v in sums.items()}
             if not all(math.isfinite(v) for v in means.values()):
                 raise NonFiniteLossError(
-                    _non_finite_message(recipe, accelerator, epoch, state, means)
+                    _non_finite_message(
+                        optim, objective.reg_scale, run_dir, accelerator, epoch, state, means
+                    )
                 )
             bar.set_postfix(_fmt(means, short=True), refresh=False)
     means = {k: float(v) / max(count, 1) for k, v in sums.items()}
@@ -453,19 +373,25 @@ def _train_epoch(
 
 
 def _non_finite_message(
-    recipe: Recipe, accelerator: Accelerator, epoch: int, state: TrainState, means: dict[str, float]
+    optim: OptimConfig,
+    reg_scale: float,
+    run_dir: Path,
+    accelerator: Accelerator,
+    epoch: int,
+    state: TrainState,
+    means: dict[str, float],
 ) -> str:
     """What happened, what is kept (only what exists) and the remedies that apply to this run."""
     # Only this run's checkpoints count (train.resume=never may find an older run's).
-    kept = latest_checkpoint(Path(recipe.output.dir)) if state.epoch > 0 else None
+    kept = latest_checkpoint(run_dir) if state.epoch > 0 else None
     if kept is None:
         saved = "no epoch had finished, so there is no checkpoint to resume from"
     else:
         saved = f"the last good checkpoint is kept in {kept}"
     remedies = ["lower optim.lr"]
-    if recipe.fseb.reg_scale > 0:
+    if reg_scale > 0:
         remedies.append("raise fseb.prior_cov_diag")
-    if recipe.optim.grad_clip_norm is None:
+    if optim.grad_clip_norm is None:
         remedies.append("set optim.grad_clip_norm")
     if applied_precision(accelerator) != "no":
         remedies.append(

@@ -17,7 +17,7 @@ from torch.utils.data import Dataset, Subset
 import fseb_ft
 import fseb_ft.api
 from fseb_ft.config import ConfigError, load_recipe
-from fseb_ft.data import HFImages, TorchImages, as_labeled_images
+from fseb_ft.images import HFImages, TorchImages, as_labeled_images
 
 REPO = Path(__file__).parents[1]
 CLASSES = ["cat", "dog", "fox"]

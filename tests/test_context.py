@@ -1,4 +1,4 @@
-"""Tests for fseb_ft.context: pools, mixtures, corruption transform and context batches."""
+"""Tests for fseb_ft.context: pools, mixtures, perturbation transform and context batches."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from fseb_ft.context import (
     ContextPool,
     build_context_pool,
     context_loader,
-    corruption_transform,
     infinite_batches,
 )
-from fseb_ft.data import ArrayImages, eval_transform
+from fseb_ft.images import ArrayImages
+from fseb_ft.transforms import eval_transform, perturbation_transform
 
 MEAN, STD = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)  # identity normalisation: pixel value / 255
 SIZE = (8, 8)
@@ -98,20 +98,20 @@ def test_sources_must_agree_on_channels() -> None:
         _pool("mixture", train=gray, datasets=[_distinct(5)])
 
 
-def test_train_pool_with_corruption_is_not_fixed() -> None:
+def test_train_pool_with_perturbation_is_not_fixed() -> None:
     plain = _pool("train", train=_distinct(30), datasets=[])
-    corrupted = _pool("train", train=_distinct(30), datasets=[], corrupt=True)
-    assert plain.is_fixed and not corrupted.is_fixed
-    assert corrupted.identity["transform"].startswith("corruption(strength=1.0")
-    assert corrupted[0].shape == plain[0].shape == (3, *SIZE)
+    perturbed = _pool("train", train=_distinct(30), datasets=[], perturb=True)
+    assert plain.is_fixed and not perturbed.is_fixed
+    assert perturbed.identity["transform"].startswith("perturbation(strength=1.0")
+    assert perturbed[0].shape == plain[0].shape == (3, *SIZE)
 
 
-def test_corruption_transform_changes_pixels_keeps_shape_and_is_seeded() -> None:
+def test_perturbation_transform_changes_pixels_keeps_shape_and_is_seeded() -> None:
     rng = np.random.default_rng(0)
     image = rng.integers(0, 256, (12, 12, 3), dtype=np.uint8)  # (H, W, 3)
     clean = eval_transform(SIZE, MEAN, STD)(image=image)["image"]
-    first = corruption_transform(SIZE, MEAN, STD, seed=5)
-    second = corruption_transform(SIZE, MEAN, STD, seed=5)
+    first = perturbation_transform(SIZE, MEAN, STD, seed=5)
+    second = perturbation_transform(SIZE, MEAN, STD, seed=5)
     outs = [first(image=image)["image"] for _ in range(4)]
     assert all(
         out.shape == clean.shape == (3, *SIZE) and out.dtype == torch.float32 for out in outs
@@ -119,7 +119,7 @@ def test_corruption_transform_changes_pixels_keeps_shape_and_is_seeded() -> None
     assert all(not torch.allclose(out, clean) for out in outs)
     assert all(torch.equal(out, second(image=image)["image"]) for out in outs)
     with pytest.raises(ValueError, match="strength must be positive"):
-        corruption_transform(SIZE, MEAN, STD, strength=0.0)
+        perturbation_transform(SIZE, MEAN, STD, strength=0.0)
 
 
 def test_loader_reshuffles_each_epoch_over_the_same_pool() -> None:

@@ -17,7 +17,6 @@ from test_pipeline import N_TEST, _recipe_dict, _write_folder
 import fseb_ft.corruptions as C
 from fseb_ft import plots
 from fseb_ft.config import ConfigError, recipe_from_dict
-from fseb_ft.data import ArrayImages, TransformedImages, eval_transform, stratified_split
 from fseb_ft.evaluate import (
     CORRUPTION_PLOT,
     corruption_markdown,
@@ -26,6 +25,8 @@ from fseb_ft.evaluate import (
 )
 from fseb_ft.evaluate import main as evaluate_main
 from fseb_ft.finetune import run
+from fseb_ft.images import ArrayImages, stratified_split
+from fseb_ft.transforms import TransformedImages, eval_transform
 
 NOISE = ("gaussian_noise", "shot_noise", "impulse_noise", "speckle_noise")
 # Corruptions whose mean pixel change must grow strictly with the severity.

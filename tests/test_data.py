@@ -1,4 +1,4 @@
-"""Tests for fseb_ft.data: loaders, splits, label checks, transforms and loaders.
+"""Tests for fseb_ft.images, sources and transforms: loaders, splits, label checks, transforms.
 
 Fixtures are tiny generated files in tmp_path; the real-data tests read ../shared in place (or
 extract a few members to tmp_path) and skip when it is absent.
@@ -19,28 +19,32 @@ import timm
 import torch
 from PIL import Image
 
-from fseb_ft import data as fdata
+from fseb_ft import sources as fdata
 from fseb_ft.config import recipe_from_dict
-from fseb_ft.data import (
-    EVAL_RESIZE,
-    FASHION_MNIST_CLASSES,
+from fseb_ft.images import (
     ArrayImages,
     HFImages,
     IndexedImages,
-    TransformedImages,
     allocate,
     check_labels,
-    eval_transform,
-    is_deterministic,
+    stratified_split,
+)
+from fseb_ft.models import EVAL_RESIZE
+from fseb_ft.sources import (
+    FASHION_MNIST_CLASSES,
     load_arrays,
     load_disk,
     load_hub,
     load_idx,
     load_imagefolder,
     load_sklearn_digits,
-    make_loader,
     read_idx,
-    stratified_split,
+)
+from fseb_ft.transforms import (
+    TransformedImages,
+    eval_transform,
+    is_deterministic,
+    make_loader,
     train_transform,
 )
 

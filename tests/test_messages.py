@@ -60,11 +60,19 @@ def test_nan_message_suggests_only_what_applies(tmp_path: Path) -> None:
     fp16_on_cpu = SimpleNamespace(mixed_precision="fp16", native_amp=False, distributed_type="NO")
     fseb = recipe_from_dict(raw)
     psmap = recipe_from_dict({**raw, "fseb": {"reg_scale": 0}})
-    text = _non_finite_message(fseb, bf16, 0, TrainState(), means)
+    text = _non_finite_message(
+        fseb.optim, fseb.fseb.reg_scale, tmp_path, bf16, 0, TrainState(), means
+    )
     assert "train.mixed_precision=no (this run used bf16)" in text
-    assert "mixed_precision" not in _non_finite_message(fseb, fp32, 0, TrainState(), means)
-    assert "mixed_precision" not in _non_finite_message(fseb, fp16_on_cpu, 0, TrainState(), means)
-    assert "prior_cov_diag" not in _non_finite_message(psmap, fp32, 0, TrainState(), means)
+    assert "mixed_precision" not in _non_finite_message(
+        fseb.optim, fseb.fseb.reg_scale, tmp_path, fp32, 0, TrainState(), means
+    )
+    assert "mixed_precision" not in _non_finite_message(
+        fseb.optim, fseb.fseb.reg_scale, tmp_path, fp16_on_cpu, 0, TrainState(), means
+    )
+    assert "prior_cov_diag" not in _non_finite_message(
+        psmap.optim, psmap.fseb.reg_scale, tmp_path, fp32, 0, TrainState(), means
+    )
 
 
 def test_push_of_a_folder_that_is_not_a_run_says_so_without_hub_advice(

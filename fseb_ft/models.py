@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import huggingface_hub
 import timm
@@ -14,7 +15,20 @@ from torch import nn
 
 from fseb_ft.config import DataConfig, ModelConfig
 
-__all__ = ["InputSpec", "PaperCNN", "create_model", "fseb_cnn", "head_init", "input_spec"]
+__all__ = [
+    "EVAL_RESIZE",
+    "InputSpec",
+    "PaperCNN",
+    "create_model",
+    "fseb_cnn",
+    "head_init",
+    "input_spec",
+]
+
+EVAL_RESIZE: dict[str, Any] = {"interpolation": "bilinear", "crop_pct": 1.0, "crop_mode": "squash"}
+"""How evaluation brings an image to the input size, in timm's data-config keys: squash the whole
+image to (H, W) with PIL's antialiased bilinear resize, no centre-crop margin. Exported models
+carry these keys in ``config.json``, so their documented transform is :func:`eval_transform`."""
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,11 @@ import fseb_ft.corruptions as C
 from fseb_ft import plots
 from fseb_ft.config import ConfigError, recipe_from_dict
 from fseb_ft.data import ArrayImages, TransformedImages, eval_transform, stratified_split
-from fseb_ft.evaluate import (
-    CORRUPTION_PLOT,
-    corruption_markdown,
-    evaluate_ensemble,
-    evaluate_run,
-)
+from fseb_ft.evaluate import evaluate_ensemble, evaluate_run
 from fseb_ft.evaluate import main as evaluate_main
 from fseb_ft.finetune import run
+from fseb_ft.report import corruption_markdown
+from fseb_ft.rundir import CORRUPTION_PLOT
 
 NOISE = ("gaussian_noise", "shot_noise", "impulse_noise", "speckle_noise")
 # Corruptions whose mean pixel change must grow strictly with the severity.

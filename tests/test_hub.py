@@ -38,8 +38,8 @@ import fseb_ft.hub as hub
 from fseb_ft import finetune
 from fseb_ft.config import ConfigError, OutputConfig, recipe_from_dict
 from fseb_ft.data import eval_transform
-from fseb_ft.evaluate import markdown_table
 from fseb_ft.finetune import run
+from fseb_ft.report import markdown_table
 
 UNREACHABLE = "http://127.0.0.1:9"  # discard port: nothing listens, connections are refused
 REPO_ID = "user/tiny-fseb"

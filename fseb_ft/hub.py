@@ -43,6 +43,7 @@ from fseb_ft.model_card import PLOT_CAPTIONS, model_card, selection
 from fseb_ft.models import EVAL_RESIZE
 from fseb_ft.rundir import (
     MODEL_DIR,
+    MODEL_WEIGHTS,
     RECIPE_FILE,
     RESULTS_JSON,
     RUN_INFO_FILE,
@@ -66,7 +67,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-FOLDER_FILES = ("config.json", "model.safetensors", "fseb.json", "README.md")
+FOLDER_FILES = ("config.json", MODEL_WEIGHTS.name, "fseb.json", "README.md")
 """Files every model folder has; plots (``*.png``) come on top."""
 DEFAULT_LICENSE = "apache-2.0"
 _NOT_A_RUN = "{run_dir} is not a finished fseb-ft run: {missing} is missing (nothing was sent)"
@@ -139,7 +140,7 @@ def save_model_folder(
                 data_config=data_config,
                 safe_serialization=True,
             )
-        for name in ("model.safetensors", "config.json"):
+        for name in (MODEL_WEIGHTS.name, "config.json"):
             publish(Path(tmp) / name, folder / name)
     _write_docs(run_dir, recipe, run_info, results, source, baseline, repo_id)
     return folder

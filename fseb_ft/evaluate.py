@@ -1,6 +1,6 @@
-"""Evaluation: predictions → metrics (test split and named OOD sets) → JSON, Markdown, plots.
+"""Re-evaluate saved runs, or evaluate their ensemble: the ``fseb-ft evaluate`` command.
 
-    python -m fseb_ft.evaluate RUN_DIR [RUN_DIR ...]            # fseb-ft evaluate RUN_DIR ...
+    python -m fseb_ft.evaluate RUN_DIR [RUN_DIR ...] [eval.KEY=VALUE ...]  # fseb-ft evaluate
     python -m fseb_ft.evaluate runs/quickstart      # the psmap/ and fseb/ runs of --compare
     python -m fseb_ft.evaluate RUN_A RUN_B ... --ensemble [--out DIR]
 
@@ -16,384 +16,52 @@ the ensemble's results and plots, with every member as a row of the table, to ``
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import logging
-import math
-from collections.abc import Callable, Mapping, Sequence
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate import Accelerator, PartialState
-from safetensors.torch import load_model
-from torch import Tensor, nn
-from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
+from torch import Tensor
 
-from fseb_ft.atomic import write_text
-from fseb_ft.config import Recipe, load_recipe
-from fseb_ft.images import IndexedImages, LabeledImages, Splits, stratified_split
-from fseb_ft.metrics import classification_metrics, ensemble_log_probs, ood_metrics
-from fseb_ft.models import InputSpec, create_model
+from fseb_ft.config import Recipe
+from fseb_ft.metrics import ensemble_log_probs
+from fseb_ft.predict import Predictions, predict_splits
+from fseb_ft.report import (
+    EvalResults,
+    corruption_markdown,
+    eval_results,
+    markdown_table,
+    method_title,
+    write_corruption_plot,
+    write_plots,
+    write_results,
+)
+from fseb_ft.rundir import (
+    MODEL_WEIGHTS,
+    RECIPE_FILE,
+    RESULTS_JSON,
+    RESULTS_MD,
+    RUN_INFO_FILE,
+    RunInfo,
+    load_run_model,
+    read_json,
+    read_run,
+    write_json,
+)
 from fseb_ft.sources import build_splits
-from fseb_ft.transforms import TransformedImages, eval_transform, make_loader
 
 __all__ = [
-    "COMPARISON_PLOTS",
-    "CORRUPTION_PLOT",
-    "MODEL_WEIGHTS",
-    "PLOTS",
-    "EvalResults",
-    "Predictions",
-    "corruption_markdown",
     "default_ensemble_dir",
-    "eval_loader",
     "evaluate_ensemble",
-    "evaluate_predictions",
     "evaluate_run",
-    "evaluate_splits",
     "expand_run_dirs",
     "main",
-    "markdown_table",
-    "method_title",
-    "predict",
-    "predict_corruptions",
-    "predict_splits",
-    "warnings_markdown",
-    "write_comparison_plots",
-    "write_json",
-    "write_plots",
-    "write_results",
 ]
 
 logger = logging.getLogger(__name__)
-
-RECIPE_FILE = "recipe.yaml"
-"""The resolved recipe a run directory holds (what makes a folder a run)."""
-
-MODEL_WEIGHTS = Path("model") / "model.safetensors"
-"""Where a run directory keeps its best (validation-selected) weights."""
-
-PLOTS = ("reliability.png", "selective_prediction.png", "entropy_ood.png")
-"""Figures written beside ``results.json`` (``entropy_ood.png`` only when there are OOD sets)."""
-
-COMPARISON_PLOTS = ("comparison_reliability.png", "comparison_selective.png")
-"""Side-by-side figures that ``fseb-ft RECIPE --compare`` writes beside ``comparison.md``."""
-
-CORRUPTION_PLOT = "corruptions.png"
-"""Accuracy and ECE against corruption severity, written when ``eval.corruptions`` is set."""
-
-
-@dataclasses.dataclass
-class Predictions:
-    """One model's (or ensemble's) predictions on the evaluation sets, on CPU."""
-
-    test: tuple[Tensor, Tensor]
-    """(log-probabilities (N, K), labels (N,)) on the in-distribution test split."""
-    ood: dict[str, Tensor] = dataclasses.field(default_factory=dict)
-    """OOD set name → log-probabilities (N_o, K)."""
-    corruptions: dict[str, dict[int, Tensor]] = dataclasses.field(default_factory=dict)
-    """Corruption name → severity → log-probabilities (N_c, K) on the corrupted test split (the
-    test images, or the ``eval.corruption_limit`` subset of them; see
-    :func:`predict_corruptions`)."""
-    corruption_labels: Tensor | None = None
-    """Labels (N_c,) of the corrupted images; ``None``: those of ``test`` (no subset)."""
-
-
-class EvalResults(dict):
-    """A results dict (JSON-ready, as :func:`evaluate_predictions` returns) that also carries the
-    :class:`Predictions` it was computed from as ``.predictions``, so figures can be drawn
-    without predicting again. The predictions are not part of the dict and never serialised.
-    """
-
-    def __init__(self, results: Mapping[str, Any], predictions: Predictions | None = None):
-        """Copy ``results`` and attach ``predictions``."""
-        super().__init__(results)
-        self.predictions = predictions
-
-
-# (results key, column title, scale) — percentages as in the paper's tables.
-_COLUMNS: tuple[tuple[str, str, float], ...] = (
-    ("accuracy", "Acc. (%)", 100.0),
-    ("nll", "NLL", 1.0),
-    ("ece", "ECE (%)", 100.0),
-    ("ece_10bin", "ECE-10 (%)", 100.0),
-    ("brier", "Brier", 1.0),
-    ("sel_pred_auc", "Sel. Pred. (%)", 100.0),
-    ("aurc", "AURC (%)", 100.0),
-)
-# Shown only when some result has it (binary tasks, see metrics.classification_metrics).
-_OPTIONAL_COLUMNS: tuple[tuple[str, str, float], ...] = (
-    ("auroc_positive", "AUROC pos. (%)", 100.0),
-)
-_OOD_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("entropy_auroc", "AUROC (%)"),
-    ("entropy_aupr", "AUPR (%)"),
-    ("entropy_fpr95", "FPR95 (%)"),
-)
-
-
-@torch.no_grad()
-def predict(
-    model: nn.Module, loader: DataLoader, accelerator: Accelerator
-) -> tuple[Tensor, Tensor]:
-    """Float32 log-probabilities (N, K) and labels (N,) on CPU, each sample counted once.
-
-    ``gather_for_metrics`` drops the samples Accelerate duplicated to even out the last batch
-    across processes, so N is the dataset size whatever the process count.
-    """
-    was_training = model.training
-    model.eval()
-    log_probs, labels = [], []
-    for x, y in tqdm(loader, desc="predict", disable=not accelerator.is_main_process, leave=False):
-        with accelerator.autocast():
-            logits = model(x)  # (B, K)
-        lp = torch.log_softmax(logits.float(), dim=-1)  # (B, K)
-        lp, y = accelerator.gather_for_metrics((lp, y))
-        log_probs.append(lp.cpu())
-        labels.append(y.cpu())
-    model.train(was_training)
-    return torch.cat(log_probs), torch.cat(labels)
-
-
-def evaluate_predictions(
-    test: tuple[Tensor, Tensor],
-    ood: Mapping[str, Tensor] | None = None,
-    corruptions: Mapping[str, Mapping[int, Tensor]] | None = None,
-    corruption_labels: Tensor | None = None,
-) -> dict[str, Any]:
-    """Metrics of design §3 for the test predictions, each named OOD set and each corruption.
-
-    Args:
-        test: (log-probabilities (N, K), labels (N,)) on the in-distribution test split.
-        ood: name → log-probabilities (N_o, K) on that semantic-shift set.
-        corruptions: corruption name → severity → log-probabilities (N_c, K) on the corrupted
-            test split.
-        corruption_labels: labels (N_c,) of the corrupted images; ``None``: ``test``'s.
-
-    Returns:
-        ``{"test": {metric: float, "n": N}, "ood": {name: {metric: float, "n": N_o}}}``; with
-        ``corruptions`` also ``"corruptions": {name: {"1": {metric: float, "n": N}, ...}}``
-        (severities as strings, as JSON keys) and ``"corruption_summary": {"1": {metric: mean
-        over the corruptions}, ..., "all": {metric: mean over every corruption and severity}}``.
-        The metrics are those of ``test`` (:func:`~fseb_ft.metrics.classification_metrics`).
-    """
-    log_probs, labels = test
-    out: dict[str, Any] = {
-        "test": {k: float(v) for k, v in classification_metrics(log_probs, labels).items()}
-    }
-    out["test"]["n"] = len(labels)
-    probs_in = log_probs.exp()  # (N, K)
-    out["ood"] = {}
-    for name, lp in (ood or {}).items():
-        scores = {k: float(v) for k, v in ood_metrics(probs_in, lp.exp()).items()}
-        out["ood"][name] = scores | {"n": len(lp)}
-    if corruptions:
-        c_labels = labels if corruption_labels is None else corruption_labels  # (N_c,)
-        out["corruptions"] = {
-            name: {
-                str(sev): {k: float(v) for k, v in classification_metrics(lp, c_labels).items()}
-                | {"n": len(lp)}
-                for sev, lp in sorted(by_severity.items())
-            }
-            for name, by_severity in corruptions.items()
-        }
-        out["corruption_summary"] = _corruption_summary(out["corruptions"])
-    return out
-
-
-def _corruption_summary(
-    corruptions: Mapping[str, Mapping[str, Mapping[str, float]]],
-) -> dict[str, dict[str, float]]:
-    """Per severity (and ``"all"``), the mean of every metric over the corruptions."""
-    groups: dict[str, list[Mapping[str, float]]] = {}
-    for by_severity in corruptions.values():
-        for sev, metrics in by_severity.items():
-            groups.setdefault(sev, []).append(metrics)
-            groups.setdefault("all", []).append(metrics)
-    order = [*sorted((k for k in groups if k != "all"), key=int), "all"]
-    return {
-        sev: {
-            key: math.fsum(m[key] for m in groups[sev]) / len(groups[sev])
-            for key in groups[sev][0]
-            if key != "n"
-        }
-        | {"corruptions": len(groups[sev])}
-        for sev in order
-    }
-
-
-def corruption_markdown(results: Mapping[str, Any]) -> str:
-    """Markdown tables of the corrupted test split (empty without ``corruptions``).
-
-    The first gives, per severity, the mean over the corruptions of accuracy, NLL, ECE and
-    Sel. Pred. (the clean test split first, for reference); the second the accuracy and ECE of
-    every corruption at every severity.
-    """
-    corruptions = results.get("corruptions") or {}
-    if not corruptions:
-        return ""
-    summary = results.get("corruption_summary") or _corruption_summary(corruptions)
-    columns = [c for c in _COLUMNS if c[0] in ("accuracy", "nll", "ece", "sel_pred_auc")]
-    header = ["Severity", *(title for _, title, _ in columns)]
-    lines = [
-        f"## Covariate shift: corrupted test split\n\nMean over {len(corruptions)} "
-        f"corruption(s): {', '.join(corruptions)}.\n",
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
-    ]
-    rows = [("clean", results.get("test", {}))]
-    rows += [(sev if sev != "all" else "all severities", m) for sev, m in summary.items()]
-    for label, metrics in rows:
-        cells = [_num(metrics.get(key), scale) for key, _, scale in columns]
-        lines.append("| " + " | ".join([label, *cells]) + " |")
-    severities = sorted({sev for by_sev in corruptions.values() for sev in by_sev}, key=int)
-    lines += [
-        "\nAcc. (%) / ECE (%) per corruption and severity:\n",
-        "| Corruption | " + " | ".join(severities) + " |",
-        "|" + "---|" * (len(severities) + 1),
-    ]
-    for name, by_sev in corruptions.items():
-        cells = [
-            f"{_num(by_sev[s]['accuracy'], 100.0)} / {_num(by_sev[s]['ece'], 100.0)}"
-            if s in by_sev
-            else "–"
-            for s in severities
-        ]
-        lines.append("| " + " | ".join([name, *cells]) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def warnings_markdown(results: Mapping[str, Any]) -> str:
-    """A Markdown warning block for the problems training recorded (empty when none)."""
-    found = (results.get("training") or {}).get("warnings") or []
-    if not found:
-        return ""
-    return "\n>\n".join(f"> **Warning:** {text}" for text in found) + "\n\n"
-
-
-def markdown_table(results: Mapping[str, Mapping[str, Any]]) -> str:
-    """A Markdown table of several runs' results, one row per method (e.g. PS-MAP, FS-EB).
-
-    Binary tasks get an ``AUROC pos. (%)`` column (positive class = label 1).
-    """
-    ood_names = sorted({n for r in results.values() for n in r.get("ood", {})})
-    columns = list(_COLUMNS)
-    columns += [c for c in _OPTIONAL_COLUMNS if any(c[0] in r["test"] for r in results.values())]
-    header = ["Method", *(title for _, title, _ in columns)]
-    header += [f"{name} {title}" for name in ood_names for _, title in _OOD_COLUMNS]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for method, res in results.items():
-        row = [method]
-        row += [_num(res["test"].get(key), scale) for key, _, scale in columns]
-        for name in ood_names:
-            scores = res.get("ood", {}).get(name, {})
-            row += [_num(scores.get(key), 100.0) for key, _ in _OOD_COLUMNS]
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def write_results(
-    run_dir: Path,
-    results: Mapping[str, Any],
-    title: str,
-    predictions: Predictions | None = None,
-) -> None:
-    """Write ``results.json`` (machines), ``results.md`` (people) and the plots into ``run_dir``.
-
-    ``predictions`` (default: ``results.predictions`` when ``results`` is an
-    :class:`EvalResults`) are drawn with :func:`write_plots` (``strict=False``: a figure that
-    fails is logged as a warning, after the results are written).
-    """
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_json(run_dir / "results.json", results)
-    md = f"# {title}\n\n" + warnings_markdown(results) + markdown_table({title: results})
-    if results.get("corruptions"):
-        md += "\n" + corruption_markdown(results)
-    write_text(run_dir / "results.md", md)
-    if predictions is None:
-        predictions = getattr(results, "predictions", None)
-    if predictions is not None:
-        write_plots(run_dir, predictions, title, strict=False)
-    _write_corruption_plot(run_dir, results, title)
-
-
-def _write_corruption_plot(directory: Path, results: Mapping[str, Any], title: str) -> None:
-    """:data:`CORRUPTION_PLOT` from ``results["corruptions"]`` (if any); a failure is logged."""
-    if not results.get("corruptions"):
-        return
-    from fseb_ft import plots
-
-    path = Path(directory) / CORRUPTION_PLOT
-    clean = results.get("test")
-    _draw(
-        [
-            lambda: plots.corruption_plot(
-                results["corruptions"], path, clean=clean, title=f"{title}: corrupted test split"
-            )
-        ],
-        strict=False,
-    )
-
-
-def write_plots(
-    directory: Path,
-    predictions: Predictions,
-    title: str,
-    others: Mapping[str, Predictions] | None = None,
-    strict: bool = True,
-) -> list[Path]:
-    """Draw :data:`PLOTS` for ``predictions`` into ``directory``; return the files written.
-
-    ``reliability.png``: reliability diagram of the test split (15 bins, as the ECE column).
-    ``selective_prediction.png``: accuracy–coverage curve, plus one curve per entry of
-    ``others`` (e.g. an ensemble's members), drawn first. ``entropy_ood.png``: predictive
-    entropy of the test split vs each OOD set (skipped when there is none). With
-    ``strict=False`` a figure that fails is logged as a warning and skipped: figures are a
-    by-product and must not fail a finished run.
-    """
-    from fseb_ft import plots  # matplotlib only when drawing
-
-    directory = Path(directory)
-    probs, labels = _probs_labels(predictions)
-    curves = {name: _probs_labels(p) for name, p in (others or {}).items()}
-    curves[title] = (probs, labels)
-    ood = {name: lp.exp() for name, lp in predictions.ood.items()}
-    jobs = [
-        lambda: plots.reliability_diagram(probs, labels, directory / PLOTS[0], title=title),
-        lambda: plots.selective_prediction_plot(curves, directory / PLOTS[1], title=title),
-    ]
-    if ood:
-        jobs.append(lambda: plots.entropy_histogram(probs, ood, directory / PLOTS[2], title=title))
-    return _draw(jobs, strict)
-
-
-def write_comparison_plots(
-    directory: Path, methods: Mapping[str, Predictions], title: str, strict: bool = True
-) -> list[Path]:
-    """Draw :data:`COMPARISON_PLOTS` (methods side by side) into ``directory``.
-
-    ``comparison_reliability.png``: one reliability diagram per method, in a row with shared
-    axes. ``comparison_selective.png``: every method's accuracy–coverage curve on one axes.
-    ``strict`` as in :func:`write_plots`.
-    """
-    from fseb_ft import plots
-
-    directory = Path(directory)
-    data = {name: _probs_labels(p) for name, p in methods.items()}
-    return _draw(
-        [
-            lambda: plots.reliability_comparison(
-                data, directory / COMPARISON_PLOTS[0], title=title
-            ),
-            lambda: plots.selective_prediction_plot(
-                data, directory / COMPARISON_PLOTS[1], title=title
-            ),
-        ],
-        strict,
-    )
 
 
 def evaluate_run(
@@ -410,10 +78,10 @@ def evaluate_run(
     recipe, info = _read_run(run_dir, cpu, overrides)
     accelerator = Accelerator(cpu=cpu, mixed_precision=recipe.train.mixed_precision)
     predictions = _predict_run(run_dir, recipe, info, accelerator)
-    results = EvalResults(_evaluate(predictions), predictions)
-    previous = run_dir / "results.json"
+    results = eval_results(predictions)
+    previous = run_dir / RESULTS_JSON
     if previous.exists():
-        results["training"] = json.loads(previous.read_text()).get("training")
+        results["training"] = read_json(previous).get("training")
     if accelerator.is_main_process:
         write_results(run_dir, results, title=method_title(recipe))
     return results
@@ -425,14 +93,14 @@ def evaluate_ensemble(
     cpu: bool = False,
     overrides: Sequence[str] = (),
 ) -> EvalResults:
-    """Evaluate the ensemble of several finished runs (design §3: average member probabilities).
+    """Evaluate the ensemble of several finished runs: the average of their probabilities.
 
-    Every run's best weights predict the test split and OOD sets (each member with its own
-    input size and normalisation). The runs must share the class list and the identities of the
-    test and OOD data recorded in their ``run.json`` (seeds, backbones and FS-EB settings may
-    differ); otherwise a :class:`ValueError` names the runs and what differs. The ensemble's
-    log-probabilities are :func:`~fseb_ft.metrics.ensemble_log_probs` of the members' float64
-    log-probabilities, so its NLL is that of the averaged probabilities.
+    Every run's best weights predict the test split and OOD sets (each member with its own input
+    size and normalisation; docs/cli.md, "Ensembles"). The runs must share the class list and the
+    identities of the test and OOD data recorded in their ``run.json`` (seeds, backbones and FS-EB
+    settings may differ); otherwise a :class:`ValueError` names the runs and what differs. The
+    ensemble's log-probabilities are :func:`~fseb_ft.metrics.ensemble_log_probs` of the members'
+    float64 log-probabilities, so its NLL is that of the averaged probabilities.
 
     Writes ``results.json`` (the ensemble's ``test``/``ood`` metrics at the top level, as for a
     run, plus ``members``: each member's metrics, and ``runs``), ``results.md`` (members and
@@ -448,7 +116,7 @@ def evaluate_ensemble(
     if len(set(resolved)) < len(resolved):
         raise ValueError(f"a run directory is listed twice: {[str(d) for d in run_dirs]}")
     out = Path(out_dir) if out_dir is not None else default_ensemble_dir(run_dirs)
-    if out.resolve() in resolved or (out / "run.json").exists():
+    if out.resolve() in resolved or (out / RUN_INFO_FILE).exists():
         raise ValueError(f"--out {out} is a run directory; its results would be overwritten")
     runs = [(d, *_read_run(d, cpu, overrides)) for d in run_dirs]
     _check_same_data(runs)
@@ -463,7 +131,7 @@ def evaluate_ensemble(
         preds = _predict_run(run_dir, recipe, info, accelerator)
         if members:
             _check_same_predictions(next(iter(members.values())).predictions, preds, run_dir)
-        members[label] = EvalResults(_evaluate(preds), preds)
+        members[label] = eval_results(preds)
 
     member_preds = [m.predictions for m in members.values()]
 
@@ -479,20 +147,20 @@ def evaluate_ensemble(
         },
         corruption_labels=member_preds[0].corruption_labels,
     )
-    results = EvalResults(_evaluate(ensemble), ensemble)
+    results = eval_results(ensemble)
     results["members"] = {label: dict(m) for label, m in members.items()}
     results["runs"] = [str(d) for d in run_dirs]
     if accelerator.is_main_process:
         title = f"Ensemble of {len(runs)}"
         out.mkdir(parents=True, exist_ok=True)
-        write_json(out / "results.json", results)
+        write_json(out / RESULTS_JSON, results)
         table = markdown_table({**members, title: results})
         listing = "".join(f"- {label}: `{d}`\n" for label, d in zip(labels, run_dirs, strict=True))
         shift = "\n" + corruption_markdown(results) if results.get("corruptions") else ""
-        (out / "results.md").write_text(f"# {title}\n\n{table}\nMembers:\n\n{listing}{shift}")
+        (out / RESULTS_MD).write_text(f"# {title}\n\n{table}\nMembers:\n\n{listing}{shift}")
         others = {label: m.predictions for label, m in members.items()}
         write_plots(out, ensemble, title, others, strict=False)
-        _write_corruption_plot(out, results, title)
+        write_corruption_plot(out, results, title)
     return results
 
 
@@ -502,141 +170,32 @@ def default_ensemble_dir(run_dirs: Sequence[str | Path]) -> Path:
     return Path(run_dirs[0]).parent / "ensemble" if len(parents) == 1 else Path("ensemble")
 
 
-def predict_splits(
-    model: nn.Module, splits: Splits, spec: InputSpec, recipe: Recipe, accelerator: Accelerator
-) -> Predictions:
-    """Predict the test split, every OOD set and every corruption of ``eval.corruptions``."""
-    if splits.test is None:
-        raise ValueError("data.test is not set: there is no test split to evaluate")
-    test = predict(model, accelerator.prepare(eval_loader(splits.test, spec, recipe)), accelerator)
-    ood = {
-        name: predict(model, accelerator.prepare(eval_loader(data, spec, recipe)), accelerator)[0]
-        for name, data in splits.ood.items()
-    }
-    corrupted = corruption_subset(
-        splits.test, recipe.eval.corruption_limit, recipe.eval.corruption_seed
-    )
-    corruptions = predict_corruptions(model, corrupted, spec, recipe, accelerator)
-    labels = (
-        None if corrupted is splits.test else torch.as_tensor(corrupted.labels, dtype=torch.long)
-    )
-    for name, by_severity in corruptions.items():
-        for severity, lp in by_severity.items():
-            if lp.shape[0] != len(corrupted):
-                raise RuntimeError(
-                    f"{name} severity {severity}: {lp.shape[0]} predictions for "
-                    f"{len(corrupted)} corrupted test images"
-                )
-    return Predictions(test=test, ood=ood, corruptions=corruptions, corruption_labels=labels)
-
-
-def predict_corruptions(
-    model: nn.Module, test: Any, spec: InputSpec, recipe: Recipe, accelerator: Accelerator
-) -> dict[str, dict[int, Tensor]]:
-    """Predict ``test`` under every corruption and severity of ``recipe.eval``.
-
-    Each (corruption, severity) is a :class:`~fseb_ft.corruptions.CorruptedImages` of the
-    test images (the raw pixels corrupted, then the model's evaluation transform), loaded from
-    ``eval.corruption_cache`` or computed there by the main process first, then read by the
-    others. Empty when ``eval.corruptions`` is.
-
-    Returns:
-        corruption name → severity → log-probabilities (N, K), in the order of ``test`` (pass
-        :func:`corruption_subset` of the test split to honour ``eval.corruption_limit``).
-    """
-    cfg = recipe.eval
-    if not cfg.corruptions:
-        return {}
-    from fseb_ft.corruptions import CorruptedImages
-
-    main = accelerator.is_main_process
-    pairs = [(name, severity) for name in cfg.corruptions for severity in cfg.severities]
-    out: dict[str, dict[int, Tensor]] = {}
-    for name, severity in tqdm(pairs, desc="corruptions", disable=not main):
-        with accelerator.main_process_first():
-            data = CorruptedImages(
-                test, name, severity, cfg.corruption_seed, cfg.corruption_cache, progress=main
-            )
-        loader = accelerator.prepare(eval_loader(data, spec, recipe))
-        out.setdefault(name, {})[severity] = predict(model, loader, accelerator)[0]
-        del data, loader
-    return out
-
-
-def corruption_subset(test: LabeledImages, limit: int | None, seed: int) -> LabeledImages:
-    """The seeded, class-stratified subset of ``test`` that ``eval.corruption_limit`` asks for.
-
-    Corrupting every test image at every corruption and severity costs 70 passes over the
-    split; a stratified subset keeps the class balance of the clean test set.
-    """
-    if limit is None or limit >= len(test):
-        return test
-    _, keep = stratified_split(test.labels, limit / len(test), seed)  # (≈limit,) sorted
-    return IndexedImages(test, keep)
-
-
-def evaluate_splits(
-    model: nn.Module, splits: Splits, spec: InputSpec, recipe: Recipe, accelerator: Accelerator
-) -> EvalResults:
-    """Predict the test split and every OOD set with ``model`` and compute their metrics.
-
-    The returned dict carries the predictions as ``.predictions`` (see :class:`EvalResults`),
-    which :func:`write_results` draws.
-    """
-    predictions = predict_splits(model, splits, spec, recipe, accelerator)
-    return EvalResults(_evaluate(predictions), predictions)
-
-
-def _evaluate(predictions: Predictions) -> dict[str, Any]:
-    return evaluate_predictions(
-        predictions.test, predictions.ood, predictions.corruptions, predictions.corruption_labels
-    )
-
-
-def eval_loader(data: Any, spec: InputSpec, recipe: Recipe) -> torch.utils.data.DataLoader:
-    """Un-augmented, un-shuffled loader (resize + normalise) for evaluation."""
-    dataset = TransformedImages(data, eval_transform(spec.size, spec.mean, spec.std))
-    return make_loader(
-        dataset,
-        recipe.eval.batch_size,
-        shuffle=False,
-        num_workers=recipe.data.num_workers,
-        seed=recipe.train.seed,
-    )
-
-
-def write_json(path: Path, obj: Any) -> None:
-    """Write JSON atomically (temporary file, then rename)."""
-    write_text(path, json.dumps(obj, indent=2) + "\n")
-
-
-def method_title(recipe: Recipe) -> str:
-    """ "FS-EB · model" or "PS-MAP · model" for tables and titles."""
-    method = "FS-EB" if recipe.fseb.reg_scale > 0 else "PS-MAP"
-    return f"{method} · {recipe.model.name}"
-
-
-def _num(value: float | None, scale: float) -> str:
-    if value is None or not math.isfinite(value):
-        return "–"
-    return f"{value * scale:.2f}" if scale != 1.0 else f"{value:.4f}"
-
-
 def main(argv: Sequence[str] | None = None, prog: str = "python -m fseb_ft.evaluate") -> Any:
     """CLI: re-evaluate saved runs, or evaluate their ensemble; print the results table.
 
     Returns the results of one run, ``{row: results}`` for several, or the ensemble's results.
     """
     parser = _parser(prog)
-    args = parser.parse_args(argv)
-    args.run_dirs = expand_run_dirs(args.run_dirs)
+    # Intermixed: overrides and options may come before, between or after the run directories.
+    args = parser.parse_intermixed_args(argv)
+    overrides = [a for a in args.run_dirs if isinstance(a, str)]
+    args.run_dirs = expand_run_dirs([a for a in args.run_dirs if isinstance(a, Path)])
+    if not args.run_dirs:
+        parser.error("the following arguments are required: RUN_DIR")
+    if args.set_overrides:
+        print(f"{prog}: --set is deprecated: give eval.KEY=VALUE after the run directories",
+              file=sys.stderr)  # fmt: skip
     if args.out is not None and not args.ensemble:
         parser.error("--out is only used with --ensemble (a re-evaluated run writes in place)")
     if args.ensemble and len(args.run_dirs) < 2:
         parser.error("--ensemble needs at least two run directories")
-    bad = [o for o in args.overrides if not o.startswith("eval.") or "=" not in o]
+    bad = [o for o in args.set_overrides if not o.startswith("eval.") or "=" not in o]
     if bad:
         parser.error(f"--set takes eval.KEY=VALUE (evaluation settings only), got {bad}")
+    bad = [o for o in overrides if not o.startswith("eval.")]
+    if bad:
+        parser.error(f"overrides take eval.KEY=VALUE (evaluation settings only), got {bad}")
+    args.overrides = [*args.set_overrides, *overrides]
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.ensemble:
@@ -680,11 +239,13 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "run_dirs",
-        type=Path,
+        type=_run_dir_or_override,
         nargs="+",
         metavar="RUN_DIR",
         help="run directories written by fseb_ft.finetune; a folder holding runs (the "
-        "OUTPUT of --compare) stands for the runs in it",
+        "OUTPUT of --compare) stands for the runs in it. An argument with '=' is an "
+        "eval.KEY=VALUE override of the saved recipes for this evaluation, e.g. "
+        "eval.corruptions=all eval.severities=[1,3,5]",
     )
     parser.add_argument(
         "--ensemble",
@@ -703,14 +264,18 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--cpu", action="store_true", help="evaluate on CPU")
     parser.add_argument(
         "--set",
-        dest="overrides",
+        dest="set_overrides",
         action="append",
         default=[],
         metavar="eval.KEY=VALUE",
-        help="change an evaluation setting of the saved recipes for this evaluation, e.g. "
-        "--set eval.corruptions=all --set eval.severities=[1,3,5] (repeatable)",
+        help="deprecated: give eval.KEY=VALUE after the run directories (repeatable)",
     )
     return parser
+
+
+def _run_dir_or_override(arg: str) -> Path | str:
+    """An argument with ``=`` is a ``section.key=value`` override (kept verbatim), else a path."""
+    return arg if "=" in arg else Path(arg)
 
 
 # --------------------------------------------------------------------------------------------
@@ -718,41 +283,32 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 # --------------------------------------------------------------------------------------------
 
 
-def _read_run(
-    run_dir: Path, cpu: bool, overrides: Sequence[str] = ()
-) -> tuple[Recipe, dict[str, Any]]:
+def _read_run(run_dir: Path, cpu: bool, overrides: Sequence[str] = ()) -> tuple[Recipe, RunInfo]:
     """A finished run's resolved recipe and ``run.json``; a clear error if it is not one."""
-    for needed in (RECIPE_FILE, "run.json", str(MODEL_WEIGHTS)):
-        if not (run_dir / needed).exists():
-            raise FileNotFoundError(f"{run_dir} is not a finished run: {needed} is missing")
-    recipe = load_recipe(run_dir / RECIPE_FILE, [f"train.cpu={str(cpu).lower()}", *overrides])
-    return recipe, json.loads((run_dir / "run.json").read_text())
+    needed = (RECIPE_FILE, RUN_INFO_FILE, MODEL_WEIGHTS)
+    return read_run(run_dir, [f"train.cpu={str(cpu).lower()}", *overrides], needed)
 
 
 def _predict_run(
-    run_dir: Path, recipe: Recipe, info: Mapping[str, Any], accelerator: Accelerator
+    run_dir: Path, recipe: Recipe, info: RunInfo, accelerator: Accelerator
 ) -> Predictions:
     """Load the run's best weights and predict its test split and OOD sets."""
     splits = build_splits(recipe.data, recipe.train.seed)
-    # The weights come from the run, so never fetch pretrained ones again.
-    model_cfg = dataclasses.replace(recipe.model, pretrained=False)
-    model = create_model(model_cfg, info["num_classes"], in_chans=recipe.data.channels)
-    load_model(model, str(run_dir / MODEL_WEIGHTS))
-    spec = InputSpec(**{k: tuple(v) for k, v in info["input"].items()})
-    model = accelerator.prepare(model)
-    predictions = predict_splits(model, splits, spec, recipe, accelerator)
+    model = accelerator.prepare(load_run_model(run_dir, recipe, info))
+    loader_kw = {"num_workers": recipe.data.num_workers, "seed": recipe.train.seed}
+    predictions = predict_splits(model, splits, info.input, recipe.eval, accelerator, **loader_kw)
     accelerator.free_memory(model)
     return predictions
 
 
-def _check_same_data(runs: Sequence[tuple[Path, Recipe, Mapping[str, Any]]]) -> None:
+def _check_same_data(runs: Sequence[tuple[Path, Recipe, RunInfo]]) -> None:
     """Members of an ensemble must agree on classes and on test and OOD data identities."""
     first_dir, _, first = runs[0]
     for run_dir, _, info in runs[1:]:
         for what, get in (
-            ("classes", lambda i: i.get("class_names") or i.get("num_classes")),
-            ("test data", lambda i: (i.get("data") or {}).get("test")),
-            ("OOD sets", lambda i: (i.get("data") or {}).get("ood") or {}),
+            ("classes", lambda i: i.class_names or i.num_classes),
+            ("test data", lambda i: (i.data or {}).get("test")),
+            ("OOD sets", lambda i: (i.data or {}).get("ood") or {}),
         ):
             a, b = get(first), get(info)
             if a != b:
@@ -779,7 +335,7 @@ def _check_same_predictions(first: Predictions, other: Predictions, run_dir: Pat
 
 
 def _shared_corruptions(
-    runs: Sequence[tuple[Path, Recipe, Mapping[str, Any]]], member_preds: Sequence[Predictions]
+    runs: Sequence[tuple[Path, Recipe, RunInfo]], member_preds: Sequence[Predictions]
 ) -> dict[str, list[int]]:
     """(corruption, severities) every member predicted with the same corrupted images."""
     subsets = {(r.eval.corruption_seed, r.eval.corruption_limit) for _, r, _ in runs}
@@ -797,29 +353,12 @@ def _shared_corruptions(
     return {name: sevs for name, sevs in shared.items() if sevs}
 
 
-def _member_labels(runs: Sequence[tuple[Path, Recipe, Mapping[str, Any]]]) -> list[str]:
+def _member_labels(runs: Sequence[tuple[Path, Recipe, RunInfo]]) -> list[str]:
     """Table rows "FS-EB · model (dir name)", with the whole path when names collide."""
     labels = [f"{method_title(recipe)} ({d.name})" for d, recipe, _ in runs]
     if len(set(labels)) < len(labels):
         labels = [f"{method_title(recipe)} ({d})" for d, recipe, _ in runs]
     return labels
-
-
-def _probs_labels(predictions: Predictions) -> tuple[Tensor, Tensor]:
-    log_probs, labels = predictions.test
-    return log_probs.exp(), labels
-
-
-def _draw(jobs: Sequence[Callable[[], Path]], strict: bool) -> list[Path]:
-    written = []
-    for job in jobs:
-        try:
-            written.append(job())
-        except Exception as exc:
-            if strict:
-                raise
-            logger.warning("could not draw a figure: %r", exc)
-    return written
 
 
 if __name__ == "__main__":

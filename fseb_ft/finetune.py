@@ -45,19 +45,24 @@ from fseb_ft.config import (
     recipe_from_dict,
 )
 from fseb_ft.context import ContextStream, build_context_pool
-from fseb_ft.evaluate import (
-    MODEL_WEIGHTS,
-    eval_loader,
-    evaluate_splits,
-    markdown_table,
-    method_title,
-    write_json,
-    write_results,
-)
 from fseb_ft.hub import share_run
 from fseb_ft.images import IndexedImages, Splits, as_labeled_images, stratified_split
 from fseb_ft.models import InputSpec, create_model, input_spec
 from fseb_ft.objective import FSEBObjective
+from fseb_ft.predict import eval_loader, predict_splits
+from fseb_ft.report import eval_results, markdown_table, method_title, write_results
+from fseb_ft.rundir import (
+    CHECKPOINTS,
+    MODEL_DIR,
+    MODEL_WEIGHTS,
+    RECIPE_FILE,
+    RESULTS_JSON,
+    RESULTS_MD,
+    RUN_INFO_FILE,
+    RunInfo,
+    latest_checkpoint,
+    write_json,
+)
 from fseb_ft.schema import plain_tree, set_key
 from fseb_ft.sources import build_splits, load_split
 from fseb_ft.train import (
@@ -67,7 +72,6 @@ from fseb_ft.train import (
     build_optimizer,
     build_scheduler,
     fit,
-    latest_checkpoint,
     launch_warnings,
     make_accelerator,
 )
@@ -108,7 +112,7 @@ def run(recipe: Recipe, splits: Splits | None = None) -> dict[str, Any]:
     )
     loader_kw = {"num_workers": recipe.data.num_workers, "seed": seed}
     train_loader = make_loader(train_set, recipe.data.batch_size, shuffle=True, **loader_kw)
-    val_loader = eval_loader(splits.val, spec, recipe)
+    val_loader = eval_loader(splits.val, spec, recipe.eval.batch_size, **loader_kw)
 
     objective = FSEBObjective(model, num_train=len(splits.train), **dataclasses.asdict(recipe.fseb))
     optimizer = build_optimizer(recipe.optim, objective.trainable_parameters())
@@ -121,22 +125,22 @@ def run(recipe: Recipe, splits: Splits | None = None) -> dict[str, Any]:
     scheduler = build_scheduler(recipe.optim, optimizer, steps_per_epoch * recipe.train.epochs)
     context = _context_stream(recipe, splits, spec, accelerator, objective)
 
-    run_info = {
-        "num_classes": num_classes,
-        "class_names": splits.train.class_names,
-        "input": dataclasses.asdict(spec),
-        "num_train": len(splits.train),
-        "data": splits.identities(),
-        "context": None if context is None else context.pool.identity,
-        "num_processes": accelerator.num_processes,
-        "device": accelerator.device.type,
-        "mixed_precision": applied_precision(accelerator),
-        "warnings": warned,
-    }
+    run_info = RunInfo(
+        num_classes=num_classes,
+        class_names=splits.train.class_names,
+        input=spec,
+        num_train=len(splits.train),
+        data=splits.identities(),
+        context=None if context is None else context.pool.identity,
+        num_processes=accelerator.num_processes,
+        device=accelerator.device.type,
+        mixed_precision=applied_precision(accelerator),
+        warnings=warned,
+    )
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_text(run_dir / "recipe.yaml", dump_recipe(recipe))
-        write_json(run_dir / "run.json", run_info)
+        write_text(run_dir / RECIPE_FILE, dump_recipe(recipe))
+        write_json(run_dir / RUN_INFO_FILE, run_info.to_json())
     if accelerator.log_with:
         accelerator.init_trackers(run_dir.name, config=_flat(dataclasses.asdict(recipe)))
 
@@ -156,7 +160,9 @@ def run(recipe: Recipe, splits: Splits | None = None) -> dict[str, Any]:
     )
     accelerator.wait_for_everyone()
     load_model(accelerator.unwrap_model(model), str(run_dir / MODEL_WEIGHTS))
-    results = evaluate_splits(model, splits, spec, recipe, accelerator)
+    results = eval_results(
+        predict_splits(model, splits, spec, recipe.eval, accelerator, **loader_kw)
+    )
     results["training"] = {
         "best_epoch": state.best_epoch,
         f"best_val_{recipe.train.select_metric}": state.best_value,
@@ -168,8 +174,8 @@ def run(recipe: Recipe, splits: Splits | None = None) -> dict[str, Any]:
     }
     if accelerator.is_main_process:
         write_results(run_dir, results, title=method_title(recipe))
-        run_info["training"] = results["training"]
-        write_json(run_dir / "run.json", run_info)
+        run_info.training = results["training"]
+        write_json(run_dir / RUN_INFO_FILE, run_info.to_json())
         # RUN_DIR/model/ in timm's Hub format (+ card), pushed if output.push_to_hub; never raises.
         share_run(accelerator.unwrap_model(model), run_dir, recipe, run_info, results)
     accelerator.end_training()
@@ -191,7 +197,7 @@ def _check_resumable(recipe: Recipe, run_dir: Path) -> None:
     Resuming restores the weights, optimiser and schedule of the saved run, so a changed
     ``fseb.reg_scale`` or ``optim.lr`` would silently be ignored or mixed with the old one.
     """
-    saved = run_dir / "recipe.yaml"
+    saved = run_dir / RECIPE_FILE
     if recipe.train.resume != "auto" or latest_checkpoint(run_dir) is None or not saved.exists():
         return
     old = _flat(dataclasses.asdict(load_recipe(saved)))
@@ -215,8 +221,8 @@ def _clear_previous_run(run_dir: Path) -> None:
     Starting over overwrites the checkpoints, best model and results anyway; removing them up
     front means a run killed early never leaves the old run's results beside its own recipe.
     """
-    old = [run_dir / "checkpoints", run_dir / MODEL_WEIGHTS.parent, run_dir / "run.json"]
-    old += [run_dir / "results.json", run_dir / "results.md", *sorted(run_dir.glob("*.png"))]
+    old = [run_dir / CHECKPOINTS, run_dir / MODEL_DIR, run_dir / RUN_INFO_FILE]
+    old += [run_dir / RESULTS_JSON, run_dir / RESULTS_MD, *sorted(run_dir.glob("*.png"))]
     found = [path for path in old if path.exists()]
     if not found:
         return
@@ -380,7 +386,7 @@ def compare(recipe: Recipe | str | Path, overrides: Sequence[str] = ()) -> dict[
         seconds = {k: round(v["training"]["seconds"], 1) for k, v in results.items()}
         (out / "comparison.md").write_text(f"# {recipe.model.name}: PS-MAP vs FS-EB\n\n{table}")
         write_json(out / "comparison.json", results)
-        from fseb_ft.evaluate import write_comparison_plots
+        from fseb_ft.report import write_comparison_plots
 
         # comparison_reliability.png / comparison_selective.png from run()'s predictions.
         predictions = {k: getattr(v, "predictions", None) for k, v in results.items()}

@@ -34,20 +34,29 @@ from typing import Any
 import timm
 import yaml
 from huggingface_hub import HfApi, get_token
-from safetensors.torch import load_model
 from timm.models import save_for_hf
 from torch import nn
 
-from fseb_ft.atomic import cleaned_on_failure, publish
-from fseb_ft.config import ConfigError, OutputConfig, Recipe, dump_recipe, load_recipe
-from fseb_ft.evaluate import MODEL_WEIGHTS, markdown_table, method_title, warnings_markdown
+from fseb_ft.atomic import cleaned_on_failure, publish, write_text
+from fseb_ft.config import ConfigError, OutputConfig, Recipe, load_recipe
+from fseb_ft.model_card import PLOT_CAPTIONS, model_card, selection
 from fseb_ft.models import EVAL_RESIZE
+from fseb_ft.rundir import (
+    MODEL_DIR,
+    MODEL_WEIGHTS,
+    RECIPE_FILE,
+    RESULTS_JSON,
+    RUN_INFO_FILE,
+    RunInfo,
+    load_run_model,
+    read_json,
+    read_run,
+)
 
 __all__ = [
     "HubPushError",
     "export_run",
     "main",
-    "model_card",
     "push_folder",
     "push_run",
     "retry_command",
@@ -58,19 +67,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-MODEL_DIR = MODEL_WEIGHTS.parent.name
-"""The model folder inside a run directory (``model``)."""
-FOLDER_FILES = ("config.json", "model.safetensors", "fseb.json", "README.md")
+FOLDER_FILES = ("config.json", MODEL_WEIGHTS.name, "fseb.json", "README.md")
 """Files every model folder has; plots (``*.png``) come on top."""
 DEFAULT_LICENSE = "apache-2.0"
-PLOT_CAPTIONS = {
-    "reliability.png": "Reliability diagram (test split)",
-    "selective_prediction.png": "Selective prediction: accuracy of the most confident fraction",
-    "entropy_ood.png": "Predictive entropy on the test split and the OOD sets",
-}
-"""Known plots, in card order, with their captions; other PNGs follow under their file name."""
-_CARD_TAGS = ["image-classification", "timm", "fseb-ft"]
-_MAX_CLASSES_SHOWN = 20
+_NOT_A_RUN = "{run_dir} is not a finished fseb-ft run: {missing} is missing (nothing was sent)"
 
 
 class HubPushError(RuntimeError):
@@ -81,7 +81,7 @@ def save_model_folder(
     model: nn.Module,
     run_dir: str | Path,
     recipe: Recipe,
-    run_info: Mapping[str, Any],
+    run_info: RunInfo | Mapping[str, Any],
     results: Mapping[str, Any],
     *,
     baseline: Mapping[str, Mapping[str, Any]] | None = None,
@@ -93,7 +93,8 @@ def save_model_folder(
         model: the trained model holding the weights to export (unwrapped, not DDP).
         run_dir: the run directory; its ``*.png`` plots are copied into the folder.
         recipe: the run's resolved recipe.
-        run_info: the run's ``run.json`` (class names, input spec, data and context provenance).
+        run_info: the run's ``run.json`` (class names, input spec, data and context provenance),
+            as :class:`~fseb_ft.rundir.RunInfo` or its JSON mapping.
         results: the run's results (``test``, ``ood``, ``training``).
         baseline: method title → results of other runs to show in the card's table (e.g.
             ``{"PS-MAP · resnet18": psmap_results}``); ``None`` takes the sibling PS-MAP run
@@ -104,17 +105,19 @@ def save_model_folder(
         The model folder.
     """
     run_dir = Path(run_dir)
+    if not isinstance(run_info, RunInfo):
+        run_info = RunInfo.from_json(run_info)
     folder = run_dir / MODEL_DIR
     folder.mkdir(parents=True, exist_ok=True)
     source = _source_info(model, recipe)
-    num_classes = int(run_info["num_classes"])
-    names = [str(n) for n in run_info.get("class_names") or []][:num_classes]
+    num_classes = int(run_info.num_classes)
+    names = [str(n) for n in run_info.class_names or []][:num_classes]
     names += [str(i) for i in range(len(names), num_classes)]
-    spec = run_info["input"]
+    spec = run_info.input
     data_config = {
-        "input_size": (recipe.data.channels, *(int(s) for s in spec["size"])),
-        "mean": tuple(spec["mean"]),
-        "std": tuple(spec["std"]),
+        "input_size": (recipe.data.channels, *(int(s) for s in spec.size)),
+        "mean": tuple(spec.mean),
+        "std": tuple(spec.std),
         # How fseb_ft's evaluation resizes: timm's transform for this config is eval_transform.
         **EVAL_RESIZE,
     }
@@ -137,7 +140,7 @@ def save_model_folder(
                 data_config=data_config,
                 safe_serialization=True,
             )
-        for name in ("model.safetensors", "config.json"):
+        for name in (MODEL_WEIGHTS.name, "config.json"):
             publish(Path(tmp) / name, folder / name)
     _write_docs(run_dir, recipe, run_info, results, source, baseline, repo_id)
     return folder
@@ -175,73 +178,12 @@ def export_run(
 
     For runs made before model folders existed, or whose export failed. Returns the folder.
     """
-    from fseb_ft.models import create_model  # the training stack, only when rebuilding
-
     run_dir = Path(run_dir)
     recipe, run_info, results = _read_run(run_dir)
-    weights = run_dir / MODEL_WEIGHTS
-    if not weights.is_file():
-        raise FileNotFoundError(f"{run_dir} is not a finished run: {MODEL_WEIGHTS} is missing")
-    # The weights come from the run, so never fetch pretrained ones again.
-    model_cfg = dataclasses.replace(recipe.model, pretrained=False)
-    model = create_model(model_cfg, int(run_info["num_classes"]), in_chans=recipe.data.channels)
-    load_model(model, str(weights))
+    model = load_run_model(run_dir, recipe, run_info)
     return save_model_folder(
         model, run_dir, recipe, run_info, results, baseline=baseline, repo_id=repo_id
     )
-
-
-def model_card(
-    recipe: Recipe,
-    run_info: Mapping[str, Any],
-    results: Mapping[str, Any],
-    *,
-    source: Mapping[str, Any],
-    baseline: Mapping[str, Mapping[str, Any]] | None = None,
-    plots: Sequence[str] = (),
-    repo_id: str | None = None,
-    local_dir: str | Path | None = None,
-) -> str:
-    """The model card (``README.md``): Hub metadata, provenance, method, results, plots, usage.
-
-    Args:
-        recipe, run_info, results: the run's recipe, ``run.json`` and results.
-        source: the ``source_model`` entry of ``fseb.json`` (name, hub_id, license, …).
-        baseline: method title → results of other runs, shown under this run in the table.
-        plots: PNG file names inside the model folder, embedded with relative links.
-        repo_id: the Hub repo (``user/name``) for the usage example; a placeholder if unknown.
-        local_dir: the model folder's path for the ``local-dir:`` example.
-    """
-    method = "FS-EB" if recipe.fseb.reg_scale > 0 else "PS-MAP"
-    title = method_title(recipe)
-    front: dict[str, Any] = {
-        "library_name": "timm",
-        "license": source["license"],
-        "tags": [*_CARD_TAGS, method.lower()],
-        "pipeline_tag": "image-classification",
-    }
-    if source.get("hub_id"):
-        front["base_model"] = source["hub_id"]
-    datasets = [s.path for s in _data_specs(recipe) if s.source == "hub"]
-    if datasets:
-        front["datasets"] = sorted(set(datasets))
-    meta = yaml.safe_dump(front, sort_keys=False, allow_unicode=True)
-    parts = [f"---\n{meta}---\n", f"# {repo_id.split('/')[-1] if repo_id else title}\n"]
-    if warnings_markdown(results):
-        parts.append(warnings_markdown(results))
-    parts.append(_provenance(recipe, run_info, source, method))
-    parts.append(_method_section(recipe, run_info, method))
-    parts.append(_results_section(recipe, run_info, results, title, baseline))
-    if plots:
-        shown = "\n\n".join(f"![{_plot_caption(p)}]({p})" for p in plots)
-        parts.append(f"## Plots\n\n{shown}\n")
-    parts.append(_usage_section(run_info, recipe, source, repo_id, local_dir))
-    parts.append(
-        "## Recipe\n\nReproduce with `fseb-ft recipe.yaml` (package `fseb_ft`).\n\n"
-        "<details>\n<summary>Resolved recipe (<code>recipe.yaml</code>)</summary>\n\n"
-        f"```yaml\n{dump_recipe(recipe)}```\n\n</details>\n"
-    )
-    return "\n".join(parts)
 
 
 def push_folder(
@@ -342,7 +284,7 @@ def share_run(
     model: nn.Module,
     run_dir: str | Path,
     recipe: Recipe,
-    run_info: Mapping[str, Any],
+    run_info: RunInfo | Mapping[str, Any],
     results: Mapping[str, Any],
 ) -> str | None:
     """End of a run: write the model folder, then push it if ``output.push_to_hub`` is set.
@@ -420,7 +362,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "fseb-ft push") -> str:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if not (args.run_dir / "recipe.yaml").is_file():
+    if not (args.run_dir / RECIPE_FILE).is_file():
         parser.error(
             f"{args.run_dir} is not a run directory (it has no recipe.yaml): give the "
             "output.dir of a fseb-ft training run"
@@ -479,7 +421,7 @@ def _source_info(model: nn.Module, recipe: Recipe) -> dict[str, Any]:
 def _write_docs(
     run_dir: Path,
     recipe: Recipe,
-    run_info: Mapping[str, Any],
+    run_info: RunInfo,
     results: Mapping[str, Any],
     source: Mapping[str, Any],
     baseline: Mapping[str, Mapping[str, Any]] | None,
@@ -495,19 +437,19 @@ def _write_docs(
         "fseb_ft_version": __version__,
         "method": "FS-EB" if recipe.fseb.reg_scale > 0 else "PS-MAP",
         "fseb": dataclasses.asdict(recipe.fseb),
-        "context": run_info.get("context"),
+        "context": run_info.context,
         "context_config": (
             dataclasses.asdict(recipe.context) if recipe.fseb.reg_scale > 0 else None
         ),
-        "data": run_info.get("data"),
+        "data": run_info.data,
         "source_model": dict(source),
-        "num_classes": run_info["num_classes"],
-        "class_names": run_info.get("class_names"),
-        "input": run_info["input"],
-        "selection": _selection(recipe, results),
+        "num_classes": run_info.num_classes,
+        "class_names": run_info.class_names,
+        "input": dataclasses.asdict(run_info.input),
+        "selection": selection(recipe, results),
         "results": {k: results[k] for k in ("test", "ood") if k in results},
     }
-    _write_text(folder / "fseb.json", json.dumps(meta, indent=2, default=_jsonable) + "\n")
+    write_text(folder / "fseb.json", json.dumps(meta, indent=2, default=_jsonable) + "\n")
     card = model_card(
         recipe,
         run_info,
@@ -518,149 +460,7 @@ def _write_docs(
         repo_id=repo_id,
         local_dir=folder,
     )
-    _write_text(folder / "README.md", card)
-
-
-def _provenance(
-    recipe: Recipe, run_info: Mapping[str, Any], source: Mapping[str, Any], method: str
-) -> str:
-    arch, name = source["architecture"], source["name"]
-    if source.get("hub_id"):
-        hub = source["hub_id"]
-        start = f"fine-tuned from [`{hub}`](https://huggingface.co/{hub})"
-    elif source["pretrained"]:
-        start = f"fine-tuned from the pretrained timm model `{name}`"
-    elif name != arch:
-        start = f"trained from the random initialisation of `{name}` (`pretrained: false`)"
-    else:
-        start = "trained from its random initialisation (`pretrained: false`)"
-    names = [str(n) for n in run_info.get("class_names") or []]
-    shown = ", ".join(names[:_MAX_CLASSES_SHOWN])
-    if len(names) > _MAX_CLASSES_SHOWN:
-        shown += ", …"
-    data = run_info.get("data") or {}
-    size = "×".join(str(s) for s in run_info["input"]["size"])
-    return (
-        f"A timm `{arch}` image classifier {start} with **{method}** using `fseb_ft`, "
-        f"on `{data.get('train', '?')}` ({run_info.get('num_train', '?')} training images; "
-        f"{run_info['num_classes']} classes: {shown or '–'}). "
-        f"Input: {size} pixels, {recipe.data.channels} channel(s)." + _hardware(run_info) + "\n"
-    )
-
-
-def _hardware(run_info: Mapping[str, Any]) -> str:
-    """The sentence on devices and precision (empty for a run.json that predates them)."""
-    if "mixed_precision" not in run_info:
-        return ""
-    precision = run_info["mixed_precision"]
-    return (
-        f" Trained on {run_info.get('num_processes', 1)} {run_info.get('device', '?')} "
-        f"process(es), mixed precision `{precision}`{' (fp32)' if precision == 'no' else ''}."
-    )
-
-
-def _method_section(recipe: Recipe, run_info: Mapping[str, Any], method: str) -> str:
-    f = recipe.fseb
-    text = (
-        "## Method\n\n"
-        "**FS-EB** (function-space empirical Bayes; Rudner, Kapoor, Qiu & Wilson, ICML 2023) adds "
-        "to the cross-entropy a Gaussian prior over the network's *outputs* at a batch of context "
-        "images, with a covariance built from the features of the frozen starting model, so the "
-        "fine-tuned function stays where those features support it and is uncertain elsewhere. "
-        "**PS-MAP** is the same training loop with that function-space term switched off "
-        "(`fseb.reg_scale=0`): only a Gaussian prior on the parameters, i.e. weight decay.\n\n"
-    )
-    if method == "FS-EB":
-        ctx = run_info.get("context") or {}
-        fingerprint = str(ctx.get("fingerprint", ""))[:12]
-        text += (
-            f"This model: FS-EB with reg_scale={f.reg_scale:g}, prior_var={f.prior_var:g}, "
-            f"prior_cov_scale={f.prior_cov_scale:g}, prior_cov_diag={f.prior_cov_diag:g}; "
-            f"context set: `{recipe.context.kind}` "
-            f"({'perturbed' if recipe.context.perturb else 'unperturbed'}), pool of "
-            f"{recipe.context.pool_size} images, batches of {recipe.context.batch_size}"
-            + (f" (fingerprint `{fingerprint}…`)" if fingerprint else "")
-            + ". Full provenance in `fseb.json`.\n"
-        )
-    else:
-        text += f"This model: PS-MAP with prior_var={f.prior_var:g}.\n"
-    return text
-
-
-def _results_section(
-    recipe: Recipe,
-    run_info: Mapping[str, Any],
-    results: Mapping[str, Any],
-    title: str,
-    baseline: Mapping[str, Mapping[str, Any]] | None,
-) -> str:
-    rows = {title: results, **{k: v for k, v in (baseline or {}).items() if k != title}}
-    test = results.get("test", {})
-    data = run_info.get("data") or {}
-    lines = ["## Results\n", markdown_table(rows)]
-    notes = [f"Test split `{data.get('test', '?')}` (n={test.get('n', '?')})."]
-    for name, scores in (results.get("ood") or {}).items():
-        ident = (data.get("ood") or {}).get(name, "?")
-        notes.append(f"OOD set {name}: `{ident}` (n={scores.get('n', '?')}).")
-    notes.append(
-        "ECE: 15 equal-width bins; Sel. Pred.: area under the accuracy-coverage curve; "
-        "OOD AUROC/AUPR/FPR95: predictive entropy as the score, OOD as the positive class."
-    )
-    sel = _selection(recipe, results)
-    if sel.get("best_epoch") is not None:
-        notes.append(
-            f"Weights from epoch {sel['best_epoch']} of {sel['epochs']}, selected on validation "
-            f"{sel['metric']} (the test split is never used for selection)."
-        )
-    if len(rows) > 1:
-        notes.append(
-            "The first row is this model; the others are baselines (same data and backbone; "
-            "PS-MAP is the same recipe with `fseb.reg_scale=0`)."
-        )
-    lines.append(" ".join(notes) + "\n")
-    return "\n".join(lines)
-
-
-def _usage_section(
-    run_info: Mapping[str, Any],
-    recipe: Recipe,
-    source: Mapping[str, Any],
-    repo_id: str | None,
-    local_dir: str | Path | None,
-) -> str:
-    repo = repo_id or "USER/NAME"
-    mode = "L" if recipe.data.channels == 1 else "RGB"
-    imports = "import timm\nimport torch\nfrom PIL import Image\n"
-    if source.get("needs_fseb_ft"):
-        imports += "import fseb_ft.models  # registers this architecture with timm\n"
-    load = f'model = timm.create_model("hf-hub:{repo}", pretrained=True).eval()\n'
-    if local_dir is not None:
-        load += (
-            "# or from a local copy of this folder:\n"
-            f'# model = timm.create_model("local-dir:{local_dir}", pretrained=True).eval()\n'
-        )
-    return (
-        "## How to use\n\n"
-        "```python\n"
-        f"{imports}\n{load}"
-        "config = timm.data.resolve_data_config(model=model)  # this run's input size, mean, std\n"
-        "transform = timm.data.create_transform(**config)\n"
-        'labels = model.pretrained_cfg["label_names"]\n\n'
-        f'image = Image.open("image.jpg").convert("{mode}")\n'
-        "with torch.no_grad():\n"
-        "    probs = model(transform(image).unsqueeze(0)).softmax(-1)[0]\n"
-        "print(labels[int(probs.argmax())], float(probs.max()))\n"
-        "```\n"
-    )
-
-
-def _selection(recipe: Recipe, results: Mapping[str, Any]) -> dict[str, Any]:
-    training = results.get("training") or {}
-    return {
-        "metric": recipe.train.select_metric,
-        "best_epoch": training.get("best_epoch"),
-        "epochs": training.get("epochs"),
-    }
+    write_text(folder / "README.md", card)
 
 
 def _sibling_baseline(run_dir: Path, recipe: Recipe) -> dict[str, Mapping[str, Any]] | None:
@@ -669,8 +469,8 @@ def _sibling_baseline(run_dir: Path, recipe: Recipe) -> dict[str, Mapping[str, A
     if recipe.fseb.reg_scale == 0 or sibling.resolve() == run_dir.resolve():
         return None
     try:
-        results = json.loads((sibling / "results.json").read_text())
-        other = yaml.safe_load((sibling / "recipe.yaml").read_text())
+        results = read_json(sibling / RESULTS_JSON)
+        other = yaml.safe_load((sibling / RECIPE_FILE).read_text())
         if other["fseb"]["reg_scale"] != 0 or other["model"]["name"] != recipe.model.name:
             return None
     except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
@@ -697,31 +497,16 @@ def _plots_in(folder: Path) -> list[str]:
     return known + [n for n in names if n not in PLOT_CAPTIONS]
 
 
-def _plot_caption(name: str) -> str:
-    return PLOT_CAPTIONS.get(name) or Path(name).stem.replace("_", " ").capitalize()
-
-
-def _data_specs(recipe: Recipe) -> list[Any]:
-    d = recipe.data
-    return [s for s in (d.train, d.val, d.test, *d.ood.values()) if s is not None]
-
-
-def _read_run(run_dir: Path) -> tuple[Recipe, dict[str, Any], dict[str, Any]]:
-    for needed in ("recipe.yaml", "run.json", "results.json"):
-        if not (run_dir / needed).is_file():
-            raise FileNotFoundError(
-                f"{run_dir} is not a finished fseb-ft run: {needed} is missing (nothing was sent)"
-            )
-    recipe = load_recipe(run_dir / "recipe.yaml")
-    run_info = json.loads((run_dir / "run.json").read_text())
-    results = json.loads((run_dir / "results.json").read_text())
-    return recipe, run_info, results
+def _read_run(run_dir: Path) -> tuple[Recipe, RunInfo, dict[str, Any]]:
+    needed = (RECIPE_FILE, RUN_INFO_FILE, RESULTS_JSON)
+    recipe, run_info = read_run(run_dir, needed=needed, missing=_NOT_A_RUN)
+    return recipe, run_info, read_json(run_dir / RESULTS_JSON)
 
 
 def _saved_output(run_dir: Path) -> OutputConfig:
     """The run's ``output`` section (push defaults), or the defaults if it cannot be read."""
     try:
-        return load_recipe(run_dir / "recipe.yaml").output
+        return load_recipe(run_dir / RECIPE_FILE).output
     except (OSError, ValueError):
         return OutputConfig()
 
@@ -730,12 +515,6 @@ def _endpoint(endpoint: str | None) -> str | None:
     # HF_ENDPOINT is read here, not only when huggingface_hub is imported.
     value = endpoint or os.environ.get("HF_ENDPOINT")
     return value.rstrip("/") if value else None
-
-
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _jsonable(value: Any) -> Any:

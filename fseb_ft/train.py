@@ -29,9 +29,16 @@ from tqdm.auto import tqdm
 from fseb_ft.atomic import cleaned_on_failure, publish
 from fseb_ft.config import OptimConfig, Recipe, TrainConfig
 from fseb_ft.context import ContextStream
-from fseb_ft.evaluate import predict
 from fseb_ft.metrics import chance_accuracy, classification_metrics
 from fseb_ft.objective import FSEBObjective
+from fseb_ft.predict import predict
+from fseb_ft.rundir import (
+    CHECKPOINT_PREFIX,
+    CHECKPOINTS,
+    TRAINER_STATE,
+    checkpoint_name,
+    latest_checkpoint,
+)
 from fseb_ft.transforms import epoch_seed, seed_transform
 
 __all__ = [
@@ -42,14 +49,12 @@ __all__ = [
     "build_optimizer",
     "build_scheduler",
     "fit",
-    "latest_checkpoint",
     "launch_warnings",
     "make_accelerator",
 ]
 
 logger = logging.getLogger("fseb_ft")
 _HIGHER_IS_BETTER = {"accuracy"}
-_STATE_FILE = "trainer_state.json"
 
 
 class NonFiniteLossError(RuntimeError):
@@ -177,13 +182,6 @@ def launch_warnings(accelerator: Accelerator, environ: Mapping[str, str]) -> lis
     return found
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint directory (one with a trainer state), if any."""
-    root = run_dir / "checkpoints"
-    done = sorted(p for p in root.glob("epoch-*") if (p / _STATE_FILE).is_file())
-    return done[-1] if done else None
-
-
 def fit(
     *,
     train: TrainConfig,
@@ -212,7 +210,7 @@ def fit(
     checkpoint = latest_checkpoint(run_dir) if cfg.resume == "auto" else None
     if checkpoint is not None:
         accelerator.load_state(str(checkpoint))
-        state = TrainState(**json.loads((checkpoint / _STATE_FILE).read_text()))
+        state = TrainState(**json.loads((checkpoint / TRAINER_STATE).read_text()))
         accelerator.print(f"resuming from {checkpoint} (epoch {state.epoch} done)")
     model = objective.model
     if state.initial_param_norm is None:
@@ -410,9 +408,9 @@ def _improved(metric: str, value: float, best: float | None) -> bool:
 
 
 def _save_checkpoint(accelerator: Accelerator, run_dir: Path, state: TrainState) -> None:
-    root = run_dir / "checkpoints"
-    final = root / f"epoch-{state.epoch:04d}"
-    tmp = root / f".tmp-epoch-{state.epoch:04d}"
+    root = run_dir / CHECKPOINTS
+    final = root / checkpoint_name(state.epoch)
+    tmp = root / f".tmp-{final.name}"
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
     accelerator.wait_for_everyone()
@@ -421,11 +419,11 @@ def _save_checkpoint(accelerator: Accelerator, run_dir: Path, state: TrainState)
     with cleaned_on_failure(tmp, what=f"checkpoint {final.name}", hint=hint):
         accelerator.save_state(str(tmp))
         if accelerator.is_main_process:
-            (tmp / _STATE_FILE).write_text(json.dumps(asdict(state), indent=1))
+            (tmp / TRAINER_STATE).write_text(json.dumps(asdict(state), indent=1))
     if accelerator.is_main_process:
         shutil.rmtree(final, ignore_errors=True)
         publish(tmp, final)
-        for old in root.glob("epoch-*"):
+        for old in root.glob(f"{CHECKPOINT_PREFIX}*"):
             if old != final:
                 shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()

@@ -38,7 +38,7 @@ WORKER_CHECK = """
 import ctypes, json, os
 import torch
 from fseb_ft.allocator import keep_freed_memory
-from fseb_ft.data import make_loader
+from fseb_ft.transforms import make_loader
 
 MIB = 2**20
 libc = ctypes.CDLL("libc.so.6")

@@ -17,8 +17,9 @@ from torch import nn
 import fseb_ft.finetune as finetune_module
 from fseb_ft.atomic import DiskFullError, default_file_mode
 from fseb_ft.config import recipe_from_dict
-from fseb_ft.evaluate import write_results
-from fseb_ft.train import TrainState, _save_checkpoint, latest_checkpoint
+from fseb_ft.report import write_results
+from fseb_ft.rundir import latest_checkpoint
+from fseb_ft.train import TrainState, _save_checkpoint
 
 # What each writer raises when the disk fills up (torch's text is from a real full tmpfs).
 DISK_FULL = {

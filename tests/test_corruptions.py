@@ -17,15 +17,12 @@ from test_pipeline import N_TEST, _recipe_dict, _write_folder
 import fseb_ft.corruptions as C
 from fseb_ft import plots
 from fseb_ft.config import ConfigError, recipe_from_dict
-from fseb_ft.evaluate import (
-    CORRUPTION_PLOT,
-    corruption_markdown,
-    evaluate_ensemble,
-    evaluate_run,
-)
+from fseb_ft.evaluate import evaluate_ensemble, evaluate_run
 from fseb_ft.evaluate import main as evaluate_main
 from fseb_ft.finetune import run
 from fseb_ft.images import ArrayImages, stratified_split
+from fseb_ft.report import corruption_markdown
+from fseb_ft.rundir import CORRUPTION_PLOT
 from fseb_ft.transforms import TransformedImages, eval_transform
 
 NOISE = ("gaussian_noise", "shot_noise", "impulse_noise", "speckle_noise")

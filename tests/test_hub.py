@@ -37,8 +37,8 @@ import fseb_ft.finetune as finetune_module
 import fseb_ft.hub as hub
 from fseb_ft import cli
 from fseb_ft.config import ConfigError, OutputConfig, recipe_from_dict
-from fseb_ft.evaluate import markdown_table
 from fseb_ft.finetune import run
+from fseb_ft.report import markdown_table
 from fseb_ft.transforms import eval_transform
 
 UNREACHABLE = "http://127.0.0.1:9"  # discard port: nothing listens, connections are refused

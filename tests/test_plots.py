@@ -10,13 +10,9 @@ import torch
 from PIL import Image
 
 from fseb_ft import plots
-from fseb_ft.evaluate import (
-    COMPARISON_PLOTS,
-    PLOTS,
-    Predictions,
-    write_comparison_plots,
-    write_plots,
-)
+from fseb_ft.predict import Predictions
+from fseb_ft.report import write_comparison_plots, write_plots
+from fseb_ft.rundir import COMPARISON_PLOTS, PLOTS
 
 
 def _predictions(n: int, k: int, seed: int, sharpness: float = 1.5) -> tuple[torch.Tensor, ...]:

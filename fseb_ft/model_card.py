@@ -1,0 +1,235 @@
+"""The model card (``README.md`` of a run's model folder): Hub metadata, provenance, method,
+results table, plots and a usage example, from the run's recipe, ``run.json`` and results.
+
+Text only: writing the folder and uploading it is :mod:`fseb_ft.hub`'s job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fseb_ft.config import Recipe, dump_recipe
+from fseb_ft.report import markdown_table, method_title, warnings_markdown
+from fseb_ft.rundir import PLOTS, RunInfo
+
+__all__ = ["PLOT_CAPTIONS", "model_card", "plot_caption", "selection"]
+
+PLOT_CAPTIONS = {
+    PLOTS[0]: "Reliability diagram (test split)",
+    PLOTS[1]: "Selective prediction: accuracy of the most confident fraction",
+    PLOTS[2]: "Predictive entropy on the test split and the OOD sets",
+}
+"""Known plots, in card order, with their captions; other PNGs follow under their file name."""
+_CARD_TAGS = ["image-classification", "timm", "fseb-ft"]
+_MAX_CLASSES_SHOWN = 20
+
+
+def model_card(
+    recipe: Recipe,
+    run_info: RunInfo,
+    results: Mapping[str, Any],
+    *,
+    source: Mapping[str, Any],
+    baseline: Mapping[str, Mapping[str, Any]] | None = None,
+    plots: Sequence[str] = (),
+    repo_id: str | None = None,
+    local_dir: str | Path | None = None,
+) -> str:
+    """The model card (``README.md``): Hub metadata, provenance, method, results, plots, usage.
+
+    Args:
+        recipe, run_info, results: the run's recipe, ``run.json`` and results.
+        source: the ``source_model`` entry of ``fseb.json`` (name, hub_id, license, …).
+        baseline: method title → results of other runs, shown under this run in the table.
+        plots: PNG file names inside the model folder, embedded with relative links.
+        repo_id: the Hub repo (``user/name``) for the usage example; a placeholder if unknown.
+        local_dir: the model folder's path for the ``local-dir:`` example.
+    """
+    method = "FS-EB" if recipe.fseb.reg_scale > 0 else "PS-MAP"
+    title = method_title(recipe)
+    front: dict[str, Any] = {
+        "library_name": "timm",
+        "license": source["license"],
+        "tags": [*_CARD_TAGS, method.lower()],
+        "pipeline_tag": "image-classification",
+    }
+    if source.get("hub_id"):
+        front["base_model"] = source["hub_id"]
+    datasets = [s.path for s in _data_specs(recipe) if s.source == "hub"]
+    if datasets:
+        front["datasets"] = sorted(set(datasets))
+    meta = yaml.safe_dump(front, sort_keys=False, allow_unicode=True)
+    parts = [f"---\n{meta}---\n", f"# {repo_id.split('/')[-1] if repo_id else title}\n"]
+    if warnings_markdown(results):
+        parts.append(warnings_markdown(results))
+    parts.append(_provenance(recipe, run_info, source, method))
+    parts.append(_method_section(recipe, run_info, method))
+    parts.append(_results_section(recipe, run_info, results, title, baseline))
+    if plots:
+        shown = "\n\n".join(f"![{plot_caption(p)}]({p})" for p in plots)
+        parts.append(f"## Plots\n\n{shown}\n")
+    parts.append(_usage_section(run_info, recipe, source, repo_id, local_dir))
+    parts.append(
+        "## Recipe\n\nReproduce with `fseb-ft recipe.yaml` (package `fseb_ft`).\n\n"
+        "<details>\n<summary>Resolved recipe (<code>recipe.yaml</code>)</summary>\n\n"
+        f"```yaml\n{dump_recipe(recipe)}```\n\n</details>\n"
+    )
+    return "\n".join(parts)
+
+
+def _provenance(recipe: Recipe, run_info: RunInfo, source: Mapping[str, Any], method: str) -> str:
+    arch, name = source["architecture"], source["name"]
+    if source.get("hub_id"):
+        hub = source["hub_id"]
+        start = f"fine-tuned from [`{hub}`](https://huggingface.co/{hub})"
+    elif source["pretrained"]:
+        start = f"fine-tuned from the pretrained timm model `{name}`"
+    elif name != arch:
+        start = f"trained from the random initialisation of `{name}` (`pretrained: false`)"
+    else:
+        start = "trained from its random initialisation (`pretrained: false`)"
+    names = [str(n) for n in run_info.class_names or []]
+    shown = ", ".join(names[:_MAX_CLASSES_SHOWN])
+    if len(names) > _MAX_CLASSES_SHOWN:
+        shown += ", …"
+    data = run_info.data or {}
+    size = "×".join(str(s) for s in run_info.input.size)
+    return (
+        f"A timm `{arch}` image classifier {start} with **{method}** using `fseb_ft`, "
+        f"on `{data.get('train', '?')}` ({_or(run_info.num_train, '?')} training images; "
+        f"{run_info.num_classes} classes: {shown or '–'}). "
+        f"Input: {size} pixels, {recipe.data.channels} channel(s)." + _hardware(run_info) + "\n"
+    )
+
+
+def _hardware(run_info: RunInfo) -> str:
+    """The sentence on devices and precision (empty for a run.json that predates them)."""
+    if run_info.mixed_precision is None:
+        return ""
+    precision = run_info.mixed_precision
+    return (
+        f" Trained on {_or(run_info.num_processes, 1)} {_or(run_info.device, '?')} "
+        f"process(es), mixed precision `{precision}`{' (fp32)' if precision == 'no' else ''}."
+    )
+
+
+def _method_section(recipe: Recipe, run_info: RunInfo, method: str) -> str:
+    f = recipe.fseb
+    text = (
+        "## Method\n\n"
+        "**FS-EB** (function-space empirical Bayes; Rudner, Kapoor, Qiu & Wilson, ICML 2023) adds "
+        "to the cross-entropy a Gaussian prior over the network's *outputs* at a batch of context "
+        "images, with a covariance built from the features of the frozen starting model, so the "
+        "fine-tuned function stays where those features support it and is uncertain elsewhere. "
+        "**PS-MAP** is the same training loop with that function-space term switched off "
+        "(`fseb.reg_scale=0`): only a Gaussian prior on the parameters, i.e. weight decay.\n\n"
+    )
+    if method == "FS-EB":
+        ctx = run_info.context or {}
+        fingerprint = str(ctx.get("fingerprint", ""))[:12]
+        text += (
+            f"This model: FS-EB with reg_scale={f.reg_scale:g}, prior_var={f.prior_var:g}, "
+            f"prior_cov_scale={f.prior_cov_scale:g}, prior_cov_diag={f.prior_cov_diag:g}; "
+            f"context set: `{recipe.context.kind}` "
+            f"({'perturbed' if recipe.context.perturb else 'unperturbed'}), pool of "
+            f"{recipe.context.pool_size} images, batches of {recipe.context.batch_size}"
+            + (f" (fingerprint `{fingerprint}…`)" if fingerprint else "")
+            + ". Full provenance in `fseb.json`.\n"
+        )
+    else:
+        text += f"This model: PS-MAP with prior_var={f.prior_var:g}.\n"
+    return text
+
+
+def _results_section(
+    recipe: Recipe,
+    run_info: RunInfo,
+    results: Mapping[str, Any],
+    title: str,
+    baseline: Mapping[str, Mapping[str, Any]] | None,
+) -> str:
+    rows = {title: results, **{k: v for k, v in (baseline or {}).items() if k != title}}
+    test = results.get("test", {})
+    data = run_info.data or {}
+    lines = ["## Results\n", markdown_table(rows)]
+    notes = [f"Test split `{data.get('test', '?')}` (n={test.get('n', '?')})."]
+    for name, scores in (results.get("ood") or {}).items():
+        ident = (data.get("ood") or {}).get(name, "?")
+        notes.append(f"OOD set {name}: `{ident}` (n={scores.get('n', '?')}).")
+    notes.append(
+        "ECE: 15 equal-width bins; Sel. Pred.: area under the accuracy-coverage curve; "
+        "OOD AUROC/AUPR/FPR95: predictive entropy as the score, OOD as the positive class."
+    )
+    sel = selection(recipe, results)
+    if sel.get("best_epoch") is not None:
+        notes.append(
+            f"Weights from epoch {sel['best_epoch']} of {sel['epochs']}, selected on validation "
+            f"{sel['metric']} (the test split is never used for selection)."
+        )
+    if len(rows) > 1:
+        notes.append(
+            "The first row is this model; the others are baselines (same data and backbone; "
+            "PS-MAP is the same recipe with `fseb.reg_scale=0`)."
+        )
+    lines.append(" ".join(notes) + "\n")
+    return "\n".join(lines)
+
+
+def _usage_section(
+    run_info: RunInfo,
+    recipe: Recipe,
+    source: Mapping[str, Any],
+    repo_id: str | None,
+    local_dir: str | Path | None,
+) -> str:
+    repo = repo_id or "USER/NAME"
+    mode = "L" if recipe.data.channels == 1 else "RGB"
+    imports = "import timm\nimport torch\nfrom PIL import Image\n"
+    if source.get("needs_fseb_ft"):
+        imports += "import fseb_ft.models  # registers this architecture with timm\n"
+    load = f'model = timm.create_model("hf-hub:{repo}", pretrained=True).eval()\n'
+    if local_dir is not None:
+        load += (
+            "# or from a local copy of this folder:\n"
+            f'# model = timm.create_model("local-dir:{local_dir}", pretrained=True).eval()\n'
+        )
+    return (
+        "## How to use\n\n"
+        "```python\n"
+        f"{imports}\n{load}"
+        "config = timm.data.resolve_data_config(model=model)  # this run's input size, mean, std\n"
+        "transform = timm.data.create_transform(**config)\n"
+        'labels = model.pretrained_cfg["label_names"]\n\n'
+        f'image = Image.open("image.jpg").convert("{mode}")\n'
+        "with torch.no_grad():\n"
+        "    probs = model(transform(image).unsqueeze(0)).softmax(-1)[0]\n"
+        "print(labels[int(probs.argmax())], float(probs.max()))\n"
+        "```\n"
+    )
+
+
+def selection(recipe: Recipe, results: Mapping[str, Any]) -> dict[str, Any]:
+    training = results.get("training") or {}
+    return {
+        "metric": recipe.train.select_metric,
+        "best_epoch": training.get("best_epoch"),
+        "epochs": training.get("epochs"),
+    }
+
+
+def plot_caption(name: str) -> str:
+    return PLOT_CAPTIONS.get(name) or Path(name).stem.replace("_", " ").capitalize()
+
+
+def _data_specs(recipe: Recipe) -> list[Any]:
+    d = recipe.data
+    return [s for s in (d.train, d.val, d.test, *d.ood.values()) if s is not None]
+
+
+def _or(value: Any, default: Any) -> Any:
+    """``value``, or ``default`` for a field a partial or older ``run.json`` lacks."""
+    return default if value is None else value

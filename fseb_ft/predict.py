@@ -1,0 +1,163 @@
+"""Predictions of a model on the evaluation sets: the test split, the OOD sets and the corrupted
+test split of ``eval.corruptions``, each sample counted once across processes.
+
+The metrics and files made from them are :mod:`fseb_ft.report`'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from torch import Tensor, nn
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+
+from fseb_ft.config import EvalConfig
+from fseb_ft.images import IndexedImages, LabeledImages, Splits, stratified_split
+from fseb_ft.models import InputSpec
+from fseb_ft.transforms import TransformedImages, eval_transform, make_loader
+
+__all__ = [
+    "Predictions",
+    "corruption_subset",
+    "eval_loader",
+    "predict",
+    "predict_corruptions",
+    "predict_splits",
+]
+
+
+@dataclasses.dataclass
+class Predictions:
+    """One model's (or ensemble's) predictions on the evaluation sets, on CPU."""
+
+    test: tuple[Tensor, Tensor]
+    """(log-probabilities (N, K), labels (N,)) on the in-distribution test split."""
+    ood: dict[str, Tensor] = dataclasses.field(default_factory=dict)
+    """OOD set name → log-probabilities (N_o, K)."""
+    corruptions: dict[str, dict[int, Tensor]] = dataclasses.field(default_factory=dict)
+    """Corruption name → severity → log-probabilities (N_c, K) on the corrupted test split (the
+    test images, or the ``eval.corruption_limit`` subset of them; see
+    :func:`predict_corruptions`)."""
+    corruption_labels: Tensor | None = None
+    """Labels (N_c,) of the corrupted images; ``None``: those of ``test`` (no subset)."""
+
+
+@torch.no_grad()
+def predict(
+    model: nn.Module, loader: DataLoader, accelerator: Accelerator
+) -> tuple[Tensor, Tensor]:
+    """Float32 log-probabilities (N, K) and labels (N,) on CPU, each sample counted once.
+
+    ``gather_for_metrics`` drops the samples Accelerate duplicated to even out the last batch
+    across processes, so N is the dataset size whatever the process count.
+    """
+    was_training = model.training
+    model.eval()
+    log_probs, labels = [], []
+    for x, y in tqdm(loader, desc="predict", disable=not accelerator.is_main_process, leave=False):
+        with accelerator.autocast():
+            logits = model(x)  # (B, K)
+        lp = torch.log_softmax(logits.float(), dim=-1)  # (B, K)
+        lp, y = accelerator.gather_for_metrics((lp, y))
+        log_probs.append(lp.cpu())
+        labels.append(y.cpu())
+    model.train(was_training)
+    return torch.cat(log_probs), torch.cat(labels)
+
+
+def predict_splits(
+    model: nn.Module,
+    splits: Splits,
+    spec: InputSpec,
+    cfg: EvalConfig,
+    accelerator: Accelerator,
+    num_workers: int,
+    seed: int,
+) -> Predictions:
+    """Predict the test split, every OOD set and every corruption of ``cfg.corruptions``.
+
+    ``num_workers`` and ``seed`` are the loaders' (``data.num_workers``, ``train.seed``).
+    """
+    if splits.test is None:
+        raise ValueError("data.test is not set: there is no test split to evaluate")
+
+    def loader(data: Any) -> DataLoader:
+        return accelerator.prepare(eval_loader(data, spec, cfg.batch_size, num_workers, seed))
+
+    test = predict(model, loader(splits.test), accelerator)
+    ood = {name: predict(model, loader(data), accelerator)[0] for name, data in splits.ood.items()}
+    corrupted = corruption_subset(splits.test, cfg.corruption_limit, cfg.corruption_seed)
+    corruptions = predict_corruptions(model, corrupted, spec, cfg, accelerator, num_workers, seed)
+    labels = (
+        None if corrupted is splits.test else torch.as_tensor(corrupted.labels, dtype=torch.long)
+    )
+    for name, by_severity in corruptions.items():
+        for severity, lp in by_severity.items():
+            if lp.shape[0] != len(corrupted):
+                raise RuntimeError(
+                    f"{name} severity {severity}: {lp.shape[0]} predictions for "
+                    f"{len(corrupted)} corrupted test images"
+                )
+    return Predictions(test=test, ood=ood, corruptions=corruptions, corruption_labels=labels)
+
+
+def predict_corruptions(
+    model: nn.Module,
+    test: Any,
+    spec: InputSpec,
+    cfg: EvalConfig,
+    accelerator: Accelerator,
+    num_workers: int,
+    seed: int,
+) -> dict[str, dict[int, Tensor]]:
+    """Predict ``test`` under every corruption and severity of ``cfg`` (the ``eval`` section).
+
+    Each (corruption, severity) is a :class:`~fseb_ft.corruptions.CorruptedImages` of the
+    test images (the raw pixels corrupted, then the model's evaluation transform), loaded from
+    ``eval.corruption_cache`` or computed there by the main process first, then read by the
+    others. Empty when ``eval.corruptions`` is.
+
+    Returns:
+        corruption name → severity → log-probabilities (N, K), in the order of ``test`` (pass
+        :func:`corruption_subset` of the test split to honour ``eval.corruption_limit``).
+    """
+    if not cfg.corruptions:
+        return {}
+    from fseb_ft.corruptions import CorruptedImages
+
+    main = accelerator.is_main_process
+    pairs = [(name, severity) for name in cfg.corruptions for severity in cfg.severities]
+    out: dict[str, dict[int, Tensor]] = {}
+    for name, severity in tqdm(pairs, desc="corruptions", disable=not main):
+        with accelerator.main_process_first():
+            data = CorruptedImages(
+                test, name, severity, cfg.corruption_seed, cfg.corruption_cache, progress=main
+            )
+        loader = accelerator.prepare(eval_loader(data, spec, cfg.batch_size, num_workers, seed))
+        out.setdefault(name, {})[severity] = predict(model, loader, accelerator)[0]
+        del data, loader
+    return out
+
+
+def corruption_subset(test: LabeledImages, limit: int | None, seed: int) -> LabeledImages:
+    """The seeded, class-stratified subset of ``test`` that ``eval.corruption_limit`` asks for.
+
+    Corrupting every test image at every corruption and severity costs 70 passes over the
+    split; a stratified subset keeps the class balance of the clean test set.
+    """
+    if limit is None or limit >= len(test):
+        return test
+    _, keep = stratified_split(test.labels, limit / len(test), seed)  # (≈limit,) sorted
+    return IndexedImages(test, keep)
+
+
+def eval_loader(
+    data: Any, spec: InputSpec, batch_size: int, num_workers: int, seed: int
+) -> DataLoader:
+    """Un-augmented, un-shuffled loader (resize + normalise) for evaluation."""
+    dataset = TransformedImages(data, eval_transform(spec.size, spec.mean, spec.std))
+    return make_loader(dataset, batch_size, shuffle=False, num_workers=num_workers, seed=seed)

@@ -1,0 +1,364 @@
+"""Reporting: the results dict (metrics) from predictions, its Markdown tables and warnings
+block, ``results.json`` / ``results.md``, and the figures drawn from the predictions.
+
+Nothing here predicts or loads a model (that is :mod:`fseb_ft.predict`), so the model card
+(:mod:`fseb_ft.model_card`) can build its tables without the training stack.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torch import Tensor
+
+from fseb_ft.atomic import write_text
+from fseb_ft.config import Recipe
+from fseb_ft.metrics import classification_metrics, ood_metrics
+from fseb_ft.rundir import (
+    COMPARISON_PLOTS,
+    CORRUPTION_PLOT,
+    PLOTS,
+    RESULTS_JSON,
+    RESULTS_MD,
+    write_json,
+)
+
+if TYPE_CHECKING:  # predict needs Accelerate; a report only reads the Predictions' tensors.
+    from fseb_ft.predict import Predictions
+
+__all__ = [
+    "EvalResults",
+    "corruption_markdown",
+    "eval_results",
+    "evaluate_predictions",
+    "markdown_table",
+    "method_title",
+    "warnings_markdown",
+    "write_comparison_plots",
+    "write_corruption_plot",
+    "write_plots",
+    "write_results",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class EvalResults(dict):
+    """A results dict (JSON-ready, as :func:`evaluate_predictions` returns) that also carries the
+    :class:`Predictions` it was computed from as ``.predictions``, so figures can be drawn
+    without predicting again. The predictions are not part of the dict and never serialised.
+    """
+
+    def __init__(self, results: Mapping[str, Any], predictions: Predictions | None = None):
+        """Copy ``results`` and attach ``predictions``."""
+        super().__init__(results)
+        self.predictions = predictions
+
+
+# (results key, column title, scale) — percentages as in the paper's tables.
+_COLUMNS: tuple[tuple[str, str, float], ...] = (
+    ("accuracy", "Acc. (%)", 100.0),
+    ("nll", "NLL", 1.0),
+    ("ece", "ECE (%)", 100.0),
+    ("ece_10bin", "ECE-10 (%)", 100.0),
+    ("brier", "Brier", 1.0),
+    ("sel_pred_auc", "Sel. Pred. (%)", 100.0),
+    ("aurc", "AURC (%)", 100.0),
+)
+# Shown only when some result has it (binary tasks, see metrics.classification_metrics).
+_OPTIONAL_COLUMNS: tuple[tuple[str, str, float], ...] = (
+    ("auroc_positive", "AUROC pos. (%)", 100.0),
+)
+_OOD_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("entropy_auroc", "AUROC (%)"),
+    ("entropy_aupr", "AUPR (%)"),
+    ("entropy_fpr95", "FPR95 (%)"),
+)
+
+
+def evaluate_predictions(
+    test: tuple[Tensor, Tensor],
+    ood: Mapping[str, Tensor] | None = None,
+    corruptions: Mapping[str, Mapping[int, Tensor]] | None = None,
+    corruption_labels: Tensor | None = None,
+) -> dict[str, Any]:
+    """The metrics of the test predictions, each named OOD set and each corruption.
+
+    The metrics are those docs/quickstart.md lists under "The demo" (accuracy, NLL, ECE, Brier,
+    selective prediction, AURC; OOD detection by predictive entropy).
+
+    Args:
+        test: (log-probabilities (N, K), labels (N,)) on the in-distribution test split.
+        ood: name → log-probabilities (N_o, K) on that semantic-shift set.
+        corruptions: corruption name → severity → log-probabilities (N_c, K) on the corrupted
+            test split.
+        corruption_labels: labels (N_c,) of the corrupted images; ``None``: ``test``'s.
+
+    Returns:
+        ``{"test": {metric: float, "n": N}, "ood": {name: {metric: float, "n": N_o}}}``; with
+        ``corruptions`` also ``"corruptions": {name: {"1": {metric: float, "n": N}, ...}}``
+        (severities as strings, as JSON keys) and ``"corruption_summary": {"1": {metric: mean
+        over the corruptions}, ..., "all": {metric: mean over every corruption and severity}}``.
+        The metrics are those of ``test`` (:func:`~fseb_ft.metrics.classification_metrics`).
+    """
+    log_probs, labels = test
+    out: dict[str, Any] = {
+        "test": {k: float(v) for k, v in classification_metrics(log_probs, labels).items()}
+    }
+    out["test"]["n"] = len(labels)
+    probs_in = log_probs.exp()  # (N, K)
+    out["ood"] = {}
+    for name, lp in (ood or {}).items():
+        scores = {k: float(v) for k, v in ood_metrics(probs_in, lp.exp()).items()}
+        out["ood"][name] = scores | {"n": len(lp)}
+    if corruptions:
+        c_labels = labels if corruption_labels is None else corruption_labels  # (N_c,)
+        out["corruptions"] = {
+            name: {
+                str(sev): {k: float(v) for k, v in classification_metrics(lp, c_labels).items()}
+                | {"n": len(lp)}
+                for sev, lp in sorted(by_severity.items())
+            }
+            for name, by_severity in corruptions.items()
+        }
+        out["corruption_summary"] = _corruption_summary(out["corruptions"])
+    return out
+
+
+def _corruption_summary(
+    corruptions: Mapping[str, Mapping[str, Mapping[str, float]]],
+) -> dict[str, dict[str, float]]:
+    """Per severity (and ``"all"``), the mean of every metric over the corruptions."""
+    groups: dict[str, list[Mapping[str, float]]] = {}
+    for by_severity in corruptions.values():
+        for sev, metrics in by_severity.items():
+            groups.setdefault(sev, []).append(metrics)
+            groups.setdefault("all", []).append(metrics)
+    order = [*sorted((k for k in groups if k != "all"), key=int), "all"]
+    return {
+        sev: {
+            key: math.fsum(m[key] for m in groups[sev]) / len(groups[sev])
+            for key in groups[sev][0]
+            if key != "n"
+        }
+        | {"corruptions": len(groups[sev])}
+        for sev in order
+    }
+
+
+def corruption_markdown(results: Mapping[str, Any]) -> str:
+    """Markdown tables of the corrupted test split (empty without ``corruptions``).
+
+    The first gives, per severity, the mean over the corruptions of accuracy, NLL, ECE and
+    Sel. Pred. (the clean test split first, for reference); the second the accuracy and ECE of
+    every corruption at every severity.
+    """
+    corruptions = results.get("corruptions") or {}
+    if not corruptions:
+        return ""
+    summary = results.get("corruption_summary") or _corruption_summary(corruptions)
+    columns = [c for c in _COLUMNS if c[0] in ("accuracy", "nll", "ece", "sel_pred_auc")]
+    header = ["Severity", *(title for _, title, _ in columns)]
+    lines = [
+        f"## Covariate shift: corrupted test split\n\nMean over {len(corruptions)} "
+        f"corruption(s): {', '.join(corruptions)}.\n",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    rows = [("clean", results.get("test", {}))]
+    rows += [(sev if sev != "all" else "all severities", m) for sev, m in summary.items()]
+    for label, metrics in rows:
+        cells = [_num(metrics.get(key), scale) for key, _, scale in columns]
+        lines.append("| " + " | ".join([label, *cells]) + " |")
+    severities = sorted({sev for by_sev in corruptions.values() for sev in by_sev}, key=int)
+    lines += [
+        "\nAcc. (%) / ECE (%) per corruption and severity:\n",
+        "| Corruption | " + " | ".join(severities) + " |",
+        "|" + "---|" * (len(severities) + 1),
+    ]
+    for name, by_sev in corruptions.items():
+        cells = [
+            f"{_num(by_sev[s]['accuracy'], 100.0)} / {_num(by_sev[s]['ece'], 100.0)}"
+            if s in by_sev
+            else "–"
+            for s in severities
+        ]
+        lines.append("| " + " | ".join([name, *cells]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def warnings_markdown(results: Mapping[str, Any]) -> str:
+    """A Markdown warning block for the problems training recorded (empty when none)."""
+    found = (results.get("training") or {}).get("warnings") or []
+    if not found:
+        return ""
+    return "\n>\n".join(f"> **Warning:** {text}" for text in found) + "\n\n"
+
+
+def markdown_table(results: Mapping[str, Mapping[str, Any]]) -> str:
+    """A Markdown table of several runs' results, one row per method (e.g. PS-MAP, FS-EB).
+
+    Binary tasks get an ``AUROC pos. (%)`` column (positive class = label 1).
+    """
+    ood_names = sorted({n for r in results.values() for n in r.get("ood", {})})
+    columns = list(_COLUMNS)
+    columns += [c for c in _OPTIONAL_COLUMNS if any(c[0] in r["test"] for r in results.values())]
+    header = ["Method", *(title for _, title, _ in columns)]
+    header += [f"{name} {title}" for name in ood_names for _, title in _OOD_COLUMNS]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for method, res in results.items():
+        row = [method]
+        row += [_num(res["test"].get(key), scale) for key, _, scale in columns]
+        for name in ood_names:
+            scores = res.get("ood", {}).get(name, {})
+            row += [_num(scores.get(key), 100.0) for key, _ in _OOD_COLUMNS]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_results(
+    run_dir: Path,
+    results: Mapping[str, Any],
+    title: str,
+    predictions: Predictions | None = None,
+) -> None:
+    """Write ``results.json`` (machines), ``results.md`` (people) and the plots into ``run_dir``.
+
+    ``predictions`` (default: ``results.predictions`` when ``results`` is an
+    :class:`EvalResults`) are drawn with :func:`write_plots` (``strict=False``: a figure that
+    fails is logged as a warning, after the results are written).
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(run_dir / RESULTS_JSON, results)
+    md = f"# {title}\n\n" + warnings_markdown(results) + markdown_table({title: results})
+    if results.get("corruptions"):
+        md += "\n" + corruption_markdown(results)
+    write_text(run_dir / RESULTS_MD, md)
+    if predictions is None:
+        predictions = getattr(results, "predictions", None)
+    if predictions is not None:
+        write_plots(run_dir, predictions, title, strict=False)
+    write_corruption_plot(run_dir, results, title)
+
+
+def write_corruption_plot(directory: Path, results: Mapping[str, Any], title: str) -> None:
+    """:data:`CORRUPTION_PLOT` from ``results["corruptions"]`` (if any); a failure is logged."""
+    if not results.get("corruptions"):
+        return
+    from fseb_ft import plots
+
+    path = Path(directory) / CORRUPTION_PLOT
+    clean = results.get("test")
+    _draw(
+        [
+            lambda: plots.corruption_plot(
+                results["corruptions"], path, clean=clean, title=f"{title}: corrupted test split"
+            )
+        ],
+        strict=False,
+    )
+
+
+def write_plots(
+    directory: Path,
+    predictions: Predictions,
+    title: str,
+    others: Mapping[str, Predictions] | None = None,
+    strict: bool = True,
+) -> list[Path]:
+    """Draw :data:`PLOTS` for ``predictions`` into ``directory``; return the files written.
+
+    ``reliability.png``: reliability diagram of the test split (15 bins, as the ECE column).
+    ``selective_prediction.png``: accuracy–coverage curve, plus one curve per entry of
+    ``others`` (e.g. an ensemble's members), drawn first. ``entropy_ood.png``: predictive
+    entropy of the test split vs each OOD set (skipped when there is none). With
+    ``strict=False`` a figure that fails is logged as a warning and skipped: figures are a
+    by-product and must not fail a finished run.
+    """
+    from fseb_ft import plots  # matplotlib only when drawing
+
+    directory = Path(directory)
+    probs, labels = _probs_labels(predictions)
+    curves = {name: _probs_labels(p) for name, p in (others or {}).items()}
+    curves[title] = (probs, labels)
+    ood = {name: lp.exp() for name, lp in predictions.ood.items()}
+    jobs = [
+        lambda: plots.reliability_diagram(probs, labels, directory / PLOTS[0], title=title),
+        lambda: plots.selective_prediction_plot(curves, directory / PLOTS[1], title=title),
+    ]
+    if ood:
+        jobs.append(lambda: plots.entropy_histogram(probs, ood, directory / PLOTS[2], title=title))
+    return _draw(jobs, strict)
+
+
+def write_comparison_plots(
+    directory: Path, methods: Mapping[str, Predictions], title: str, strict: bool = True
+) -> list[Path]:
+    """Draw :data:`COMPARISON_PLOTS` (methods side by side) into ``directory``.
+
+    ``comparison_reliability.png``: one reliability diagram per method, in a row with shared
+    axes. ``comparison_selective.png``: every method's accuracy–coverage curve on one axes.
+    ``strict`` as in :func:`write_plots`.
+    """
+    from fseb_ft import plots
+
+    directory = Path(directory)
+    data = {name: _probs_labels(p) for name, p in methods.items()}
+    return _draw(
+        [
+            lambda: plots.reliability_comparison(
+                data, directory / COMPARISON_PLOTS[0], title=title
+            ),
+            lambda: plots.selective_prediction_plot(
+                data, directory / COMPARISON_PLOTS[1], title=title
+            ),
+        ],
+        strict,
+    )
+
+
+def eval_results(predictions: Predictions) -> EvalResults:
+    """The metrics of ``predictions`` (:func:`evaluate_predictions`), carrying them."""
+    return EvalResults(
+        evaluate_predictions(
+            predictions.test,
+            predictions.ood,
+            predictions.corruptions,
+            predictions.corruption_labels,
+        ),
+        predictions,
+    )
+
+
+def method_title(recipe: Recipe) -> str:
+    """ "FS-EB · model" or "PS-MAP · model" for tables and titles."""
+    method = "FS-EB" if recipe.fseb.reg_scale > 0 else "PS-MAP"
+    return f"{method} · {recipe.model.name}"
+
+
+def _num(value: float | None, scale: float) -> str:
+    if value is None or not math.isfinite(value):
+        return "–"
+    return f"{value * scale:.2f}" if scale != 1.0 else f"{value:.4f}"
+
+
+def _probs_labels(predictions: Predictions) -> tuple[Tensor, Tensor]:
+    log_probs, labels = predictions.test
+    return log_probs.exp(), labels
+
+
+def _draw(jobs: Sequence[Callable[[], Path]], strict: bool) -> list[Path]:
+    written = []
+    for job in jobs:
+        try:
+            written.append(job())
+        except Exception as exc:
+            if strict:
+                raise
+            logger.warning("could not draw a figure: %r", exc)
+    return written

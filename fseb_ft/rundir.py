@@ -1,0 +1,180 @@
+"""The run directory: the name of every file a run writes, ``run.json`` as :class:`RunInfo`, and
+reading a finished run back (its recipe, its record, its best weights).
+
+A run directory (``output.dir``) holds::
+
+    recipe.yaml                     RECIPE_FILE: the resolved recipe (what makes a folder a run)
+    run.json                        RUN_INFO_FILE: RunInfo (classes, input, data and context
+                                    provenance, devices, warnings, training record)
+    results.json  results.md        RESULTS_JSON, RESULTS_MD: metrics of the best weights
+    *.png                           PLOTS, CORRUPTION_PLOT
+    checkpoints/epoch-NNNN/         CHECKPOINTS: the last complete epoch, with TRAINER_STATE
+    model/model.safetensors         MODEL_WEIGHTS: the best weights (MODEL_DIR: the Hub folder)
+
+Every writer here is atomic (:mod:`fseb_ft.atomic`): a reader sees the old file or the new one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import load_model
+from torch import nn
+
+from fseb_ft.atomic import write_text
+from fseb_ft.config import Recipe, load_recipe
+from fseb_ft.models import InputSpec, create_model
+
+__all__ = [
+    "CHECKPOINTS",
+    "CHECKPOINT_PREFIX",
+    "COMPARISON_PLOTS",
+    "CORRUPTION_PLOT",
+    "MODEL_DIR",
+    "MODEL_WEIGHTS",
+    "PLOTS",
+    "RECIPE_FILE",
+    "RESULTS_JSON",
+    "RESULTS_MD",
+    "RUN_INFO_FILE",
+    "TRAINER_STATE",
+    "RunInfo",
+    "checkpoint_name",
+    "latest_checkpoint",
+    "load_run_model",
+    "read_json",
+    "read_run",
+    "write_json",
+]
+
+RECIPE_FILE = "recipe.yaml"
+"""The resolved recipe a run directory holds (what makes a folder a run)."""
+RUN_INFO_FILE = "run.json"
+"""The run's :class:`RunInfo`."""
+RESULTS_JSON = "results.json"
+"""Metrics of the best weights (and the training record), for machines."""
+RESULTS_MD = "results.md"
+"""The same results as Markdown tables, for people."""
+MODEL_DIR = "model"
+"""The model folder inside a run directory: timm's Hub format, with card (``fseb_ft.hub``)."""
+MODEL_WEIGHTS = Path(MODEL_DIR) / "model.safetensors"
+"""Where a run directory keeps its best (validation-selected) weights."""
+CHECKPOINTS = "checkpoints"
+"""The folder of per-epoch checkpoints (only the newest complete one is kept)."""
+CHECKPOINT_PREFIX = "epoch-"
+"""Checkpoint folders are ``CHECKPOINT_PREFIX`` + the epoch on four digits."""
+TRAINER_STATE = "trainer_state.json"
+"""The loop's progress inside a checkpoint folder; a checkpoint without it is incomplete."""
+PLOTS = ("reliability.png", "selective_prediction.png", "entropy_ood.png")
+"""Figures written beside ``results.json`` (``entropy_ood.png`` only when there are OOD sets)."""
+COMPARISON_PLOTS = ("comparison_reliability.png", "comparison_selective.png")
+"""Side-by-side figures that ``fseb-ft RECIPE --compare`` writes beside ``comparison.md``."""
+CORRUPTION_PLOT = "corruptions.png"
+"""Accuracy and ECE against corruption severity, written when ``eval.corruptions`` is set."""
+
+_NOT_A_RUN = "{run_dir} is not a finished run: {missing} is missing"
+
+
+@dataclasses.dataclass(kw_only=True)
+class RunInfo:
+    """What a run records about itself in ``run.json`` (besides its recipe and results).
+
+    :meth:`to_json` gives the exact ``run.json`` layout; :meth:`from_json` reads it back, also
+    from run folders written before some of these fields existed (they are ``None`` then).
+    """
+
+    num_classes: int
+    """Outputs of the classifier head (K)."""
+    class_names: list[str] | None = None
+    """Class names of the training split, in label order (``None``: unnamed)."""
+    input: InputSpec
+    """Input size and normalisation the model was trained with."""
+    num_train: int | None = None
+    """Training images (N in the objective)."""
+    data: dict[str, Any] | None = None
+    """Identity of every split (``train``, ``val``, ``test``, ``ood``)."""
+    context: dict[str, Any] | None = None
+    """The context pool's provenance (kind, fingerprint, …); ``None`` for PS-MAP."""
+    num_processes: int | None = None
+    """Processes the run trained on."""
+    device: str | None = None
+    """Device type (``cpu``, ``cuda``, …)."""
+    mixed_precision: str | None = None
+    """The precision that really ran (``no``, ``bf16``, ``fp16``)."""
+    warnings: list[str] | None = None
+    """Warnings about the launch and the data, in the order they were logged."""
+    training: dict[str, Any] | None = None
+    """The training record (as in ``results.json``); written once training has finished."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``run.json`` mapping (``training`` only once set)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["input"] = {k: list(v) for k, v in dataclasses.asdict(self.input).items()}
+        if self.training is None:
+            del out["training"]
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> RunInfo:
+        """Read a ``run.json`` mapping (as :meth:`to_json` writes it)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in obj.items() if k in known}
+        values["input"] = InputSpec(**{k: tuple(v) for k, v in obj["input"].items()})
+        return cls(**values)
+
+
+def read_run(
+    run_dir: Path,
+    overrides: Sequence[str] = (),
+    needed: Sequence[str | Path] = (RECIPE_FILE, RUN_INFO_FILE),
+    missing: str = _NOT_A_RUN,
+) -> tuple[Recipe, RunInfo]:
+    """A finished run's resolved recipe (with ``overrides``) and ``run.json``.
+
+    Raises:
+        FileNotFoundError: a file of ``needed`` is missing; the message is ``missing`` formatted
+            with ``run_dir`` and the missing file's name.
+    """
+    for name in needed:
+        if not (run_dir / name).is_file():
+            raise FileNotFoundError(missing.format(run_dir=run_dir, missing=name))
+    recipe = load_recipe(run_dir / RECIPE_FILE, overrides)
+    return recipe, RunInfo.from_json(read_json(run_dir / RUN_INFO_FILE))
+
+
+def load_run_model(run_dir: Path, recipe: Recipe, info: RunInfo) -> nn.Module:
+    """The run's model with its best weights (:data:`MODEL_WEIGHTS`), on CPU."""
+    weights = run_dir / MODEL_WEIGHTS
+    if not weights.is_file():
+        raise FileNotFoundError(_NOT_A_RUN.format(run_dir=run_dir, missing=MODEL_WEIGHTS))
+    # The weights come from the run, so never fetch pretrained ones again.
+    model_cfg = dataclasses.replace(recipe.model, pretrained=False)
+    model = create_model(model_cfg, int(info.num_classes), in_chans=recipe.data.channels)
+    load_model(model, str(weights))
+    return model
+
+
+def checkpoint_name(epoch: int) -> str:
+    """The checkpoint folder of ``epoch`` inside :data:`CHECKPOINTS`."""
+    return f"{CHECKPOINT_PREFIX}{epoch:04d}"
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint directory (one with a trainer state), if any."""
+    root = run_dir / CHECKPOINTS
+    done = sorted(p for p in root.glob(f"{CHECKPOINT_PREFIX}*") if (p / TRAINER_STATE).is_file())
+    return done[-1] if done else None
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file's content."""
+    return json.loads(Path(path).read_text())
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Write JSON atomically (temporary file, then rename)."""
+    write_text(path, json.dumps(obj, indent=2) + "\n")

@@ -30,6 +30,7 @@ from fseb_ft.transforms import (
     make_loader,
     perturbation_transform,
     seed_transform,
+    seed_worker,
 )
 
 if TYPE_CHECKING:
@@ -260,11 +261,16 @@ class ContextStream:
         self.num_workers = num_workers
         self.seed = seed + 7919 * accelerator.process_index
         self.sampler = _SeededPermutations(len(pool), self.seed)
+        # Reseeded every epoch: it draws the workers' seeds, which seed_worker hands to the
+        # pool's transform, so each worker and each epoch perturbs afresh, reproducibly.
+        self.generator = torch.Generator()
         self.loader = DataLoader(
             _IndexedPool(pool),
             batch_size=batch_size,
             sampler=self.sampler,
             num_workers=num_workers,
+            worker_init_fn=seed_worker,
+            generator=self.generator,
             drop_last=True,
             pin_memory=self.device.type == "cuda",
         )
@@ -281,6 +287,7 @@ class ContextStream:
     def epoch(self, epoch: int) -> Iterator[tuple[Tensor, Tensor | None]]:
         """Endless ``(x̂, cached features or None)`` for one training epoch, seeded by epoch."""
         self.sampler.set_epoch(epoch)
+        self.generator.manual_seed(epoch_seed(self.seed, epoch))
         if self.num_workers == 0:
             self.pool.reseed(epoch_seed(self.seed, epoch))
         for x, idx in self.loader:

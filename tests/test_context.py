@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ import torch
 
 from fseb_ft.context import (
     ContextPool,
+    ContextStream,
     build_context_pool,
     context_loader,
     infinite_batches,
@@ -148,3 +150,22 @@ def test_infinite_batches_cycles_epochs() -> None:
 def test_context_batch_larger_than_pool_is_refused() -> None:
     with pytest.raises(ValueError, match="exceeds the pool of 10"):
         context_loader(_pool(size=10), batch_size=11, seed=0)
+
+
+def test_context_stream_workers_perturb_afresh_each_epoch_and_reproducibly() -> None:
+    # Identical images: any difference between batches comes from the perturbation's randomness.
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, size=(16, 16, 3), dtype=np.uint8)
+    same = ArrayImages(np.repeat(image[None], 16, axis=0), np.zeros(16, np.int64), ["x"])
+    pool = _pool("dataset", datasets=[same], size=16, perturb=True)
+    accelerator = SimpleNamespace(device=torch.device("cpu"), process_index=0)
+
+    def first_batches(epoch: int) -> list[torch.Tensor]:
+        stream = ContextStream(pool, 4, 0, accelerator, objective=None, num_workers=2)
+        return [x for x, _ in itertools.islice(stream.epoch(epoch), 2)]  # one per worker
+
+    epoch0, epoch1 = first_batches(0), first_batches(1)
+    assert not torch.equal(epoch0[0], epoch0[1])  # the two workers draw differently
+    assert not torch.equal(epoch0[0], epoch1[0])  # a new epoch draws afresh
+    again = first_batches(0)
+    assert all(torch.equal(a, b) for a, b in zip(epoch0, again, strict=True))

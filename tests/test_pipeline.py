@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 from accelerate.state import AcceleratorState
 from PIL import Image
@@ -233,6 +234,9 @@ def test_run_records_the_precision_that_ran_and_says_what_it_could_not_honour(
     recipe["data"]["batch_size"] = recipe["eval"]["batch_size"] = 32
     recipe["optim"]["lr"] = 0.001
     recipe["train"]["mixed_precision"] = precision
+    # torch 2.14.1's bf16 convolution backward on this CPU returns NaN about one run in eight
+    # (ConvolutionBackward0, found with anomaly detection); the weights need not move here.
+    monkeypatch.setattr(torch.optim.SGD, "step", lambda self, closure=None: None)
     run(recipe_from_dict(recipe))
     info = json.loads((out / "run.json").read_text())
     assert (info["mixed_precision"], info["device"], info["num_processes"]) == (recorded, "cpu", 1)

@@ -89,7 +89,7 @@ def run(recipe: Recipe, splits: Splits | None = None) -> dict[str, Any]:
     """
     run_dir = Path(recipe.output.dir)
     _check_resumable(recipe, run_dir)
-    accelerator = make_accelerator(recipe, run_dir)
+    accelerator = make_accelerator(recipe.train, run_dir)
     if accelerator.is_main_process:
         for orphan in remove_orphans(run_dir):
             accelerator.print(f"removed {orphan}, left by an interrupted run")
@@ -114,13 +114,12 @@ def run(recipe: Recipe, splits: Splits | None = None) -> dict[str, Any]:
     train_loader = make_loader(train_set, recipe.data.batch_size, shuffle=True, **loader_kw)
     val_loader = eval_loader(splits.val, spec, recipe.eval.batch_size, **loader_kw)
 
-    objective = FSEBObjective(model, num_train=len(splits.train), **dataclasses.asdict(recipe.fseb))
+    objective = FSEBObjective.from_config(model, len(splits.train), recipe.fseb)
     optimizer = build_optimizer(recipe.optim, objective.trainable_parameters())
     model, optimizer, train_loader, val_loader = accelerator.prepare(
         model, optimizer, train_loader, val_loader
     )
-    objective.model = model
-    objective.prior.to(accelerator.device)
+    objective.replace_model(model, accelerator.device)
     steps_per_epoch = math.ceil(len(train_loader) / recipe.train.grad_accum_steps)
     scheduler = build_scheduler(recipe.optim, optimizer, steps_per_epoch * recipe.train.epochs)
     context = _context_stream(recipe, splits, spec, accelerator, objective)

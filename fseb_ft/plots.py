@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 ArrayLike = Any  # torch.Tensor, numpy array or nested lists
-Predictions = tuple[ArrayLike, ArrayLike]  # (probs (N, K), labels (N,))
+ProbsLabels = tuple[ArrayLike, ArrayLike]  # (probs (N, K), labels (N,))
 
 _DPI = 150
 _ACC_COLOR = "#3b6fb6"
@@ -79,7 +79,7 @@ def reliability_diagram(
 
 
 def reliability_comparison(
-    methods: Mapping[str, Predictions],
+    methods: Mapping[str, ProbsLabels],
     path: str | Path,
     n_bins: int = 15,
     title: str | None = None,
@@ -129,7 +129,7 @@ def reliability_comparison(
 
 
 def selective_prediction_plot(
-    methods: Mapping[str, Predictions],
+    methods: Mapping[str, ProbsLabels],
     path: str | Path,
     title: str = "Selective prediction",
 ) -> Path:
@@ -359,7 +359,7 @@ def _probs(x: ArrayLike, name: str) -> Tensor:
     return t.cpu()
 
 
-def _predictions(pair: Predictions, name: str) -> tuple[Tensor, Tensor]:
+def _predictions(pair: ProbsLabels, name: str) -> tuple[Tensor, Tensor]:
     if not isinstance(pair, tuple | list) or len(pair) != 2:
         raise ValueError(f"{name!r} must map to a (probs, labels) pair, got {type(pair).__name__}")
     probs = _probs(pair[0], f"probs of {name!r}")

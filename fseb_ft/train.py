@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from fseb_ft.atomic import cleaned_on_failure, publish
-from fseb_ft.config import OptimConfig, Recipe, TrainConfig
+from fseb_ft.config import OptimConfig, TrainConfig
 from fseb_ft.context import ContextStream
 from fseb_ft.metrics import chance_accuracy, classification_metrics
 from fseb_ft.objective import FSEBObjective
@@ -130,15 +130,15 @@ def _has_accelerator() -> bool:
     )
 
 
-def make_accelerator(recipe: Recipe, run_dir: Path) -> Accelerator:
+def make_accelerator(cfg: TrainConfig, run_dir: Path) -> Accelerator:
     """The run's Accelerator: precision, accumulation, trackers, and seedable shuffling."""
     return Accelerator(
-        mixed_precision=recipe.train.mixed_precision,
-        gradient_accumulation_steps=recipe.train.grad_accum_steps,
+        mixed_precision=cfg.mixed_precision,
+        gradient_accumulation_steps=cfg.grad_accum_steps,
         # On a machine with no accelerator, say so: a torchrun/multi-process launch then sets
         # up gloo (multi-CPU) instead of leaving every process to train on its own.
-        cpu=recipe.train.cpu or not _has_accelerator(),
-        log_with=_trackers(recipe.train.trackers) or None,
+        cpu=cfg.cpu or not _has_accelerator(),
+        log_with=_trackers(cfg.trackers) or None,
         project_dir=str(run_dir),
         # Per-epoch seeded shuffling (set_epoch) is what makes a resumed run match.
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),

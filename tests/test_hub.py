@@ -61,7 +61,7 @@ def _recipe_dict(data: Path, ood: Path, out: Path) -> dict[str, Any]:
             "batch_size": 8,
             "num_workers": 0,
         },
-        "context": {"kind": "train", "corrupt": True, "pool_size": 12, "batch_size": 4},
+        "context": {"kind": "train", "perturb": True, "pool_size": 12, "batch_size": 4},
         "fseb": {"reg_scale": 0.5, "prior_cov_scale": 0.01, "prior_cov_diag": 1.0},
         "optim": {"lr": 0.05},
         "train": {"epochs": 1, "cpu": True, "trackers": []},

@@ -74,7 +74,7 @@ def _recipe_dict(folders: dict[str, Path], out: Path, epochs: int = 2) -> dict:
             "batch_size": 8,
             "num_workers": 0,
         },
-        "context": {"kind": "train", "corrupt": True, "pool_size": 20, "batch_size": 4},
+        "context": {"kind": "train", "perturb": True, "pool_size": 20, "batch_size": 4},
         "fseb": {"prior_var": 1.0, "prior_cov_scale": 0.01, "prior_cov_diag": 1.0},
         "optim": {"lr": 0.05, "warmup_steps": 2},
         "train": {"epochs": epochs, "cpu": True, "log_every": 2},

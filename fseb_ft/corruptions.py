@@ -8,52 +8,9 @@ imaging backend), SciPy and Pillow. albumentations' own transforms draw their pa
 and use other kernels (its ``MotionBlur`` is a uniform line, ``RandomFog`` and ``RandomSnow`` paint
 other patterns), so they would not reproduce CIFAR-10-C's severities.
 
-=================== ============================================================= ===========
-name                CIFAR-10-C parameters, severity 1 → 5                         here
-=================== ============================================================= ===========
-gaussian_noise      σ = .04 .06 .08 .09 .10 (added, pixels in [0, 1])             same
-shot_noise          Poisson(λ·x)/λ, λ = 500 250 100 75 50                         same
-impulse_noise       salt & pepper on a fraction .01 .02 .03 .05 .07 of values     same
-defocus_blur        disk radius .3 .4 .5 1 1.5, anti-alias σ .4 .5 .6 .2 .1       scaled (S)
-glass_blur          σ .05 .25 .4 .25 .4, shift 1, iterations 1 1 1 2 2            scaled (S, G)
-motion_blur         ImageMagick radius 6 6 6 8 9, σ 1 1.5 2 2 2.5, angle ±45°     kernel (M, S)
-zoom_blur           mean of zooms 1…1.05 / 1.10 / 1.15 / 1.20 / 1.25 (step .01)   same
-snow                7 parameters per severity (flake density, zoom, blur…)        (M, S)
-fog                 plasma fractal, amount 0.2 .5 .75 1 1.5, decay 3 3 2.5 2 1.75 fractal (F)
-brightness          HSV value + .05 .1 .15 .2 .3                                  same
-contrast            (x − mean)·c + mean, c = .75 .5 .4 .3 .15 (per channel)       same
-elastic_transform   affine jitter and smoothed displacement, relative to size     same
-pixelate            box-downscale to .95 .9 .85 .75 .65 of the size and back      same
-jpeg_compression    JPEG quality 80 65 58 50 40 (Pillow)                          same
-speckle_noise       x + x·N(0, c²), c = .06 .1 .12 .16 .2 (extra)                 same
-gaussian_blur       σ = .4 .6 .7 .8 1 (extra)                                     scaled (S)
-saturate            HSV saturation ·.3 ·.1 ·1.5 ·2+.1 ·2.5+.2 (extra)             same
-=================== ============================================================= ===========
-
-``all`` (:data:`BENCHMARK`) is the first fourteen rows: the 15 corruptions of the benchmark
-less ``frost``, which blends in photographs of frost that are not shipped here. ``spatter``
-(an extra of the reference) is not implemented. Where this differs from the reference:
-
-- **S (spatial scale).** Parameters in pixels (blur σ and radii, glass-blur shift, motion and
-  snow radii) are the reference's for images up to 32 px on their shorter side (FashionMNIST's
-  28 px included) and scale with ``min(H, W) / 32`` above that, so a severity blurs the same
-  fraction of a larger image. They are not scaled down: the disk kernel's radii (0.3–1.5 px)
-  select whole pixels, and shrinking them would turn severity 4 into no blur at all.
-  Parameters that are already relative (zoom factors, pixelate ratios, elastic displacement,
-  which the reference defines as fractions of the image size) are not scaled; the snow zoom is
-  scaled too.
-- **G (glass blur).** The reference's pixel "swap" ``x[h, w], x[h', w'] = x[h', w'], x[h, w]``
-  on numpy views copies the neighbour into ``(h, w)`` and leaves it in place; the same copy is
-  done here, so the pixels match what CIFAR-10-C contains.
-- **M (motion blur).** The reference calls ImageMagick (``MagickMotionBlurImage``) through
-  Wand; here its kernel is re-implemented: a one-sided line of width ``2⌈radius⌉ + 1`` with
-  Gaussian weights ``exp(−i² / 2σ²)``, offsets rounded to whole pixels, edges replicated.
-- **F (fog).** The diamond-square plasma fractal is drawn at the next power of two ≥ the image
-  size (32 for CIFAR, as the reference) and cropped.
-- Intermediate results stay in float64 (the reference rounds some to uint8 in between), and the
-  output is rounded to uint8 (the reference truncates, which darkens by half a level).
-- Single-channel images are corrupted as they are; ``saturate``, which needs colour, works on
-  the grey image repeated to RGB and returns its luma (ITU-R BT.601, as :mod:`fseb_ft.pixels`).
+The corruptions, their parameters per severity and every place where this implementation
+differs from the reference are listed in docs/corruptions.md; ``all`` (:data:`BENCHMARK`) is the
+benchmark's fifteen less ``frost``.
 
 **Randomness.** Image ``i`` of a set is corrupted with the generator
 :func:`image_rng` ``(seed, corruption, i)``, so a (corruption, severity, seed) triple always

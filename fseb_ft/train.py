@@ -306,8 +306,8 @@ def _chance_warning(history: Sequence[dict[str, float]], num_val: int) -> str:
 
 
 def _warn(state: TrainState, accelerator: Accelerator, message: str) -> None:
+    """Keep ``message`` for the results and the card, and print it once (main process)."""
     state.warnings.append(message)
-    logger.warning("%s", message)
     accelerator.print(f"WARNING: {message}")
 
 

@@ -247,8 +247,9 @@ class FSEBConfig:
     ``null``: use s and d as given."""
     prior_feature_share: float = 0.5
     """With ``prior_std``: the share s (m + 1) / prior_std² of the prior variance that comes from
-    φ0's features (the rest is d), in [0, 1]; 0.5 is what the pretrained reference prior
-    (s = 1e-5, d = 1e-2) gives at m ≈ 1,000 (docs/method.md)."""
+    φ0's features (the rest is d), in [0, 1]. 0.5: the pretrained reference prior (s = 1e-5,
+    d = 1e-2) gives 0.46–0.50 on EfficientNet-Lite0 at 64 px (m ≈ 850–1,000); the from-scratch
+    reference (s = 0.01, d = 1) gives ≈ 0.03 on its CNN (docs/method.md)."""
     forward_mode: Literal[FORWARD_MODES] = "joint"
     """One forward over [x; x̂] (BatchNorm sees both) or two separate ones."""
     reg_points: Literal[REG_POINTS] = "context"

@@ -29,10 +29,13 @@ from fseb_ft.config import FSEBConfig
 from fseb_ft.options import FORWARD_MODES, PARAM_ANCHORS, REG_POINTS
 from fseb_ft.regularizer import function_space_term, parameter_term
 
-__all__ = ["FSEBObjective", "FeatureFn", "timm_features", "unwrap_model"]
+__all__ = ["RESOLVED_BY_RUN", "FSEBObjective", "FeatureFn", "timm_features", "unwrap_model"]
 
 _DEFAULTS = FSEBConfig()
 """The hyper-parameters' defaults, written once in :class:`~fseb_ft.config.FSEBConfig`."""
+
+RESOLVED_BY_RUN = ("prior_std", "prior_feature_share")
+"""``fseb`` fields that are not keywords here: the run resolves them into s and d."""
 
 FeatureFn = Callable[[nn.Module, Tensor], Tensor]
 """``feature_fn(prior_model, x) -> (M, D)`` penultimate features of φ0 at ``x``."""
@@ -171,7 +174,8 @@ class FSEBObjective(nn.Module):
         them (``finetune.run`` resolves them from φ0's features of the context pool).
         """
         hyper = dataclasses.asdict(cfg)
-        del hyper["prior_std"], hyper["prior_feature_share"]  # resolved into s and d by the run
+        for name in RESOLVED_BY_RUN:
+            del hyper[name]
         return cls(model, num_train, **hyper, prior=prior, feature_fn=feature_fn)
 
     def set_prior_covariance(self, scale: float, diag: float) -> None:

@@ -135,3 +135,15 @@ def test_a_run_with_prior_std_resolves_logs_and_uses_scale_and_diag(
     assert f"prior_cov_scale={s:g}" in card and "resolved from prior_std=0.7" in card
     meta = json.loads((out / "model" / "fseb.json").read_text())
     assert meta["prior"] == prior
+
+
+def test_an_objective_from_a_prior_std_recipe_needs_its_covariance_set():
+    net = nn.Sequential(nn.Flatten(), nn.Linear(4, 2))
+    obj = FSEBObjective.from_config(
+        net, 10, FSEBConfig(prior_std=0.5), feature_fn=lambda prior, x: x.flatten(1)
+    )
+    x, y = torch.randn(3, 1, 2, 2), torch.tensor([0, 1, 0])
+    with pytest.raises(ValueError, match="set_prior_covariance"):
+        obj(x, y, context=x)
+    obj.set_prior_covariance(*resolve_prior(0.5, 0.5, 4.0))
+    assert torch.isfinite(obj(x, y, context=x)["loss"])

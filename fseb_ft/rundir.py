@@ -115,11 +115,13 @@ class RunInfo:
     """The training record (as in ``results.json``); written once training has finished."""
 
     def to_json(self) -> dict[str, Any]:
-        """The ``run.json`` mapping (``training`` only once set)."""
+        """The ``run.json`` mapping (``training`` only once set, ``prior`` only when resolved)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["input"] = {k: list(v) for k, v in dataclasses.asdict(self.input).items()}
         if self.training is None:
             del out["training"]
+        if self.prior is None:  # s and d as the recipe gives them: run.json as before
+            del out["prior"]
         return out
 
     @classmethod

@@ -234,10 +234,22 @@ class FSEBConfig:
     """Weight of the function-space term R_f; 0 gives PS-MAP (plain weight decay)."""
     prior_var: float = 1.0
     """Parameter prior variance σ_p²; weight decay 1 / (σ_p² N_train)."""
-    prior_cov_scale: float = 1e-5
-    """s in Kc = s (H Hᵀ + 1 1ᵀ) + d I (reference: 1e-5 pretrained ResNet-50, 0.01 FMNIST CNN)."""
-    prior_cov_diag: float = 1e-2
-    """d in Kc (reference: 1e-2 pretrained ResNet-50, 1 FMNIST CNN)."""
+    prior_cov_scale: float | None = 1e-5
+    """s in Kc = s (H Hᵀ + 1 1ᵀ) + d I (reference: 1e-5 pretrained ResNet-50, 0.01 FMNIST CNN);
+    ``null``: resolved from ``prior_std`` (set alone, it is stored as ``null``)."""
+    prior_cov_diag: float | None = 1e-2
+    """d in Kc (reference: 1e-2 pretrained ResNet-50, 1 FMNIST CNN); ``null``: resolved from
+    ``prior_std``, like ``prior_cov_scale``."""
+    prior_std: float | None = None
+    """The prior standard deviation of a logit at the context points, in place of s and d:
+    prior_std² = s (m + 1) + d, m = mean ‖h(x̂; φ0)‖² over the context pool, resolved per run
+    (logged in run.json and the model card). Leave s and d unset (or ``null``) with it.
+    ``null``: use s and d as given."""
+    prior_feature_share: float = 0.5
+    """With ``prior_std``: the share s (m + 1) / prior_std² of the prior variance that comes from
+    φ0's features (the rest is d), in [0, 1]. 0.5: the pretrained reference prior (s = 1e-5,
+    d = 1e-2) gives 0.46–0.50 on EfficientNet-Lite0 at 64 px (m ≈ 850–1,000); the from-scratch
+    reference (s = 0.01, d = 1) gives ≈ 0.03 on its CNN (docs/method.md)."""
     forward_mode: Literal[FORWARD_MODES] = "joint"
     """One forward over [x; x̂] (BatchNorm sees both) or two separate ones."""
     reg_points: Literal[REG_POINTS] = "context"
@@ -258,6 +270,24 @@ class FSEBConfig:
     def __post_init__(self) -> None:
         check(self.reg_scale >= 0, "reg_scale", self.reg_scale, "must be ≥ 0 (0 is PS-MAP)")
         check(self.prior_var > 0, "prior_var", self.prior_var, "must be > 0")
+        if self.prior_std is None:
+            self._check_covariance()
+        else:
+            self._resolved_covariance()
+        check(
+            0 <= self.prior_feature_share <= 1,
+            "prior_feature_share",
+            self.prior_feature_share,
+            "must be in [0, 1]",
+        )
+        check(self.param_noise_std >= 0, "param_noise_std", self.param_noise_std, "must be ≥ 0")
+        for name in ("likelihood_samples", "reg_samples"):
+            check(getattr(self, name) >= 1, name, getattr(self, name), "must be ≥ 1")
+
+    def _check_covariance(self) -> None:
+        """s and d as given: both set, ≥ 0, not both 0."""
+        for name in ("prior_cov_scale", "prior_cov_diag"):
+            check(getattr(self, name) is not None, name, None, "null needs fseb.prior_std")
         check(self.prior_cov_scale >= 0, "prior_cov_scale", self.prior_cov_scale, "must be ≥ 0")
         check(self.prior_cov_diag >= 0, "prior_cov_diag", self.prior_cov_diag, "must be ≥ 0")
         check(
@@ -266,9 +296,21 @@ class FSEBConfig:
             self.prior_cov_diag,
             "prior_cov_scale and prior_cov_diag cannot both be 0",
         )
-        check(self.param_noise_std >= 0, "param_noise_std", self.param_noise_std, "must be ≥ 0")
-        for name in ("likelihood_samples", "reg_samples"):
-            check(getattr(self, name) >= 1, name, getattr(self, name), "must be ≥ 1")
+
+    def _resolved_covariance(self) -> None:
+        """With ``prior_std``, s and d are resolved per run: stored as ``null`` (so the saved
+        recipe says so), and a recipe may not also set them (a default-valued one passes)."""
+        check(self.prior_std > 0, "prior_std", self.prior_std, "must be > 0 or null")
+        for name in ("prior_cov_scale", "prior_cov_diag"):
+            given = getattr(self, name)
+            check(
+                given in (None, getattr(FSEBConfig, name)),
+                name,
+                given,
+                f"fseb.prior_std and fseb.{name} are both set; give one: prior_std resolves "
+                "prior_cov_scale and prior_cov_diag per run (leave them unset or null)",
+            )
+            object.__setattr__(self, name, None)
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,11 @@ __all__ = [
     "build_context_pool",
     "context_loader",
     "infinite_batches",
+    "mean_sq_feature_norm",
 ]
+
+MEAN_SQ_NORM_IMAGES = 1024
+"""Images of a perturbed pool whose φ0 features estimate m = mean ‖h‖² (one seeded sample)."""
 
 _Batch = TypeVar("_Batch")
 
@@ -259,6 +263,7 @@ class ContextStream:
         self.pool = pool
         self.device = accelerator.device
         self.num_workers = num_workers
+        self.pool_seed = seed  # the same in every process, unlike the stream's own seed
         self.seed = seed + 7919 * accelerator.process_index
         self.sampler = _SeededPermutations(len(pool), self.seed)
         # Reseeded every epoch: it draws the workers' seeds, which seed_worker hands to the
@@ -284,6 +289,17 @@ class ContextStream:
                 chunks.append(objective.prior_features(x.to(self.device)).float())
         return torch.cat(chunks)  # (P, D)
 
+    def mean_sq_norm(self, objective: FSEBObjective) -> float:
+        """m = mean ‖h(x̂; φ0)‖² over the pool, which ``fseb.prior_std`` is resolved with.
+
+        A fixed pool: all its cached features. A perturbed pool: :func:`mean_sq_feature_norm` of
+        a seeded sample, seeded by the run's seed, so every process (same pool, same seed) and a
+        resumed run get the same m.
+        """
+        if self.features is not None:
+            return float(self.features.double().square().sum(dim=1).mean())
+        return mean_sq_feature_norm(self.pool, objective, self.device, self.pool_seed)
+
     def epoch(self, epoch: int) -> Iterator[tuple[Tensor, Tensor | None]]:
         """Endless ``(x̂, cached features or None)`` for one training epoch, seeded by epoch."""
         self.sampler.set_epoch(epoch)
@@ -298,6 +314,33 @@ class ContextStream:
                 else self.features[idx.to(self.device, non_blocking=True)]
             )
             yield x, feats
+
+
+@torch.no_grad()
+def mean_sq_feature_norm(
+    pool: Any,
+    objective: FSEBObjective,
+    device: torch.device | str,
+    seed: int,
+    max_images: int = MEAN_SQ_NORM_IMAGES,
+    batch_size: int = 256,
+) -> float:
+    """m = mean ‖h(x̂; φ0)‖² over a seeded sample of at most ``max_images`` images of ``pool``.
+
+    One pass of φ0, no autograd, in float32. The sample (a seeded permutation) and the pool's
+    random perturbations (its transform reseeded with ``seed``) depend only on ``seed``; the
+    training stream reseeds the transform itself every epoch, so this draws nothing from it.
+    """
+    count = min(len(pool), max_images)
+    order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed))[:count]
+    pool.reseed(seed)
+    total = 0.0
+    for start in range(0, count, batch_size):
+        batch = order[start : start + batch_size].tolist()
+        x = torch.stack([pool[i] for i in batch])  # (b, C, H, W)
+        h = objective.prior_features(x.to(device)).double()  # (b, D)
+        total += float(h.square().sum())
+    return total / count
 
 
 def _check_kind(kind: str) -> None:

@@ -50,6 +50,7 @@ from fseb_ft.images import IndexedImages, Splits, as_labeled_images, stratified_
 from fseb_ft.models import InputSpec, create_model, input_spec
 from fseb_ft.objective import FSEBObjective
 from fseb_ft.predict import eval_loader, predict_splits
+from fseb_ft.regularizer import resolve_prior
 from fseb_ft.report import eval_results, markdown_table, method_title, write_results
 from fseb_ft.rundir import (
     CHECKPOINTS,
@@ -123,6 +124,7 @@ def run(recipe: Recipe, splits: Splits | None = None) -> dict[str, Any]:
     steps_per_epoch = math.ceil(len(train_loader) / recipe.train.grad_accum_steps)
     scheduler = build_scheduler(recipe.optim, optimizer, steps_per_epoch * recipe.train.epochs)
     context = _context_stream(recipe, splits, spec, accelerator, objective)
+    prior = _resolve_prior(recipe, context, objective)
 
     run_info = RunInfo(
         num_classes=num_classes,
@@ -135,6 +137,7 @@ def run(recipe: Recipe, splits: Splits | None = None) -> dict[str, Any]:
         device=accelerator.device.type,
         mixed_precision=applied_precision(accelerator),
         warnings=warned,
+        prior=prior,
     )
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -289,6 +292,29 @@ def _context_stream(
         objective,
         num_workers=recipe.data.num_workers,
     )
+
+
+def _resolve_prior(
+    recipe: Recipe, context: ContextStream | None, objective: FSEBObjective
+) -> dict[str, float] | None:
+    """Resolve ``fseb.prior_std`` into s and d from m = mean ‖h(x̂; φ0)‖² over the context pool,
+    set them on ``objective`` and return them for run.json (``None``: the recipe gives s and d).
+
+    Every process builds the same pool with the same seed, so each resolves the same s and d.
+    """
+    fseb = recipe.fseb
+    if fseb.prior_std is None or context is None:
+        return None
+    m = context.mean_sq_norm(objective)
+    scale, diag = resolve_prior(fseb.prior_std, fseb.prior_feature_share, m)
+    objective.set_prior_covariance(scale, diag)
+    return {
+        "prior_std": fseb.prior_std,
+        "feature_share": fseb.prior_feature_share,
+        "mean_sq_norm": m,
+        "prior_cov_scale": scale,
+        "prior_cov_diag": diag,
+    }
 
 
 def _save_weights(model: nn.Module, path: Path) -> None:

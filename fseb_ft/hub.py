@@ -438,6 +438,7 @@ def _write_docs(
         "method": "FS-EB" if recipe.fseb.reg_scale > 0 else "PS-MAP",
         "fseb": dataclasses.asdict(recipe.fseb),
         "context": run_info.context,
+        "prior": run_info.prior,
         "context_config": (
             dataclasses.asdict(recipe.context) if recipe.fseb.reg_scale > 0 else None
         ),

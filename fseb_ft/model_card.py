@@ -131,9 +131,12 @@ def _method_section(recipe: Recipe, run_info: RunInfo, method: str) -> str:
     if method == "FS-EB":
         ctx = run_info.context or {}
         fingerprint = str(ctx.get("fingerprint", ""))[:12]
+        given = {"prior_cov_scale": f.prior_cov_scale, "prior_cov_diag": f.prior_cov_diag}
+        prior = run_info.prior or given
         text += (
             f"This model: FS-EB with reg_scale={f.reg_scale:g}, prior_var={f.prior_var:g}, "
-            f"prior_cov_scale={f.prior_cov_scale:g}, prior_cov_diag={f.prior_cov_diag:g}; "
+            f"prior_cov_scale={prior['prior_cov_scale']:g}, "
+            f"prior_cov_diag={prior['prior_cov_diag']:g}{_resolved(run_info.prior)}; "
             f"context set: `{recipe.context.kind}` "
             f"({'perturbed' if recipe.context.perturb else 'unperturbed'}), pool of "
             f"{recipe.context.pool_size} images, batches of {recipe.context.batch_size}"
@@ -143,6 +146,17 @@ def _method_section(recipe: Recipe, run_info: RunInfo, method: str) -> str:
     else:
         text += f"This model: PS-MAP with prior_var={f.prior_var:g}.\n"
     return text
+
+
+def _resolved(prior: Mapping[str, Any] | None) -> str:
+    """Where s and d came from when ``fseb.prior_std`` set them (empty when the recipe did)."""
+    if prior is None:
+        return ""
+    return (
+        f" (resolved from prior_std={prior['prior_std']:g}, "
+        f"prior_feature_share={prior['feature_share']:g} at m = mean ‖h(x̂; φ0)‖² = "
+        f"{prior['mean_sq_norm']:.4g} over the context pool)"
+    )
 
 
 def _results_section(

@@ -29,10 +29,13 @@ from fseb_ft.config import FSEBConfig
 from fseb_ft.options import FORWARD_MODES, PARAM_ANCHORS, REG_POINTS
 from fseb_ft.regularizer import function_space_term, parameter_term
 
-__all__ = ["FSEBObjective", "FeatureFn", "timm_features", "unwrap_model"]
+__all__ = ["RESOLVED_BY_RUN", "FSEBObjective", "FeatureFn", "timm_features", "unwrap_model"]
 
 _DEFAULTS = FSEBConfig()
 """The hyper-parameters' defaults, written once in :class:`~fseb_ft.config.FSEBConfig`."""
+
+RESOLVED_BY_RUN = ("prior_std", "prior_feature_share")
+"""``fseb`` fields that are not keywords here: the run resolves them into s and d."""
 
 FeatureFn = Callable[[nn.Module, Tensor], Tensor]
 """``feature_fn(prior_model, x) -> (M, D)`` penultimate features of φ0 at ``x``."""
@@ -70,8 +73,9 @@ class FSEBObjective(nn.Module):
         num_train: global training-set size N_train that scales the prior terms.
         reg_scale: weight of the function-space term ``R_f``; 0 gives PS-MAP.
         prior_var: variance ``σ_p²`` of the Gaussian parameter prior.
-        prior_cov_scale: ``s`` in ``Kc = s (H Hᵀ + 1 1ᵀ) + d I``.
-        prior_cov_diag: ``d`` in ``Kc``.
+        prior_cov_scale: ``s`` in ``Kc = s (H Hᵀ + 1 1ᵀ) + d I``; ``None``: not known yet, set
+            by :meth:`set_prior_covariance` before ``R_f`` is computed (``fseb.prior_std``).
+        prior_cov_diag: ``d`` in ``Kc``; ``None`` like ``prior_cov_scale``.
         forward_mode: ``"joint"`` runs one forward over ``[x; x̂]`` (BatchNorm sees both, as in
             the reference code); ``"separate"`` runs two.
         reg_points: ``"context"`` evaluates ``R_f`` at x̂ (M points); ``"joint"`` at ``[x; x̂]``
@@ -95,8 +99,8 @@ class FSEBObjective(nn.Module):
         *,
         reg_scale: float = _DEFAULTS.reg_scale,
         prior_var: float = _DEFAULTS.prior_var,
-        prior_cov_scale: float = _DEFAULTS.prior_cov_scale,
-        prior_cov_diag: float = _DEFAULTS.prior_cov_diag,
+        prior_cov_scale: float | None = _DEFAULTS.prior_cov_scale,
+        prior_cov_diag: float | None = _DEFAULTS.prior_cov_diag,
         forward_mode: str = _DEFAULTS.forward_mode,
         reg_points: str = _DEFAULTS.reg_points,
         param_anchor: str = _DEFAULTS.param_anchor,
@@ -164,9 +168,20 @@ class FSEBObjective(nn.Module):
         prior: nn.Module | None = None,
         feature_fn: FeatureFn | None = None,
     ) -> FSEBObjective:
-        """The objective a recipe's ``fseb`` section describes (every field is a keyword here)."""
+        """The objective a recipe's ``fseb`` section describes (every field is a keyword here).
+
+        With ``cfg.prior_std`` set, s and d are ``None`` until :meth:`set_prior_covariance` gives
+        them (``finetune.run`` resolves them from φ0's features of the context pool).
+        """
         hyper = dataclasses.asdict(cfg)
+        for name in RESOLVED_BY_RUN:
+            del hyper[name]
         return cls(model, num_train, **hyper, prior=prior, feature_fn=feature_fn)
+
+    def set_prior_covariance(self, scale: float, diag: float) -> None:
+        """Use ``Kc = scale · (H Hᵀ + 1 1ᵀ) + diag · I`` from now on (e.g. s and d resolved from
+        ``fseb.prior_std`` by :func:`fseb_ft.regularizer.resolve_prior`)."""
+        self.prior_cov_scale, self.prior_cov_diag = scale, diag
 
     def replace_model(self, model: nn.Module, device: torch.device | str | None = None) -> None:
         """Train ``model`` from now on: the same network wrapped, e.g. by ``accelerator.prepare``.
@@ -225,6 +240,11 @@ class FSEBObjective(nn.Module):
         use_fs = self.reg_scale > 0
         if use_fs and context is None:
             raise ValueError("reg_scale > 0 needs a context batch: pass context=x̂ (M, ...)")
+        if use_fs and (self.prior_cov_scale is None or self.prior_cov_diag is None):
+            raise ValueError(
+                "the prior covariance is not set (fseb.prior_std is resolved per run): call "
+                "set_prior_covariance(s, d), e.g. with fseb_ft.regularizer.resolve_prior"
+            )
         if use_fs and context_features is None:
             context_features = self.prior_features(context)  # (M, D)
         if use_fs and context_features.shape[0] != context.shape[0]:

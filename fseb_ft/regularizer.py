@@ -25,6 +25,8 @@ __all__ = [
     "function_space_term",
     "parameter_term",
     "prior_covariance",
+    "prior_std_of",
+    "resolve_prior",
     "select_solver",
 ]
 
@@ -61,6 +63,42 @@ def prior_covariance(
     M = H.shape[0]
     K = scale * (H @ H.mT + 1.0)  # (M, M)
     return K + diag * torch.eye(M, dtype=dtype, device=H.device)  # (M, M)
+
+
+def resolve_prior(
+    prior_std: float, feature_share: float, mean_sq_norm: float
+) -> tuple[float, float]:
+    """``(s, d)`` for a prior standard deviation of a logit at the context points.
+
+    The prior variance of a logit at x̂ is ``Kc[i, i] = s (‖h(x̂; φ0)‖² + 1) + d``
+    (docs/method.md, "A prior stated in units that transfer"). Averaged over the context pool,
+    with ``m = mean ‖h‖²``, it is ``v = s (m + 1) + d``. Given ``v = prior_std²`` and the share
+    of it that comes from φ0's features, ``feature_share = s (m + 1) / v``::
+
+        s = feature_share · v / (m + 1)        d = (1 − feature_share) · v
+
+    :func:`prior_std_of` is the inverse.
+
+    Raises:
+        ValueError: ``prior_std ≤ 0``, ``feature_share`` outside [0, 1] or ``mean_sq_norm < 0``.
+    """
+    if not (prior_std > 0 and math.isfinite(prior_std)):
+        raise ValueError(f"prior_std must be a finite number > 0; got {prior_std}")
+    if not 0 <= feature_share <= 1:
+        raise ValueError(f"prior_feature_share must be in [0, 1]; got {feature_share}")
+    if not (mean_sq_norm >= 0 and math.isfinite(mean_sq_norm)):
+        raise ValueError(f"mean_sq_norm must be a finite number ≥ 0; got {mean_sq_norm}")
+    var = prior_std**2
+    return feature_share * var / (mean_sq_norm + 1), (1 - feature_share) * var
+
+
+def prior_std_of(scale: float, diag: float, mean_sq_norm: float) -> tuple[float, float]:
+    """``(prior_std, feature_share)`` of ``(s, d)`` at ``m = mean ‖h‖²``: :func:`resolve_prior`'s
+    inverse, ``prior_std = √(s (m + 1) + d)`` and ``feature_share = s (m + 1) / prior_std²``."""
+    _check_hyper(scale, diag)
+    features = scale * (mean_sq_norm + 1)
+    var = features + diag
+    return math.sqrt(var), features / var
 
 
 def select_solver(num_context: int, feature_dim: int, scale: float, diag: float) -> str:

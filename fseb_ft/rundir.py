@@ -107,15 +107,21 @@ class RunInfo:
     """The precision that really ran (``no``, ``bf16``, ``fp16``)."""
     warnings: list[str] | None = None
     """Warnings about the launch and the data, in the order they were logged."""
+    prior: dict[str, Any] | None = None
+    """The function-space prior resolved from ``fseb.prior_std``: ``prior_std``,
+    ``feature_share``, ``mean_sq_norm`` (m = mean ‖h(x̂; φ0)‖² over the context pool),
+    ``prior_cov_scale`` (s) and ``prior_cov_diag`` (d); ``None`` when the recipe gives s and d."""
     training: dict[str, Any] | None = None
     """The training record (as in ``results.json``); written once training has finished."""
 
     def to_json(self) -> dict[str, Any]:
-        """The ``run.json`` mapping (``training`` only once set)."""
+        """The ``run.json`` mapping (``training`` only once set, ``prior`` only when resolved)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["input"] = {k: list(v) for k, v in dataclasses.asdict(self.input).items()}
         if self.training is None:
             del out["training"]
+        if self.prior is None:  # s and d as the recipe gives them: run.json as before
+            del out["prior"]
         return out
 
     @classmethod

@@ -25,7 +25,12 @@ RUN_JSON = {
 
 
 def test_run_json_round_trips_exactly() -> None:
-    for saved in (RUN_JSON, {**RUN_JSON, "context": None, "training": {"best_epoch": 2}}):
+    prior = {"prior_std": 0.5, "feature_share": 0.5, "mean_sq_norm": 9.0, "prior_cov_scale": 0.0125}
+    for saved in (
+        RUN_JSON,
+        {**RUN_JSON, "context": None, "training": {"best_epoch": 2}},
+        {**RUN_JSON, "prior": {**prior, "prior_cov_diag": 0.125}},
+    ):
         text = json.dumps(saved, indent=2)
         info = RunInfo.from_json(json.loads(text))
         assert info.input == InputSpec((32, 32), (0.5,) * 3, (0.25,) * 3)
@@ -36,6 +41,7 @@ def test_a_run_json_from_before_devices_were_recorded_loads() -> None:
     old = {k: v for k, v in RUN_JSON.items() if k not in ("device", "mixed_precision", "warnings")}
     info = RunInfo.from_json(old)
     assert info.device is None and info.mixed_precision is None and info.num_train == 27
+    assert info.prior is None
 
 
 def test_read_run_names_the_missing_file(tmp_path: Path) -> None:

@@ -176,9 +176,9 @@ def _results_section(
     temperature = _temperature(results)
     if temperature is not None:
         notes.append(
-            f'Rows "{TS_SUFFIX.strip()}": temperature scaling, T = {temperature:.4f} fitted on '
-            "the validation split by NLL (also in `fseb.json`); apply it as "
-            "`probs = (model(x) / T).softmax(-1)`."
+            f'Rows "{TS_SUFFIX.strip()}": temperature scaling, a temperature fitted on the '
+            f"validation split by NLL; this model's T = {temperature:.4f} (also in `fseb.json`), "
+            "applied as `probs = (model(x) / T).softmax(-1)`."
         )
     sel = selection(recipe, results)
     if sel.get("best_epoch") is not None:

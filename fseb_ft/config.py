@@ -24,6 +24,7 @@ from fseb_ft.options import (
     CONTEXT_KINDS,
     FORWARD_MODES,
     HEAD_INITS,
+    OOD_SCORES,
     PARAM_ANCHORS,
     REG_POINTS,
     SOLVERS,
@@ -418,9 +419,21 @@ class EvalConfig:
     """Folder caching the corrupted test images (uint8 ``.npy`` with an ``.npz`` index), so a
     re-evaluation does not recompute them; ``null``: ``$XDG_CACHE_HOME/fseb_ft/corruptions``, else
     ``~/.cache/fseb_ft/corruptions``."""
+    ood_scores: tuple[Literal[OOD_SCORES], ...] = ("entropy",)
+    """OOD detection scores reported for each OOD set (AUROC, AUPR, FPR95 each; larger score =
+    more likely OOD): ``entropy`` (predictive entropy, the paper's), ``msp`` (negative maximum
+    softmax probability), ``max_logit`` (negative maximum logit), ``energy`` (negative
+    logsumexp of the logits). ``max_logit`` and ``energy`` are not defined for an ensemble
+    (averaged probabilities, no logits) and are left out of its results."""
+    temperature_scaling: bool = False
+    """Also fit a temperature ``T`` on the validation split (minimising its NLL) and report the
+    test and OOD metrics of ``softmax(logits / T)`` as a second row "<method> + TS", and as
+    ``temperature_scaled`` in ``results.json``; the model card and ``fseb.json`` give ``T``."""
 
     def __post_init__(self) -> None:
         check(self.batch_size >= 1, "batch_size", self.batch_size, "must be ≥ 1")
+        check(len(self.ood_scores) > 0, "ood_scores", self.ood_scores, "must name ≥ 1 score")
+        object.__setattr__(self, "ood_scores", tuple(dict.fromkeys(self.ood_scores)))
         check(
             self.corruption_limit is None or self.corruption_limit >= 1,
             "corruption_limit",

@@ -78,7 +78,7 @@ def evaluate_run(
     recipe, info = _read_run(run_dir, cpu, overrides)
     accelerator = Accelerator(cpu=cpu, mixed_precision=recipe.train.mixed_precision)
     predictions = _predict_run(run_dir, recipe, info, accelerator)
-    results = eval_results(predictions)
+    results = eval_results(predictions, recipe.eval.ood_scores)
     previous = run_dir / RESULTS_JSON
     if previous.exists():
         results["training"] = read_json(previous).get("training")
@@ -131,7 +131,7 @@ def evaluate_ensemble(
         preds = _predict_run(run_dir, recipe, info, accelerator)
         if members:
             _check_same_predictions(next(iter(members.values())).predictions, preds, run_dir)
-        members[label] = eval_results(preds)
+        members[label] = eval_results(preds, recipe.eval.ood_scores)
 
     member_preds = [m.predictions for m in members.values()]
 
@@ -147,7 +147,7 @@ def evaluate_ensemble(
         },
         corruption_labels=member_preds[0].corruption_labels,
     )
-    results = eval_results(ensemble)
+    results = eval_results(ensemble, runs[0][1].eval.ood_scores)
     results["members"] = {label: dict(m) for label, m in members.items()}
     results["runs"] = [str(d) for d in run_dirs]
     if accelerator.is_main_process:

@@ -163,7 +163,8 @@ def run(recipe: Recipe, splits: Splits | None = None) -> dict[str, Any]:
     accelerator.wait_for_everyone()
     load_model(accelerator.unwrap_model(model), str(run_dir / MODEL_WEIGHTS))
     results = eval_results(
-        predict_splits(model, splits, spec, recipe.eval, accelerator, **loader_kw)
+        predict_splits(model, splits, spec, recipe.eval, accelerator, **loader_kw),
+        recipe.eval.ood_scores,
     )
     results["training"] = {
         "best_epoch": state.best_epoch,

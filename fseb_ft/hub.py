@@ -448,8 +448,11 @@ def _write_docs(
         "class_names": run_info.class_names,
         "input": dataclasses.asdict(run_info.input),
         "selection": selection(recipe, results),
-        "results": {k: results[k] for k in ("test", "ood") if k in results},
+        "results": {k: results[k] for k in ("test", "ood", "temperature_scaled") if k in results},
     }
+    if results.get("temperature_scaled"):
+        # The weights stay a plain timm model's; calibrated probabilities are softmax(logits / T).
+        meta["temperature"] = results["temperature_scaled"]["temperature"]
     write_text(folder / "fseb.json", json.dumps(meta, indent=2, default=_jsonable) + "\n")
     card = model_card(
         recipe,

@@ -13,7 +13,14 @@ from typing import Any
 import yaml
 
 from fseb_ft.config import Recipe, dump_recipe
-from fseb_ft.report import markdown_table, method_title, warnings_markdown
+from fseb_ft.report import (
+    OOD_SCORE_TITLES,
+    TS_SUFFIX,
+    markdown_table,
+    method_title,
+    ood_scores_in,
+    warnings_markdown,
+)
 from fseb_ft.rundir import PLOTS, RunInfo
 
 __all__ = ["PLOT_CAPTIONS", "model_card", "plot_caption", "selection"]
@@ -72,7 +79,7 @@ def model_card(
     if plots:
         shown = "\n\n".join(f"![{plot_caption(p)}]({p})" for p in plots)
         parts.append(f"## Plots\n\n{shown}\n")
-    parts.append(_usage_section(run_info, recipe, source, repo_id, local_dir))
+    parts.append(_usage_section(run_info, recipe, results, source, repo_id, local_dir))
     parts.append(
         "## Recipe\n\nReproduce with `fseb-ft recipe.yaml` (package `fseb_ft`).\n\n"
         "<details>\n<summary>Resolved recipe (<code>recipe.yaml</code>)</summary>\n\n"
@@ -174,10 +181,19 @@ def _results_section(
     for name, scores in (results.get("ood") or {}).items():
         ident = (data.get("ood") or {}).get(name, "?")
         notes.append(f"OOD set {name}: `{ident}` (n={scores.get('n', '?')}).")
+    scores = " / ".join(OOD_SCORE_TITLES[s] for s in ood_scores_in(rows.values()))
     notes.append(
         "ECE: 15 equal-width bins; Sel. Pred.: area under the accuracy-coverage curve; "
-        "OOD AUROC/AUPR/FPR95: predictive entropy as the score, OOD as the positive class."
+        f"OOD AUROC/AUPR/FPR95: {scores or 'predictive entropy'} as the score, OOD as the "
+        "positive class."
     )
+    temperature = _temperature(results)
+    if temperature is not None:
+        notes.append(
+            f'Rows "{TS_SUFFIX.strip()}": temperature scaling, a temperature fitted on the '
+            f"validation split by NLL; this model's T = {temperature:.4f} (also in `fseb.json`), "
+            "applied as `probs = (model(x) / T).softmax(-1)`."
+        )
     sel = selection(recipe, results)
     if sel.get("best_epoch") is not None:
         notes.append(
@@ -196,11 +212,18 @@ def _results_section(
 def _usage_section(
     run_info: RunInfo,
     recipe: Recipe,
+    results: Mapping[str, Any],
     source: Mapping[str, Any],
     repo_id: str | None,
     local_dir: str | Path | None,
 ) -> str:
     repo = repo_id or "USER/NAME"
+    logits = "model(transform(image).unsqueeze(0))"
+    scale = ""
+    temperature = _temperature(results)
+    if temperature is not None:
+        scale = f"T = {temperature!r}  # temperature scaling (fseb.json); T = 1: raw outputs\n"
+        logits = f"({logits} / T)"
     mode = "L" if recipe.data.channels == 1 else "RGB"
     imports = "import timm\nimport torch\nfrom PIL import Image\n"
     if source.get("needs_fseb_ft"):
@@ -219,8 +242,9 @@ def _usage_section(
         "transform = timm.data.create_transform(**config)\n"
         'labels = model.pretrained_cfg["label_names"]\n\n'
         f'image = Image.open("image.jpg").convert("{mode}")\n'
+        f"{scale}"
         "with torch.no_grad():\n"
-        "    probs = model(transform(image).unsqueeze(0)).softmax(-1)[0]\n"
+        f"    probs = {logits}.softmax(-1)[0]\n"
         "print(labels[int(probs.argmax())], float(probs.max()))\n"
         "```\n"
     )
@@ -242,6 +266,11 @@ def plot_caption(name: str) -> str:
 def _data_specs(recipe: Recipe) -> list[Any]:
     d = recipe.data
     return [s for s in (d.train, d.val, d.test, *d.ood.values()) if s is not None]
+
+
+def _temperature(results: Mapping[str, Any]) -> float | None:
+    """The temperature fitted by ``eval.temperature_scaling``; ``None`` when it was off."""
+    return (results.get("temperature_scaled") or {}).get("temperature")
 
 
 def _or(value: Any, default: Any) -> Any:

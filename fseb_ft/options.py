@@ -28,3 +28,7 @@ HEAD_INITS = ("auto", "timm", "zeros")
 
 SOURCES = ("hub", "imagefolder", "disk", "arrays", "idx", "sklearn_digits")
 """Dataset sources (``DatasetSpec.source``)."""
+
+OOD_SCORES = ("entropy", "msp", "max_logit", "energy")
+"""OOD detection scores (``eval.ood_scores``), each larger = more likely OOD: predictive entropy,
+negative maximum softmax probability, negative maximum logit, energy ``-logsumexp(logits)``."""

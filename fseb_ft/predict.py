@@ -26,6 +26,7 @@ __all__ = [
     "eval_loader",
     "predict",
     "predict_corruptions",
+    "predict_logits",
     "predict_splits",
 ]
 
@@ -44,29 +45,56 @@ class Predictions:
     :func:`predict_corruptions`)."""
     corruption_labels: Tensor | None = None
     """Labels (N_c,) of the corrupted images; ``None``: those of ``test`` (no subset)."""
+    test_logits: Tensor | None = None
+    """Logits (N, K) behind ``test``; ``None`` for an ensemble (averaged probabilities)."""
+    ood_logits: dict[str, Tensor] = dataclasses.field(default_factory=dict)
+    """OOD set name → logits (N_o, K); empty for an ensemble."""
+    val: tuple[Tensor, Tensor] | None = None
+    """(logits (N_v, K), labels (N_v,)) on the validation split, for ``eval.temperature_scaling``;
+    ``None`` when it is off."""
+
+    def scaled(self, temperature: float) -> Predictions:
+        """The test and OOD predictions of ``logits / temperature`` (no corruptions, no val)."""
+        if self.test_logits is None:
+            raise ValueError("temperature scaling needs logits; these predictions have none")
+        ood = {name: z / temperature for name, z in self.ood_logits.items()}  # (N_o, K) each
+        test_logits = self.test_logits / temperature  # (N, K)
+        return Predictions(
+            test=(torch.log_softmax(test_logits, -1), self.test[1]),
+            ood={name: torch.log_softmax(z, -1) for name, z in ood.items()},
+            test_logits=test_logits,
+            ood_logits=ood,
+        )
 
 
-@torch.no_grad()
 def predict(
     model: nn.Module, loader: DataLoader, accelerator: Accelerator
 ) -> tuple[Tensor, Tensor]:
-    """Float32 log-probabilities (N, K) and labels (N,) on CPU, each sample counted once.
+    """Float32 log-probabilities (N, K) and labels (N,) on CPU, each sample counted once."""
+    logits, labels = predict_logits(model, loader, accelerator)
+    return torch.log_softmax(logits, dim=-1), labels
+
+
+@torch.no_grad()
+def predict_logits(
+    model: nn.Module, loader: DataLoader, accelerator: Accelerator
+) -> tuple[Tensor, Tensor]:
+    """Float32 logits (N, K) and labels (N,) on CPU, each sample counted once.
 
     ``gather_for_metrics`` drops the samples Accelerate duplicated to even out the last batch
     across processes, so N is the dataset size whatever the process count.
     """
     was_training = model.training
     model.eval()
-    log_probs, labels = [], []
+    all_logits, labels = [], []
     for x, y in tqdm(loader, desc="predict", disable=not accelerator.is_main_process, leave=False):
         with accelerator.autocast():
             logits = model(x)  # (B, K)
-        lp = torch.log_softmax(logits.float(), dim=-1)  # (B, K)
-        lp, y = accelerator.gather_for_metrics((lp, y))
-        log_probs.append(lp.cpu())
+        logits, y = accelerator.gather_for_metrics((logits.float(), y))
+        all_logits.append(logits.cpu())
         labels.append(y.cpu())
     model.train(was_training)
-    return torch.cat(log_probs), torch.cat(labels)
+    return torch.cat(all_logits), torch.cat(labels)
 
 
 def predict_splits(
@@ -78,7 +106,8 @@ def predict_splits(
     num_workers: int,
     seed: int,
 ) -> Predictions:
-    """Predict the test split, every OOD set and every corruption of ``cfg.corruptions``.
+    """Predict the test split, every OOD set and every corruption of ``cfg.corruptions`` (and
+    the validation split's logits with ``cfg.temperature_scaling``).
 
     ``num_workers`` and ``seed`` are the loaders' (``data.num_workers``, ``train.seed``).
     """
@@ -88,8 +117,14 @@ def predict_splits(
     def loader(data: Any) -> DataLoader:
         return accelerator.prepare(eval_loader(data, spec, cfg.batch_size, num_workers, seed))
 
-    test = predict(model, loader(splits.test), accelerator)
-    ood = {name: predict(model, loader(data), accelerator)[0] for name, data in splits.ood.items()}
+    test_logits, test_labels = predict_logits(model, loader(splits.test), accelerator)
+    ood_logits = {
+        name: predict_logits(model, loader(data), accelerator)[0]
+        for name, data in splits.ood.items()
+    }
+    val = None
+    if cfg.temperature_scaling and splits.val is not None:
+        val = predict_logits(model, loader(splits.val), accelerator)
     corrupted = corruption_subset(splits.test, cfg.corruption_limit, cfg.corruption_seed)
     corruptions = predict_corruptions(model, corrupted, spec, cfg, accelerator, num_workers, seed)
     labels = (
@@ -102,7 +137,15 @@ def predict_splits(
                     f"{name} severity {severity}: {lp.shape[0]} predictions for "
                     f"{len(corrupted)} corrupted test images"
                 )
-    return Predictions(test=test, ood=ood, corruptions=corruptions, corruption_labels=labels)
+    return Predictions(
+        test=(torch.log_softmax(test_logits, -1), test_labels),
+        ood={name: torch.log_softmax(z, -1) for name, z in ood_logits.items()},
+        corruptions=corruptions,
+        corruption_labels=labels,
+        test_logits=test_logits,
+        ood_logits=ood_logits,
+        val=val,
+    )
 
 
 def predict_corruptions(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +17,8 @@ from torch import Tensor
 
 from fseb_ft.atomic import write_text
 from fseb_ft.config import Recipe
-from fseb_ft.metrics import classification_metrics, ood_metrics
+from fseb_ft.metrics import classification_metrics, fit_temperature, ood_metrics
+from fseb_ft.options import OOD_SCORES
 from fseb_ft.rundir import (
     COMPARISON_PLOTS,
     CORRUPTION_PLOT,
@@ -31,12 +32,16 @@ if TYPE_CHECKING:  # predict needs Accelerate; a report only reads the Predictio
     from fseb_ft.predict import Predictions
 
 __all__ = [
+    "OOD_SCORE_TITLES",
+    "TS_SUFFIX",
     "EvalResults",
     "corruption_markdown",
     "eval_results",
     "evaluate_predictions",
     "markdown_table",
     "method_title",
+    "ood_scores_in",
+    "temperature_scaled_results",
     "warnings_markdown",
     "write_comparison_plots",
     "write_corruption_plot",
@@ -73,11 +78,21 @@ _COLUMNS: tuple[tuple[str, str, float], ...] = (
 _OPTIONAL_COLUMNS: tuple[tuple[str, str, float], ...] = (
     ("auroc_positive", "AUROC pos. (%)", 100.0),
 )
+# (metric suffix, column title) of each OOD score's columns: key f"{score}_{suffix}".
 _OOD_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("entropy_auroc", "AUROC (%)"),
-    ("entropy_aupr", "AUPR (%)"),
-    ("entropy_fpr95", "FPR95 (%)"),
+    ("auroc", "AUROC (%)"),
+    ("aupr", "AUPR (%)"),
+    ("fpr95", "FPR95 (%)"),
 )
+OOD_SCORE_TITLES = {
+    "entropy": "predictive entropy",
+    "msp": "negative maximum softmax probability (−MSP)",
+    "max_logit": "negative maximum logit",
+    "energy": "energy (−logsumexp of the logits)",
+}
+"""How tables and the model card name each score of ``eval.ood_scores``."""
+TS_SUFFIX = " + TS"
+"""Appended to a method's row title for its temperature-scaled results."""
 
 
 def evaluate_predictions(
@@ -85,11 +100,15 @@ def evaluate_predictions(
     ood: Mapping[str, Tensor] | None = None,
     corruptions: Mapping[str, Mapping[int, Tensor]] | None = None,
     corruption_labels: Tensor | None = None,
+    *,
+    ood_scores: Sequence[str] = ("entropy",),
+    test_logits: Tensor | None = None,
+    ood_logits: Mapping[str, Tensor] | None = None,
 ) -> dict[str, Any]:
     """The metrics of the test predictions, each named OOD set and each corruption.
 
     The metrics are those docs/quickstart.md lists under "The demo" (accuracy, NLL, ECE, Brier,
-    selective prediction, AURC; OOD detection by predictive entropy).
+    selective prediction, AURC; OOD detection by the scores of ``ood_scores``).
 
     Args:
         test: (log-probabilities (N, K), labels (N,)) on the in-distribution test split.
@@ -97,6 +116,9 @@ def evaluate_predictions(
         corruptions: corruption name → severity → log-probabilities (N_c, K) on the corrupted
             test split.
         corruption_labels: labels (N_c,) of the corrupted images; ``None``: ``test``'s.
+        ood_scores: the OOD scores to report (``eval.ood_scores``).
+        test_logits, ood_logits: the logits behind ``test`` and ``ood`` (``None`` for an
+            ensemble: its logit scores are then absent).
 
     Returns:
         ``{"test": {metric: float, "n": N}, "ood": {name: {metric: float, "n": N_o}}}``; with
@@ -113,7 +135,9 @@ def evaluate_predictions(
     probs_in = log_probs.exp()  # (N, K)
     out["ood"] = {}
     for name, lp in (ood or {}).items():
-        scores = {k: float(v) for k, v in ood_metrics(probs_in, lp.exp()).items()}
+        z_out = (ood_logits or {}).get(name)  # (N_o, K) or None
+        found = ood_metrics(probs_in, lp.exp(), tuple(ood_scores), test_logits, z_out)
+        scores = {k: float(v) for k, v in found.items()}
         out["ood"][name] = scores | {"n": len(lp)}
     if corruptions:
         c_labels = labels if corruption_labels is None else corruption_labels  # (N_c,)
@@ -202,20 +226,33 @@ def warnings_markdown(results: Mapping[str, Any]) -> str:
 def markdown_table(results: Mapping[str, Mapping[str, Any]]) -> str:
     """A Markdown table of several runs' results, one row per method (e.g. PS-MAP, FS-EB).
 
-    Binary tasks get an ``AUROC pos. (%)`` column (positive class = label 1).
+    Binary tasks get an ``AUROC pos. (%)`` column (positive class = label 1). Each OOD set has
+    AUROC, AUPR and FPR95 columns for every score found in the results (titles name the score
+    unless entropy is the only one); a missing value (an ensemble's logit scores) shows "–". A
+    result with a ``temperature_scaled`` block gets a second row, "<method> + TS", below its own.
     """
+    results = _with_ts_rows(results)
     ood_names = sorted({n for r in results.values() for n in r.get("ood", {})})
+    ood_scores = ood_scores_in(results.values())
     columns = list(_COLUMNS)
     columns += [c for c in _OPTIONAL_COLUMNS if any(c[0] in r["test"] for r in results.values())]
     header = ["Method", *(title for _, title, _ in columns)]
-    header += [f"{name} {title}" for name in ood_names for _, title in _OOD_COLUMNS]
+    # Entropy alone keeps the titles tables had before other scores existed.
+    named = ood_scores != ["entropy"]
+    header += [
+        f"{name} {score + ' ' if named else ''}{title}"
+        for name in ood_names
+        for score in ood_scores
+        for _, title in _OOD_COLUMNS
+    ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for method, res in results.items():
         row = [method]
         row += [_num(res["test"].get(key), scale) for key, _, scale in columns]
         for name in ood_names:
             scores = res.get("ood", {}).get(name, {})
-            row += [_num(scores.get(key), 100.0) for key, _ in _OOD_COLUMNS]
+            for score in ood_scores:
+                row += [_num(scores.get(f"{score}_{key}"), 100.0) for key, _ in _OOD_COLUMNS]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
@@ -322,17 +359,64 @@ def write_comparison_plots(
     )
 
 
-def eval_results(predictions: Predictions) -> EvalResults:
-    """The metrics of ``predictions`` (:func:`evaluate_predictions`), carrying them."""
-    return EvalResults(
+def eval_results(predictions: Predictions, ood_scores: Sequence[str] = ("entropy",)) -> EvalResults:
+    """The metrics of ``predictions`` (:func:`evaluate_predictions`), carrying them.
+
+    Predictions with validation logits (``eval.temperature_scaling``) also get
+    ``temperature_scaled`` (:func:`temperature_scaled_results`).
+    """
+    results = EvalResults(
         evaluate_predictions(
             predictions.test,
             predictions.ood,
             predictions.corruptions,
             predictions.corruption_labels,
+            ood_scores=ood_scores,
+            test_logits=predictions.test_logits,
+            ood_logits=predictions.ood_logits,
         ),
         predictions,
     )
+    if predictions.val is not None:
+        results["temperature_scaled"] = temperature_scaled_results(predictions, ood_scores)
+    return results
+
+
+def temperature_scaled_results(
+    predictions: Predictions, ood_scores: Sequence[str] = ("entropy",)
+) -> dict[str, Any]:
+    """``{"temperature": T, "test": ..., "ood": ...}``: ``T`` fitted on ``predictions.val`` by
+    NLL (:func:`~fseb_ft.metrics.fit_temperature`), then the metrics of ``logits / T`` on the
+    test split and OOD sets (as :func:`evaluate_predictions`; corruptions are not rescaled).
+    """
+    if predictions.val is None:
+        raise ValueError("temperature scaling needs the validation split's logits")
+    temperature = float(fit_temperature(*predictions.val))
+    scaled = predictions.scaled(temperature)
+    metrics = evaluate_predictions(
+        scaled.test,
+        scaled.ood,
+        ood_scores=ood_scores,
+        test_logits=scaled.test_logits,
+        ood_logits=scaled.ood_logits,
+    )
+    return {"temperature": temperature, **metrics}
+
+
+def ood_scores_in(results: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The OOD scores (in :data:`~fseb_ft.options.OOD_SCORES` order) some result reports."""
+    found = {k for r in results for scores in r.get("ood", {}).values() for k in scores}
+    return [s for s in OOD_SCORES if f"{s}_auroc" in found]
+
+
+def _with_ts_rows(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """``results`` with each temperature-scaled block as a row "<method> + TS" after its own."""
+    rows: dict[str, Mapping[str, Any]] = {}
+    for method, res in results.items():
+        rows[method] = res
+        if res.get("temperature_scaled"):
+            rows[f"{method}{TS_SUFFIX}"] = res["temperature_scaled"]
+    return rows
 
 
 def method_title(recipe: Recipe) -> str:

@@ -175,15 +175,121 @@ def test_ood_metrics_uses_entropy_and_negative_max_prob() -> None:
     # Round to create ties in the max-prob score as well.
     p_in = torch.round(p_in, decimals=2)
     p_in = p_in / p_in.sum(-1, keepdim=True)
-    got = M.ood_metrics(p_in, p_out)
-    assert set(got) == {
-        f"{s}_{m}" for s in ("entropy", "maxprob") for m in ("auroc", "aupr", "fpr95")
-    }
+    assert set(M.ood_metrics(p_in, p_out)) == {"entropy_auroc", "entropy_aupr", "entropy_fpr95"}
+    got = M.ood_metrics(p_in, p_out, scores=("entropy", "msp"))
+    assert set(got) == {f"{s}_{m}" for s in ("entropy", "msp") for m in ("auroc", "aupr", "fpr95")}
     ent = ref_ood(scipy_entropy(p_in.numpy(), axis=1), scipy_entropy(p_out.numpy(), axis=1))
     msp = ref_ood(-p_in.numpy().max(1), -p_out.numpy().max(1))
     for key in ent:
         assert got[f"entropy_{key}"].item() == pytest.approx(ent[key], abs=1e-12)
-        assert got[f"maxprob_{key}"].item() == pytest.approx(msp[key], abs=1e-12)
+        assert got[f"msp_{key}"].item() == pytest.approx(msp[key], abs=1e-12)
+
+
+# Two samples, K = 3, worked by hand:
+#   row 0: logits (2, 0, 0):    max 2, logsumexp = log(e² + 2) = 2.2395447662...,
+#          p = (e², 1, 1) / (e² + 2) = (0.7869860, 0.1065070, 0.1065070)
+#   row 1: logits (1, 1, 1):    max 1, logsumexp = 1 + log 3, p uniform, entropy log 3
+_HAND_LOGITS = torch.tensor([[2.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+_E2 = math.exp(2.0)
+_HAND_SCORES = {
+    "entropy": [
+        -(_E2 * math.log(_E2 / (_E2 + 2)) + 2 * math.log(1 / (_E2 + 2))) / (_E2 + 2),
+        math.log(3.0),
+    ],
+    "msp": [-_E2 / (_E2 + 2), -1 / 3],
+    "max_logit": [-2.0, -1.0],
+    "energy": [-math.log(_E2 + 2), -(1 + math.log(3.0))],
+}
+
+
+@pytest.mark.parametrize("name", list(_HAND_SCORES))
+def test_ood_scores_match_hand_worked_values(name: str) -> None:
+    probs = torch.softmax(_HAND_LOGITS.double(), -1)
+    got = M.ood_score(name, probs, _HAND_LOGITS)
+    assert got.dtype == torch.float64
+    assert got.tolist() == pytest.approx(_HAND_SCORES[name], abs=1e-7)
+
+
+def test_energy_temperature_and_logit_scores_ignore_a_logit_shift_only_where_they_should() -> None:
+    z = torch.randn(5, 4, dtype=torch.float64)
+    t = 2.5
+    assert torch.allclose(M.energy_score(z, t), -t * torch.logsumexp(z / t, -1))
+    # Softmax drops a per-row shift, so the probability scores cannot see it; the logit ones do.
+    shifted = z + 3.0
+    assert torch.allclose(M.energy_score(shifted), M.energy_score(z) - 3.0)
+    assert torch.allclose(M.max_logit_score(shifted), M.max_logit_score(z) - 3.0)
+
+
+@pytest.mark.parametrize("name", ["entropy", "msp", "max_logit", "energy"])
+def test_ood_metrics_per_score_match_sklearn(name: str) -> None:
+    rng = np.random.default_rng(3)
+    z_in = torch.tensor(rng.normal(size=(80, 5)) * 3 + rng.normal(size=(80, 1)) * 2)
+    z_out = torch.tensor(rng.normal(size=(60, 5)) + rng.normal(size=(60, 1)))
+    p_in, p_out = torch.softmax(z_in, -1), torch.softmax(z_out, -1)
+    got = M.ood_metrics(p_in, p_out, scores=(name,), logits_in=z_in, logits_out=z_out)
+    s_in, s_out = _HAND_REFS[name](z_in.numpy()), _HAND_REFS[name](z_out.numpy())
+    want = ref_ood(s_in, s_out)
+    assert set(got) == {f"{name}_{m}" for m in want}
+    for key, value in want.items():
+        assert got[f"{name}_{key}"].item() == pytest.approx(value, abs=1e-12), key
+
+
+def _np_softmax(z: np.ndarray) -> np.ndarray:
+    e = np.exp(z - z.max(1, keepdims=True))
+    return e / e.sum(1, keepdims=True)
+
+
+def _np_logsumexp(z: np.ndarray) -> np.ndarray:
+    m = z.max(1)
+    return m + np.log(np.exp(z - m[:, None]).sum(1))
+
+
+_HAND_REFS = {
+    "entropy": lambda z: scipy_entropy(_np_softmax(z), axis=1),
+    "msp": lambda z: -_np_softmax(z).max(1),
+    "max_logit": lambda z: -z.max(1),
+    "energy": lambda z: -_np_logsumexp(z),
+}
+
+
+def test_logit_scores_are_absent_without_logits() -> None:
+    p = torch.softmax(torch.randn(6, 3), -1)
+    got = M.ood_metrics(p, p, scores=("entropy", "max_logit", "energy"))
+    assert set(got) == {"entropy_auroc", "entropy_aupr", "entropy_fpr95"}
+    with pytest.raises(ValueError, match="needs `logits`"):
+        M.ood_score("energy", p)
+    with pytest.raises(ValueError, match="must be one of"):
+        M.ood_score("odin", p)
+
+
+# --------------------------------------------------------------------------------------------
+# Temperature scaling
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("t0", [0.5, 2.0])
+def test_fit_temperature_recovers_a_known_temperature(t0: float) -> None:
+    # Labels drawn from softmax(z) make T = 1 the calibrated temperature of z, so the fit on
+    # z · T0 must find T0 (up to the sampling noise of 20,000 labels).
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(20_000, 5, generator=g, dtype=torch.float64) * 2.0
+    labels = torch.multinomial(torch.softmax(z, -1), 1, generator=g).squeeze(1)
+    t = M.fit_temperature((z * t0).float(), labels)
+    assert t.dtype == torch.float64 and t.ndim == 0
+    assert t.item() == pytest.approx(t0, rel=0.03)
+
+    # It is the minimiser: the NLL is no lower a little either side.
+    def nll_at(temp: float) -> float:
+        return M.nll(torch.log_softmax(z * t0 / temp, -1), labels).item()
+
+    assert nll_at(t.item()) <= min(nll_at(t.item() * 0.99), nll_at(t.item() * 1.01))
+    assert M.fit_temperature((z * t0).float(), labels).item() == t.item()  # deterministic
+
+
+def test_fit_temperature_rejects_non_finite_logits() -> None:
+    z = torch.tensor([[0.0, float("inf")], [1.0, 0.0]])
+    with pytest.raises(ValueError, match="`logits` must be finite"):
+        M.fit_temperature(z, torch.tensor([0, 1]))
 
 
 # --------------------------------------------------------------------------------------------
@@ -594,6 +700,10 @@ def test_all_exports() -> None:
         "predictive_entropy",
         "ood_detection",
         "ood_metrics",
+        "ood_score",
+        "max_logit_score",
+        "energy_score",
+        "fit_temperature",
         "ensemble_log_probs",
         "classification_metrics",
         "calibration_bins",

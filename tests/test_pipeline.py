@@ -118,6 +118,39 @@ def test_end_to_end_run_writes_everything_and_reevaluates_identically(
         assert again["ood"]["owls"][key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
 
 
+def test_temperature_scaling_and_ood_scores_end_to_end(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "ts"
+    recipe = _recipe_dict(folders, out, epochs=1)
+    recipe["eval"] |= {"temperature_scaling": True, "ood_scores": ["entropy", "energy"]}
+    recipe["fseb"]["reg_scale"] = 0.0  # PS-MAP: no context pool, a faster run
+    results = run(recipe_from_dict(recipe))
+
+    ts = results["temperature_scaled"]
+    assert set(ts) == {"temperature", "test", "ood"} and ts["temperature"] > 0
+    assert ts["test"]["n"] == N_TEST and ts["ood"]["owls"]["n"] == N_OOD
+    # Dividing the logits by T > 0 never changes the arg-max.
+    assert ts["test"]["accuracy"] == results["test"]["accuracy"]
+    assert ts["test"]["nll"] != results["test"]["nll"]
+    for res in (results, ts):
+        assert {"entropy_auroc", "energy_auroc", "energy_fpr95"} <= set(res["ood"]["owls"])
+        assert "msp_auroc" not in res["ood"]["owls"]
+    saved = json.loads((out / "results.json").read_text())
+    assert list(saved)[:3] == ["test", "ood", "temperature_scaled"]
+    assert saved["temperature_scaled"]["temperature"] == ts["temperature"]
+    table = (out / "results.md").read_text()
+    assert "| PS-MAP · test_byobnet + TS |" in table and "owls energy AUROC (%)" in table
+    model_json = json.loads((out / "model" / "fseb.json").read_text())
+    assert model_json["temperature"] == ts["temperature"]
+    card = (out / "model" / "README.md").read_text()
+    assert "(model(x) / T).softmax(-1)" in card and "energy (−logsumexp" in card
+
+    # fseb-ft evaluate fits the same temperature again on the same validation split.
+    again = evaluate_run(out, cpu=True)
+    assert again["temperature_scaled"]["temperature"] == pytest.approx(ts["temperature"])
+
+
 def test_killed_run_resumes_to_the_same_weights(
     folders: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,0 +1,63 @@
+"""OOD score columns and temperature-scaled rows of the results and their tables (no training)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fseb_ft.metrics import fit_temperature
+from fseb_ft.predict import Predictions
+from fseb_ft.report import eval_results, markdown_table
+
+
+def _predictions(with_logits: bool = True, with_val: bool = False) -> Predictions:
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(40, 3, generator=g) * 4  # (N, K) over-confident logits
+    labels = torch.randint(0, 3, (40,), generator=g)
+    z_ood = torch.randn(20, 3, generator=g)  # (N_o, K)
+    val = (torch.randn(30, 3, generator=g) * 4, torch.randint(0, 3, (30,), generator=g))
+    return Predictions(
+        test=(torch.log_softmax(z, -1), labels),
+        ood={"owls": torch.log_softmax(z_ood, -1)},
+        test_logits=z if with_logits else None,
+        ood_logits={"owls": z_ood} if with_logits else {},
+        val=val if with_val else None,
+    )
+
+
+def test_default_keeps_the_entropy_keys_and_the_table_titles() -> None:
+    results = eval_results(_predictions())
+    assert set(results["ood"]["owls"]) == {"entropy_auroc", "entropy_aupr", "entropy_fpr95", "n"}
+    assert "temperature_scaled" not in results
+    header = markdown_table({"FS-EB": results}).splitlines()[0]
+    assert header.endswith("| owls AUROC (%) | owls AUPR (%) | owls FPR95 (%) |")
+
+
+def test_chosen_scores_are_columns_named_by_score_and_absent_without_logits() -> None:
+    scores = ("msp", "energy", "max_logit")
+    single = eval_results(_predictions(), scores)
+    ensemble = eval_results(_predictions(with_logits=False), scores)
+    assert {"msp_auroc", "energy_auroc", "max_logit_fpr95"} <= set(single["ood"]["owls"])
+    assert set(ensemble["ood"]["owls"]) == {"msp_auroc", "msp_aupr", "msp_fpr95", "n"}
+    lines = markdown_table({"one": single, "ensemble": ensemble}).splitlines()
+    header = lines[0].split(" | ")
+    # Options order, not the order asked for; each score has AUROC, AUPR and FPR95.
+    ood_titles = [t.strip(" |") for t in header if t.startswith("owls")]
+    assert ood_titles[::3] == ["owls msp AUROC (%)", "owls max_logit AUROC (%)",
+                               "owls energy AUROC (%)"]  # fmt: skip
+    ensemble_cells = lines[3].split(" | ")
+    assert ensemble_cells[-6:] == ["–"] * 5 + ["– |"]
+
+
+def test_temperature_scaled_block_and_row() -> None:
+    preds = _predictions(with_val=True)
+    results = eval_results(preds, ("entropy", "energy"))
+    ts = results["temperature_scaled"]
+    assert ts["temperature"] == pytest.approx(float(fit_temperature(*preds.val)))
+    assert ts["temperature"] > 1  # the logits were made over-confident
+    assert ts["test"]["accuracy"] == results["test"]["accuracy"]
+    assert ts["test"]["nll"] != results["test"]["nll"]
+    assert {"entropy_auroc", "energy_auroc"} <= set(ts["ood"]["owls"])
+    assert list(results)[:3] == ["test", "ood", "temperature_scaled"]
+    rows = [line.split(" | ")[0] for line in markdown_table({"PS-MAP": results}).splitlines()]
+    assert rows[2:] == ["| PS-MAP", "| PS-MAP + TS"]

@@ -28,3 +28,11 @@ HEAD_INITS = ("auto", "timm", "zeros")
 
 SOURCES = ("hub", "imagefolder", "disk", "arrays", "idx", "sklearn_digits")
 """Dataset sources (``DatasetSpec.source``)."""
+
+SELECT_METRICS = ("nll", "accuracy", "ece", "brier")
+"""Validation metrics that select a checkpoint (``train.select_metric``) or a sweep's winner
+(``sweep.metric``); ``fseb_ft.train`` knows which are higher-is-better."""
+
+PRUNERS = ("hyperband", "successive_halving", "none")
+"""How a sweep stops unpromising trials early on their per-epoch validation metric
+(``sweep.pruner``)."""

@@ -67,6 +67,7 @@ _FSEB_ONLY = ("fseb.reg_", "fseb.prior_cov_", "fseb.forward_mode", "context.")
 # Trial outcomes that are results (bad values diverge); anything else is an interruption.
 _DIVERGED = (TrainingDivergedError, NonFiniteLossError)
 _ERROR, _RETRY_OF, _HOST, _PID, _DIR = "error", "retry_of", "host", "pid", "dir"
+_EPOCHS = "epochs"
 
 
 def default_space(recipe: Recipe) -> dict[str, SweepParam]:
@@ -144,6 +145,7 @@ def sweep(
             study.tell(trial, state=TrialState.FAIL)
             raise
         value = training[f"best_val_{recipe.sweep.metric}"]
+        trial.set_user_attr(_EPOCHS, training["epochs"])
         study.tell(trial, value)
         best = study.best_value
         print(f"  val_{recipe.sweep.metric}={value:.4g} (best so far {best:.4g})", flush=True)
@@ -210,10 +212,13 @@ def _study(recipe: Recipe, storage: str, study_name: str | None) -> optuna.Study
         storage=storage,
         study_name=name,
         direction="maximize" if higher_is_better(metric) else "minimize",
-        sampler=optuna.samplers.TPESampler(seed=recipe.sweep.seed),
         pruner=pruners[recipe.sweep.pruner](),
         load_if_exists=True,
     )
+    # Seeded afresh on each invocation: with sweep.seed alone, a continued sweep would propose
+    # the values of its first trials again.
+    seed = recipe.sweep.seed + len(study.get_trials(deepcopy=False))
+    study.sampler = optuna.samplers.TPESampler(seed=seed)
     stored = study.user_attrs.get("metric")
     if stored is None:
         study.set_user_attr("metric", metric)
@@ -360,7 +365,7 @@ def _rows(study: optuna.Study, metric: str) -> list[dict[str, Any]]:
                 "number": t.number,
                 "state": state,
                 "value": t.value if state != "diverged" else None,
-                "epochs": t.last_step,
+                "epochs": t.user_attrs.get(_EPOCHS, t.last_step),
                 "params": t.params,
                 "dir": t.user_attrs.get(_DIR),
             }

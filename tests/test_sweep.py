@@ -1,4 +1,4 @@
-"""``fseb-ft sweep``: trials are run folders, a killed sweep continues, only the winner is tested."""
+"""`fseb-ft sweep`: trials are run folders, a killed sweep continues, only the winner is tested."""
 
 from __future__ import annotations
 
@@ -66,7 +66,8 @@ def test_sweep_writes_every_output_and_tests_only_the_winner(
     trials = sorted((out / "trials").iterdir())
     assert len(trials) == 2 and len(board["trials"]) == 2
     winner = Path(board["best"]["dir"])
-    assert winner.parent == out / "trials" and board["best"]["number"] == board["trials"][0]["number"]
+    assert winner.parent == out / "trials"
+    assert board["best"]["number"] == board["trials"][0]["number"]
     assert (winner / "results.json").is_file() and (winner / "model" / "README.md").is_file()
     assert board["best"]["results"]["test"]["n"] == 6
     assert json.loads((winner / "results.json").read_text())["training"]["epochs"] == 1

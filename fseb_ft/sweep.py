@@ -313,7 +313,7 @@ def _pruning_hook(
 # --------------------------------------------------------------------------------------------
 
 
-def _report(study: optuna.Study, recipe: Recipe, space: Mapping[str, SweepParam]) -> dict:
+def _report(study: optuna.Study, recipe: Recipe, space: Mapping[str, SweepParam]) -> dict[str, Any]:
     """Write the leaderboard, the winning recipe and the plot; evaluate the winner once."""
     out = Path(recipe.output.dir)
     metric = recipe.sweep.metric

@@ -3,6 +3,7 @@
     fseb-ft RECIPE.yaml [section.key=value ...] [--compare]   # = fseb-ft train RECIPE.yaml ...
     fseb-ft evaluate RUN_DIR [RUN_DIR ...] [eval.key=value ...] [--ensemble]
     fseb-ft push RUN_DIR [user/name]
+    fseb-ft sweep RECIPE.yaml [section.key=value ...] --trials N [--compare]
 
 Each command's module is imported only when it runs, so ``fseb-ft --help`` and ``fseb-ft push``
 do not load the training stack.
@@ -39,6 +40,9 @@ COMMANDS: dict[str, Command] = {
         "fseb_ft.evaluate", "re-evaluate finished runs, or evaluate their ensemble (--ensemble)"
     ),
     "push": Command("fseb_ft.hub", "upload a run's model folder to the Hugging Face Hub"),
+    "sweep": Command(
+        "fseb_ft.sweep", "search a recipe's hyper-parameters on validation data (Optuna)"
+    ),
 }
 """Every ``fseb-ft`` subcommand, in help order. A new command is one entry here."""
 

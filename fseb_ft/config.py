@@ -14,7 +14,7 @@ import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_type_hints
 
 import yaml
 
@@ -26,7 +26,9 @@ from fseb_ft.options import (
     HEAD_INITS,
     OOD_SCORES,
     PARAM_ANCHORS,
+    PRUNERS,
     REG_POINTS,
+    SELECT_METRICS,
     SOLVERS,
     SOURCES,
 )
@@ -43,6 +45,8 @@ __all__ = [
     "OptimConfig",
     "OutputConfig",
     "Recipe",
+    "SweepConfig",
+    "SweepParam",
     "TrainConfig",
     "apply_overrides",
     "dump_recipe",
@@ -364,7 +368,7 @@ class TrainConfig:
     """Micro-batches accumulated per optimiser step."""
     seed: int = 0
     """Seed for initialisation, splits, shuffling, augmentation and the context pool."""
-    select_metric: Literal["nll", "accuracy", "ece", "brier"] = "nll"
+    select_metric: Literal[SELECT_METRICS] = "nll"
     """Validation metric that picks the best checkpoint (accuracy: higher is better)."""
     resume: Literal["auto", "never"] = "auto"
     """``auto`` continues from the last complete checkpoint in the run directory."""
@@ -497,6 +501,48 @@ class OutputConfig:
 
 
 @dataclass(frozen=True)
+class SweepParam:
+    """How ``fseb-ft sweep`` searches one recipe key: a number range, or a list of choices."""
+
+    low: float | None = None
+    """Smallest value of a range (with ``high``); ``null`` with ``choices``."""
+    high: float | None = None
+    """Largest value of a range (with ``low``)."""
+    log: bool = False
+    """Search the range on a log scale (for scales such as ``optim.lr``; needs ``low > 0``)."""
+    choices: tuple[bool | int | float | str, ...] = ()
+    """The values to choose from, instead of a range (e.g. ``[train, mixture]``)."""
+
+    def __post_init__(self) -> None:
+        ranged = self.low is not None and self.high is not None
+        check(
+            ranged != bool(self.choices) and (self.low is None) == (self.high is None),
+            "choices" if self.choices else "low",
+            self.choices or self.low,
+            "give either low and high, or choices",
+        )
+        check(not ranged or self.low < self.high, "high", self.high, "must be > low")
+        check(not (ranged and self.log) or self.low > 0, "low", self.low, "must be > 0 with log")
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """What ``fseb-ft sweep`` searches and how (ignored by a plain run)."""
+
+    metric: Literal[SELECT_METRICS] = "nll"
+    """Validation metric each trial is scored on (its best epoch) and selected on (it becomes the
+    trial's ``train.select_metric``); accuracy is maximised, the others minimised."""
+    space: dict[str, SweepParam] = field(default_factory=dict)
+    """Dotted recipe key → its range or choices, e.g. ``fseb.reg_scale: {low: 0.01, high: 10,
+    log: true}``; ``{}``: the default space (FS-EB: ``fseb.reg_scale``, ``fseb.prior_cov_diag``,
+    ``fseb.prior_var`` and ``optim.lr``; PS-MAP: ``optim.lr`` and ``fseb.prior_var``)."""
+    pruner: Literal[PRUNERS] = "hyperband"
+    """Stop trials early whose per-epoch validation metric falls behind (``none``: never)."""
+    seed: int = 0
+    """Seed of the TPE sampler that proposes the trials."""
+
+
+@dataclass(frozen=True)
 class Recipe:
     """A complete fine-tuning recipe."""
 
@@ -516,6 +562,40 @@ class Recipe:
     """Evaluation settings."""
     output: OutputConfig = field(default_factory=OutputConfig)
     """Output location."""
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    """The hyper-parameter search of ``fseb-ft sweep``."""
+
+    def __post_init__(self) -> None:
+        for key, param in self.sweep.space.items():
+            _check_sweep_key(key, param)
+
+
+# Sections a sweep must not change: where its trials are written, and the sweep itself.
+_UNSEARCHABLE = ("output", "sweep")
+
+
+def _check_sweep_key(key: str, param: SweepParam) -> None:
+    """``key`` of ``sweep.space`` names a value of the recipe (a number for a range)."""
+    tp: Any = Recipe
+    for part in key.split("."):
+        fields = {f.name for f in dataclasses.fields(tp)} if dataclasses.is_dataclass(tp) else ()
+        if part not in fields:
+            raise ConfigError(
+                f"sweep.space: {key!r} is not a recipe key (a dotted key such as fseb.reg_scale)"
+            )
+        tp = get_type_hints(tp)[part]
+    check(
+        not dataclasses.is_dataclass(tp) and key.split(".")[0] not in _UNSEARCHABLE,
+        "sweep.space",
+        key,
+        f"not a searchable value (a section, or in {list(_UNSEARCHABLE)})",
+    )
+    check(
+        bool(param.choices) or float in (tp, *get_args(tp)),
+        f"sweep.space.{key}",
+        {"low": param.low, "high": param.high},
+        "a range needs a number key; give choices instead",
+    )
 
 
 def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:

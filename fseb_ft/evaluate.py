@@ -82,6 +82,8 @@ def evaluate_run(
     previous = run_dir / RESULTS_JSON
     if previous.exists():
         results["training"] = read_json(previous).get("training")
+    else:  # a run trained without evaluation (a sweep's trial): its record is in run.json
+        results["training"] = info.training
     if accelerator.is_main_process:
         write_results(run_dir, results, title=method_title(recipe))
     return results

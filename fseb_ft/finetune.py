@@ -25,7 +25,7 @@ import math
 import os
 import shutil
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,10 +83,20 @@ __all__ = ["compare", "finetune", "main", "resolve_recipe", "run"]
 logger = logging.getLogger("fseb_ft")
 
 
-def run(recipe: Recipe, splits: Splits | None = None) -> dict[str, Any]:
+def run(
+    recipe: Recipe,
+    splits: Splits | None = None,
+    *,
+    on_epoch_end: Callable[[dict[str, float]], None] | None = None,
+    evaluate_test: bool = True,
+) -> dict[str, Any]:
     """Train, select on validation, evaluate on test and OOD sets; return the results dict.
 
     ``splits`` replaces the datasets named in ``recipe.data`` (the Python API passes its own).
+    ``on_epoch_end`` is called with each epoch's record after its validation and checkpoint (a
+    sweep reports to its pruner there). ``evaluate_test=False`` stops after training (recipe,
+    ``run.json`` with the history, checkpoints and best weights): no test, OOD or corruption
+    predictions, results files or model folder; the results dict holds only ``training``.
     """
     run_dir = Path(recipe.output.dir)
     _check_resumable(recipe, run_dir)
@@ -159,13 +169,16 @@ def run(recipe: Recipe, splits: Splits | None = None) -> dict[str, Any]:
         context=context,
         run_dir=run_dir,
         save_best=lambda m: _save_weights(m, run_dir / MODEL_WEIGHTS),
+        on_epoch_end=on_epoch_end,
     )
     accelerator.wait_for_everyone()
     load_model(accelerator.unwrap_model(model), str(run_dir / MODEL_WEIGHTS))
-    results = eval_results(
-        predict_splits(model, splits, spec, recipe.eval, accelerator, **loader_kw),
-        recipe.eval.ood_scores,
-    )
+    results: dict[str, Any] = {}
+    if evaluate_test:  # a sweep's trials skip it: only the sweep's winner sees the test split
+        results = eval_results(
+            predict_splits(model, splits, spec, recipe.eval, accelerator, **loader_kw),
+            recipe.eval.ood_scores,
+        )
     results["training"] = {
         "best_epoch": state.best_epoch,
         f"best_val_{recipe.train.select_metric}": state.best_value,
@@ -176,11 +189,13 @@ def run(recipe: Recipe, splits: Splits | None = None) -> dict[str, Any]:
         "warnings": [*warned, *state.warnings],
     }
     if accelerator.is_main_process:
-        write_results(run_dir, results, title=method_title(recipe))
+        if evaluate_test:
+            write_results(run_dir, results, title=method_title(recipe))
         run_info.training = results["training"]
         write_json(run_dir / RUN_INFO_FILE, run_info.to_json())
-        # RUN_DIR/model/ in timm's Hub format (+ card), pushed if output.push_to_hub; never raises.
-        share_run(accelerator.unwrap_model(model), run_dir, recipe, run_info, results)
+        if evaluate_test:
+            # RUN_DIR/model/ (timm's Hub format + card), pushed if output.push_to_hub; never raises.
+            share_run(accelerator.unwrap_model(model), run_dir, recipe, run_info, results)
     accelerator.end_training()
     return results
 
@@ -190,7 +205,7 @@ class RecipeMismatchError(ValueError):
 
 
 # Settings that may change between a killed run and its resumption without changing its maths.
-_RESUME_FREE = ("output", "eval", "train.resume", "train.log_every", "train.trackers",
+_RESUME_FREE = ("output", "eval", "sweep", "train.resume", "train.log_every", "train.trackers",
                 "data.num_workers")  # fmt: skip
 
 

@@ -32,3 +32,10 @@ SOURCES = ("hub", "imagefolder", "disk", "arrays", "idx", "sklearn_digits")
 OOD_SCORES = ("entropy", "msp", "max_logit", "energy")
 """OOD detection scores (``eval.ood_scores``), each larger = more likely OOD: predictive entropy,
 negative maximum softmax probability, negative maximum logit, energy ``-logsumexp(logits)``."""
+SELECT_METRICS = ("nll", "accuracy", "ece", "brier")
+"""Validation metrics that select a checkpoint (``train.select_metric``) or a sweep's winner
+(``sweep.metric``); ``fseb_ft.train`` knows which are higher-is-better."""
+
+PRUNERS = ("hyperband", "successive_halving", "none")
+"""How a sweep stops unpromising trials early on their per-epoch validation metric
+(``sweep.pruner``)."""

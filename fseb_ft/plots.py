@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
+from matplotlib.ticker import NullFormatter
 from torch import Tensor
 
 from fseb_ft import metrics as M
@@ -33,6 +34,7 @@ __all__ = [
     "reliability_comparison",
     "reliability_diagram",
     "selective_prediction_plot",
+    "sweep_plot",
 ]
 
 ArrayLike = Any  # torch.Tensor, numpy array or nested lists
@@ -294,6 +296,57 @@ def corruption_plot(
         ax.grid(alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=min(5, len(labels)))
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def sweep_plot(
+    trials: Sequence[Mapping[str, Any]],
+    metric: str,
+    path: str | Path,
+    ranges: Mapping[str, tuple[float, float, bool]] | None = None,
+    title: str = "Sweep",
+) -> Path:
+    """The validation metric against each hyper-parameter of a sweep: one panel per parameter.
+
+    Args:
+        trials: one mapping per scored trial: ``params`` (key → value), ``value`` (its
+            validation metric) and ``state`` (``complete`` drawn filled, others hollow).
+        metric: the metric's name, for the y axis.
+        path: where to write the PNG.
+        ranges: parameter → (low, high, log) of its searched range: the x axis spans it, on a
+            log scale when ``log``; parameters without one (choices) are drawn as they come.
+        title: figure title.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+    """
+    keys = sorted({k for t in trials for k in t["params"]})
+    if not keys:
+        raise ValueError("`trials` must hold at least one trial with parameters, got none")
+    fig = _figure(figsize=(3.6 * len(keys) + 0.4, 3.6))
+    axes = np.atleast_1d(fig.subplots(1, len(keys), sharey=True))
+    for ax, key in zip(axes, keys, strict=True):
+        for done, face in ((True, _ACC_COLOR), (False, "none")):
+            points = [
+                (t["params"][key], t["value"])
+                for t in trials
+                if key in t["params"] and (t["state"] == "complete") == done
+            ]
+            label = "complete" if done else "pruned"
+            if points:
+                ax.scatter(*zip(*points, strict=True), s=28, facecolors=face,
+                           edgecolors=_ACC_COLOR, label=label)  # fmt: skip
+        if key in (ranges or {}):
+            low, high, log = ranges[key]
+            if log:
+                ax.set_xscale("log")
+                ax.xaxis.set_minor_formatter(NullFormatter())  # labels at decades only
+            ax.set_xlim(low, high)
+        ax.set_xlabel(key)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(f"val {metric}")
+    axes[0].legend(loc="best", fontsize="small")
     fig.suptitle(title)
     return _save(fig, path)
 

@@ -49,6 +49,7 @@ __all__ = [
     "build_optimizer",
     "build_scheduler",
     "fit",
+    "higher_is_better",
     "launch_warnings",
     "make_accelerator",
 ]
@@ -196,6 +197,7 @@ def fit(
     context: ContextStream | None,
     run_dir: Path,
     save_best: Callable[[nn.Module], None],
+    on_epoch_end: Callable[[dict[str, float]], None] | None = None,
 ) -> TrainState:
     """Train for ``train.epochs``, validating, checkpointing and resuming as configured.
 
@@ -203,6 +205,8 @@ def fit(
     prepared by ``accelerator``; ``scheduler`` is stepped here once per optimiser step (not
     prepared, so it counts real steps) and registered for checkpointing. ``num_workers`` is the
     training loader's (``data.num_workers``): without workers, its transform is reseeded here.
+    ``on_epoch_end`` receives each epoch's record (with its ``val_*`` metrics) once the epoch's
+    checkpoint is saved, so an exception it raises (a sweep pruning the trial) loses nothing.
     """
     cfg = train
     state = TrainState()
@@ -251,6 +255,8 @@ def fit(
         if state.epoch == cfg.epochs and all(_at_chance(r) for r in state.history):
             _warn(state, accelerator, _chance_warning(state.history, len(labels)))
         _save_checkpoint(accelerator, run_dir, state)
+        if on_epoch_end is not None:
+            on_epoch_end(record)
     return state
 
 
@@ -399,6 +405,11 @@ def _non_finite_message(
         f"training loss became non-finite in epoch {epoch + 1} near step {state.step} "
         f"({_fmt(means)}); {saved}. Try: {', '.join(remedies)}."
     )
+
+
+def higher_is_better(metric: str) -> bool:
+    """Whether a larger value of the validation ``metric`` is better (accuracy) or worse."""
+    return metric in _HIGHER_IS_BETTER
 
 
 def _improved(metric: str, value: float, best: float | None) -> bool:

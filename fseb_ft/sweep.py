@@ -1,0 +1,480 @@
+"""Search a recipe's hyper-parameters on validation data with Optuna: ``fseb-ft sweep``.
+
+    fseb-ft sweep RECIPE.yaml [section.key=value ...] --trials N [--storage URL] [--compare]
+
+Optuna's TPE sampler proposes values for the keys of ``sweep.space`` (a default space when it
+is empty); each trial is an ordinary run folder ``OUTPUT/trials/<hash of its values>``, trained
+with ``train.select_metric`` set to ``sweep.metric`` and reporting that validation metric every
+epoch to a Hyperband or successive-halving pruner. Trials never predict the test split: only the
+winner is evaluated (``results.json``) and exported (``model/``). The study lives in
+``sqlite:///OUTPUT/study.db`` unless ``--storage`` names another Optuna RDB URL, so rerunning
+the same command continues a killed sweep: finished trials count towards ``--trials``, and a
+trial that was interrupted is run again with its values, resuming in its folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+from accelerate import PartialState
+from optuna.trial import FrozenTrial, TrialState
+
+from fseb_ft.atomic import DiskFullError, write_text
+from fseb_ft.config import (
+    ConfigError,
+    Recipe,
+    SweepParam,
+    dump_recipe,
+    load_recipe,
+    plain_tree,
+    recipe_from_dict,
+)
+from fseb_ft.evaluate import evaluate_run
+from fseb_ft.finetune import RecipeMismatchError, run
+from fseb_ft.hub import export_run
+from fseb_ft.plots import sweep_plot
+from fseb_ft.report import markdown_table, method_title
+from fseb_ft.rundir import RECIPE_FILE, RESULTS_JSON, read_json, write_json
+from fseb_ft.schema import set_key
+from fseb_ft.train import NonFiniteLossError, TrainingDivergedError, higher_is_better
+
+__all__ = ["compare_sweeps", "default_space", "main", "search_space", "sweep"]
+
+logger = logging.getLogger("fseb_ft")
+
+STUDY_DB = "study.db"
+"""The default storage: an SQLite file in the sweep folder."""
+TRIALS_DIR = "trials"
+"""The folder of the trials' run folders inside the sweep folder."""
+LEADERBOARD_MD = "leaderboard.md"
+LEADERBOARD_JSON = "leaderboard.json"
+BEST_RECIPE = "best_recipe.yaml"
+"""The winner's resolved recipe, its ``output.dir`` the winner's run folder."""
+SWEEP_PLOT = "sweep.png"
+
+# Keys that only act through the function-space term: a PS-MAP sweep (--compare) drops them.
+_FSEB_ONLY = ("fseb.reg_", "fseb.prior_cov_", "fseb.forward_mode", "context.")
+# Trial outcomes that are results (bad values diverge); anything else is an interruption.
+_DIVERGED = (TrainingDivergedError, NonFiniteLossError)
+_ERROR, _RETRY_OF, _HOST, _PID, _DIR = "error", "retry_of", "host", "pid", "dir"
+_EPOCHS = "epochs"
+
+
+def default_space(recipe: Recipe) -> dict[str, SweepParam]:
+    """The search space when ``sweep.space`` is empty: FS-EB's prior and the learning rate.
+
+    PS-MAP (``fseb.reg_scale = 0``) searches ``optim.lr`` and ``fseb.prior_var``; FS-EB also
+    ``fseb.reg_scale`` and ``fseb.prior_cov_diag``. The learning rate spans the recipe's ÷10 to ×3.
+    """
+    lr = recipe.optim.lr
+    space = {
+        "optim.lr": SweepParam(low=lr / 10, high=lr * 3, log=True),
+        "fseb.prior_var": SweepParam(low=0.1, high=10.0, log=True),
+    }
+    if recipe.fseb.reg_scale > 0:
+        space["fseb.reg_scale"] = SweepParam(low=0.01, high=10.0, log=True)
+        space["fseb.prior_cov_diag"] = SweepParam(low=1e-3, high=10.0, log=True)
+    return space
+
+
+def search_space(recipe: Recipe) -> dict[str, SweepParam]:
+    """The recipe's ``sweep.space``, or :func:`default_space` when it is empty."""
+    return dict(recipe.sweep.space) or default_space(recipe)
+
+
+def sweep(
+    recipe: Recipe,
+    trials: int,
+    storage: str | None = None,
+    study_name: str | None = None,
+) -> dict[str, Any]:
+    """Run (or continue) the study until ``trials`` trials have finished; report the winner.
+
+    Finished means complete, pruned or diverged; an interrupted trial is run again with the same
+    values in the same folder. Writes ``leaderboard.md`` / ``.json``, ``best_recipe.yaml`` and
+    ``sweep.png`` to ``recipe.output.dir``, evaluates the winner's test split once and exports
+    its model folder. Returns the leaderboard (as in ``leaderboard.json``), with the winner's
+    results under ``best.results``.
+
+    Raises:
+        ConfigError: ``trials`` < 1, or the stored study optimises another metric.
+    """
+    if trials < 1:
+        raise ConfigError(f"--trials={trials}: must be ≥ 1")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # one progress line per trial instead
+    out = Path(recipe.output.dir)
+    out.mkdir(parents=True, exist_ok=True)
+    space = search_space(recipe)
+    study = _study(recipe, storage or f"sqlite:///{(out / STUDY_DB).resolve()}", study_name)
+    _requeue_interrupted(study)
+    while (done := len(_finished(study))) < trials:
+        trial = study.ask()
+        trial.set_user_attr(_HOST, socket.gethostname())
+        trial.set_user_attr(_PID, os.getpid())
+        params = {key: _suggest(trial, key, param) for key, param in space.items()}
+        trial_recipe = _trial_recipe(recipe, params, out / TRIALS_DIR / _folder_name(params))
+        trial.set_user_attr(_DIR, trial_recipe.output.dir)
+        print(f"trial {done + 1}/{trials} (#{trial.number}) {_fmt_params(params)}", flush=True)
+        try:
+            training = run(
+                trial_recipe,
+                on_epoch_end=_pruning_hook(trial, recipe.sweep.metric, recipe.train.epochs),
+                evaluate_test=False,
+            )["training"]
+        except optuna.TrialPruned as pruned:
+            study.tell(trial, state=TrialState.PRUNED)
+            print(f"  pruned: {pruned}", flush=True)
+            continue
+        except _DIVERGED as err:
+            trial.set_user_attr(_ERROR, str(err))
+            study.tell(trial, state=TrialState.FAIL)
+            print(f"  diverged ({type(err).__name__}); counted as finished", flush=True)
+            continue
+        except BaseException:
+            # Killed or broken: a rerun of the sweep runs these values again in this folder.
+            study.tell(trial, state=TrialState.FAIL)
+            raise
+        value = training[f"best_val_{recipe.sweep.metric}"]
+        trial.set_user_attr(_EPOCHS, training["epochs"])
+        study.tell(trial, value)
+        best = study.best_value
+        print(f"  val_{recipe.sweep.metric}={value:.4g} (best so far {best:.4g})", flush=True)
+    return _report(study, recipe, space)
+
+
+def compare_sweeps(
+    recipe: Recipe, trials: int, storage: str | None = None, study_name: str | None = None
+) -> dict[str, dict[str, Any]]:
+    """Sweep PS-MAP (over its own space) and the recipe's FS-EB, with the same trial budget.
+
+    The sweeps go to ``output.dir``/psmap and /fseb (studies ``NAME-psmap`` and ``NAME-fseb``);
+    their winners are printed side by side and written to ``comparison.md`` / ``.json``.
+
+    Raises:
+        ConfigError: the recipe's ``fseb.reg_scale`` is 0, so it has no FS-EB setting.
+    """
+    if recipe.fseb.reg_scale == 0:
+        raise ConfigError(
+            "fseb.reg_scale=0: --compare sweeps PS-MAP beside the recipe's FS-EB, so the recipe "
+            "must set fseb.reg_scale > 0"
+        )
+    out = Path(recipe.output.dir)
+    base = study_name or out.name
+    psmap_space = {k: v for k, v in recipe.sweep.space.items() if not k.startswith(_FSEB_ONLY)}
+    arms = {
+        "PS-MAP": dataclasses.replace(
+            recipe,
+            fseb=dataclasses.replace(recipe.fseb, reg_scale=0.0),
+            sweep=dataclasses.replace(recipe.sweep, space=psmap_space),
+        ),
+        "FS-EB": recipe,
+    }
+    boards = {}
+    for label, arm in arms.items():
+        slug = label.replace("-", "").lower()
+        arm = dataclasses.replace(arm, output=dataclasses.replace(arm.output, dir=str(out / slug)))
+        boards[label] = sweep(arm, trials, storage, f"{base}-{slug}")
+    table = _comparison_table(boards, recipe.sweep.metric)
+    if PartialState().is_main_process:
+        write_text(out / "comparison.md", f"# {recipe.model.name}: sweeps compared\n\n{table}")
+        write_json(out / "comparison.json", boards)
+        print(f"\n{table}written to {out}")
+    return boards
+
+
+# --------------------------------------------------------------------------------------------
+# Trials
+# --------------------------------------------------------------------------------------------
+
+
+def _study(recipe: Recipe, storage: str, study_name: str | None) -> optuna.Study:
+    """Create the study, or load it when it exists (a continued sweep, another machine)."""
+    metric = recipe.sweep.metric
+    pruners: dict[str, Callable[[], optuna.pruners.BasePruner]] = {
+        "hyperband": lambda: optuna.pruners.HyperbandPruner(
+            min_resource=1, max_resource=recipe.train.epochs
+        ),
+        "successive_halving": lambda: optuna.pruners.SuccessiveHalvingPruner(min_resource=1),
+        "none": optuna.pruners.NopPruner,
+    }
+    name = study_name or Path(recipe.output.dir).resolve().name
+    study = optuna.create_study(
+        storage=storage,
+        study_name=name,
+        direction="maximize" if higher_is_better(metric) else "minimize",
+        pruner=pruners[recipe.sweep.pruner](),
+        load_if_exists=True,
+    )
+    # Seeded afresh on each invocation: with sweep.seed alone, a continued sweep would propose
+    # the values of its first trials again.
+    seed = recipe.sweep.seed + len(study.get_trials(deepcopy=False))
+    study.sampler = optuna.samplers.TPESampler(seed=seed)
+    stored = study.user_attrs.get("metric")
+    if stored is None:
+        study.set_user_attr("metric", metric)
+    elif stored != metric:
+        raise ConfigError(
+            f"sweep.metric={metric!r}: study {name!r} already optimises validation {stored!r}; "
+            "give another --study-name or output.dir to start a new sweep"
+        )
+    return study
+
+
+def _finished(study: optuna.Study) -> list[FrozenTrial]:
+    """Trials that count towards ``--trials``: complete, pruned, or failed by diverging."""
+    return [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+        or (t.state == TrialState.FAIL and _ERROR in t.user_attrs)
+    ]
+
+
+def _requeue_interrupted(study: optuna.Study) -> None:
+    """Queue again the values of each trial that was killed, so it resumes in its folder.
+
+    A trial still RUNNING whose process on this machine is gone was killed outright; it is
+    marked failed first. Trials running on other machines (or in live processes) are left alone.
+    """
+    host = socket.gethostname()
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if t.user_attrs.get(_HOST) == host and not _alive(t.user_attrs.get(_PID)):
+            study.tell(t.number, state=TrialState.FAIL)
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.user_attrs.get(_RETRY_OF) for t in trials}
+    for t in trials:
+        interrupted = t.state == TrialState.FAIL and _ERROR not in t.user_attrs
+        if interrupted and t.number not in retried and t.params:
+            print(f"trial #{t.number} was interrupted: running it again in {t.user_attrs[_DIR]}")
+            study.enqueue_trial(t.params, user_attrs={_RETRY_OF: t.number})
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def _suggest(trial: optuna.Trial, key: str, param: SweepParam) -> Any:
+    if param.choices:
+        return trial.suggest_categorical(key, list(param.choices))
+    return trial.suggest_float(key, param.low, param.high, log=param.log)
+
+
+def _folder_name(params: Mapping[str, Any]) -> str:
+    """A short hash of the trial's values: the same values always train in the same folder."""
+    text = json.dumps(params, sort_keys=True)
+    return f"t-{hashlib.sha256(text.encode()).hexdigest()[:10]}"
+
+
+def _trial_recipe(recipe: Recipe, params: Mapping[str, Any], folder: Path) -> Recipe:
+    """``recipe`` with the trial's values, selecting on the sweep's metric, in ``folder``."""
+    raw = plain_tree(dataclasses.asdict(recipe))
+    for key, value in params.items():
+        set_key(raw, key.split("."), value)
+    set_key(raw, ["train", "select_metric"], recipe.sweep.metric)
+    set_key(raw, ["output", "dir"], str(folder))
+    return recipe_from_dict(raw)
+
+
+def _pruning_hook(
+    trial: optuna.Trial, metric: str, epochs: int
+) -> Callable[[dict[str, float]], None]:
+    """Report each epoch's validation metric; prune (raise) when the pruner says so."""
+
+    def report(record: dict[str, float]) -> None:
+        epoch = int(record["epoch"])
+        trial.report(record[f"val_{metric}"], step=epoch)
+        # After the last epoch the trial is trained: scoring it costs nothing more.
+        if epoch < epochs and trial.should_prune():
+            raise optuna.TrialPruned(f"val_{metric} after epoch {epoch} is behind other trials")
+
+    return report
+
+
+# --------------------------------------------------------------------------------------------
+# The report: leaderboard, winner, plot
+# --------------------------------------------------------------------------------------------
+
+
+def _report(study: optuna.Study, recipe: Recipe, space: Mapping[str, SweepParam]) -> dict[str, Any]:
+    """Write the leaderboard, the winning recipe and the plot; evaluate the winner once."""
+    out = Path(recipe.output.dir)
+    metric = recipe.sweep.metric
+    rows = _rows(study, metric)
+    board: dict[str, Any] = {
+        "study": study.study_name,
+        "metric": f"val_{metric}",
+        "direction": study.direction.name.lower(),
+        "space": {k: dataclasses.asdict(v) for k, v in space.items()},
+        "finished": len(_finished(study)),
+        "best": None,
+        "trials": rows,
+    }
+    complete = [r for r in rows if r["state"] == "complete"]
+    if complete:
+        winner = complete[0]
+        folder = Path(winner["dir"])
+        best_recipe = _trial_recipe(recipe, winner["params"], folder)
+        write_text(out / BEST_RECIPE, dump_recipe(best_recipe))
+        board["best"] = {**winner, "results": _evaluate_winner(folder, recipe.train.cpu)}
+    write_json(out / LEADERBOARD_JSON, board)
+    table = _leaderboard_table(rows, metric)
+    title = f"# Sweep {study.study_name}: {method_title(recipe)}, validation {metric}\n\n"
+    write_text(out / LEADERBOARD_MD, title + table)
+    scored = [r for r in rows if r["value"] is not None]
+    if scored:
+        ranges = {k: (p.low, p.high, p.log) for k, p in space.items() if not p.choices}
+        sweep_plot(scored, metric, out / SWEEP_PLOT, ranges, title=title[2:].strip())
+    print(f"\n{table}")
+    if board["best"] is None:
+        print(f"no trial completed yet; written to {out}")
+    else:
+        print(f"winner: trial #{board['best']['number']} in {board['best']['dir']}")
+        print(f"its recipe: {out / BEST_RECIPE}; leaderboard: {out / LEADERBOARD_MD}")
+    return board
+
+
+def _rows(study: optuna.Study, metric: str) -> list[dict[str, Any]]:
+    """One row per finished trial, best first: complete ones, then pruned, then diverged."""
+    sign = -1.0 if higher_is_better(metric) else 1.0
+    order = {"complete": 0, "pruned": 1, "diverged": 2}
+    rows = []
+    for t in _finished(study):
+        state = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned"}.get(
+            t.state, "diverged"
+        )
+        rows.append(
+            {
+                "number": t.number,
+                "state": state,
+                "value": t.value if state != "diverged" else None,
+                "epochs": t.user_attrs.get(_EPOCHS, t.last_step),
+                "params": t.params,
+                "dir": t.user_attrs.get(_DIR),
+            }
+        )
+    rows.sort(key=lambda r: (order[r["state"]], sign * (r["value"] or 0.0), r["number"]))
+    return rows
+
+
+def _leaderboard_table(rows: Sequence[Mapping[str, Any]], metric: str) -> str:
+    keys = sorted({k for r in rows for k in r["params"]})
+    head = ["rank", "trial", "state", f"val_{metric}", "epochs", *keys, "folder"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for rank, r in enumerate(rows, 1):
+        value = "–" if r["value"] is None else f"{r['value']:.4g}"
+        params = [_fmt_value(r["params"].get(k, "–")) for k in keys]
+        folder = Path(r["dir"]).name if r["dir"] else "–"
+        cells = [str(rank), f"#{r['number']}", r["state"], value, str(r["epochs"] or "–")]
+        lines.append("| " + " | ".join([*cells, *params, folder]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _evaluate_winner(folder: Path, cpu: bool) -> dict[str, Any] | None:
+    """The winner's test (and OOD) results, predicted once; its model folder exported.
+
+    ``None`` when the winner's run folder is not on this machine (a study shared by several).
+    """
+    if not (folder / RECIPE_FILE).is_file():
+        print(f"the winner's run folder {folder} is not on this machine: evaluate it where it is")
+        return None
+    if (folder / RESULTS_JSON).is_file():  # evaluated by an earlier invocation of the sweep
+        return read_json(folder / RESULTS_JSON)
+    results = dict(evaluate_run(folder, cpu=cpu))
+    export_run(folder)
+    return results
+
+
+def _comparison_table(boards: Mapping[str, Mapping[str, Any]], metric: str) -> str:
+    """Both winners: their validation metric and values, then their test results."""
+    lines = [f"| sweep winner | val_{metric} | trial | values |", "|---|---|---|---|"]
+    results = {}
+    for label, board in boards.items():
+        best = board["best"]
+        if best is None:
+            lines.append(f"| {label} | – | – | no trial completed |")
+            continue
+        value = f"{best['value']:.4g}"
+        lines.append(f"| {label} | {value} | #{best['number']} | {_fmt_params(best['params'])} |")
+        if best["results"] is not None:
+            results[label] = best["results"]
+    test = f"\n{markdown_table(results)}" if results else ""
+    return "\n".join(lines) + "\n" + test
+
+
+def _fmt_value(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def _fmt_params(params: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={_fmt_value(v)}" for k, v in params.items())
+
+
+# --------------------------------------------------------------------------------------------
+# The command
+# --------------------------------------------------------------------------------------------
+
+_CLI_USAGE = """Search a recipe's hyper-parameters on a validation metric with Optuna.
+
+Each trial is a run folder OUTPUT/trials/<hash>; only the winner's test split is evaluated.
+Writes OUTPUT/leaderboard.md and .json, best_recipe.yaml and sweep.png. The search space is the
+recipe's sweep section (docs/recipes.md). Rerunning the same command continues the sweep."""
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "fseb-ft sweep") -> dict[str, Any]:
+    """Parse ``RECIPE [key=value ...] --trials N [--storage URL] [--study-name NAME]``."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description=_CLI_USAGE, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("recipe", type=Path, help="YAML recipe (see recipes/)")
+    parser.add_argument("overrides", nargs="*", help="section.key=value overrides")
+    parser.add_argument(
+        "--trials", type=int, default=20, help="finished trials to reach (default 20)"
+    )
+    parser.add_argument(
+        "--storage",
+        help="Optuna storage URL, e.g. postgresql://user:pass@host/db to share one study between "
+        "machines (default: sqlite:///OUTPUT/study.db)",
+    )
+    parser.add_argument("--study-name", help="study name (default: the output folder's name)")
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="also sweep PS-MAP (fseb.reg_scale=0, over lr and prior_var) with the same budget "
+        "into OUTPUT/psmap, the recipe's FS-EB into OUTPUT/fseb, and print both winners",
+    )
+    args = parser.parse_intermixed_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.captureWarnings(True)
+    # Accelerate logs every checkpoint file at INFO: once per epoch per trial is noise here.
+    logging.getLogger("accelerate").setLevel(logging.WARNING)
+    try:
+        recipe = load_recipe(args.recipe, args.overrides)
+        if args.compare:
+            return compare_sweeps(recipe, args.trials, args.storage, args.study_name)
+        return sweep(recipe, args.trials, args.storage, args.study_name)
+    except (ConfigError, RecipeMismatchError) as err:
+        parser.exit(2, f"{prog}: error: {err}\n")
+    except DiskFullError as err:
+        parser.exit(1, f"{prog}: error: {err}\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -16,7 +16,6 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 __all__ = ["COMMANDS", "Command", "main"]
 
@@ -49,22 +48,28 @@ COMMANDS: dict[str, Command] = {
 _RECIPE_SUFFIXES = (".yaml", ".yml")
 
 
-def main(argv: Sequence[str] | None = None) -> Any:
-    """Console script ``fseb-ft``: dispatch to a command, or train when given a recipe file."""
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console script ``fseb-ft``: dispatch to a command, or train when given a recipe file.
+
+    Returns nothing: the console-script wrapper passes the return value to ``sys.exit``, which
+    would print a results dict and exit with status 1. Errors exit through ``SystemExit``.
+    """
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         print(_help())
-        return None
+        return
     if args[0] == "--version":
         from fseb_ft import __version__
 
         print(f"fseb-ft {__version__}")
-        return None
+        return
     name = args[0]
     if name in COMMANDS:
-        return _run(name, args[1:])
+        _run(name, args[1:])
+        return
     if name.endswith(_RECIPE_SUFFIXES) or Path(name).is_file():
-        return _run("train", args)
+        _run("train", args)
+        return
     sys.stderr.write(
         f"fseb-ft: error: unknown command or recipe {name!r}; commands are "
         f"{', '.join(COMMANDS)}, or give a recipe file (fseb-ft RECIPE.yaml ...)\n"
@@ -72,9 +77,9 @@ def main(argv: Sequence[str] | None = None) -> Any:
     raise SystemExit(2)
 
 
-def _run(name: str, argv: list[str]) -> Any:
+def _run(name: str, argv: list[str]) -> None:
     module = importlib.import_module(COMMANDS[name].module)
-    return module.main(argv, prog=f"fseb-ft {name}" if name != "train" else "fseb-ft")
+    module.main(argv, prog=f"fseb-ft {name}" if name != "train" else "fseb-ft")
 
 
 def _help() -> str:

@@ -22,8 +22,6 @@ import math
 import torch
 from torch import Tensor
 
-from fseb_ft.options import OOD_SCORES
-
 __all__ = [
     "accuracy",
     "binary_auroc",
@@ -33,14 +31,9 @@ __all__ = [
     "classification_metrics",
     "confidence_scores",
     "ece",
-    "energy_score",
     "ensemble_log_probs",
-    "fit_temperature",
-    "max_logit_score",
     "nll",
     "ood_detection",
-    "ood_metrics",
-    "ood_score",
     "predictive_entropy",
     "selective_prediction",
 ]
@@ -461,108 +454,6 @@ def ood_detection(score_in: Tensor, score_out: Tensor) -> dict[str, Tensor]:
     return {"auroc": auroc, "aupr": aupr, "fpr95": fpr[first]}
 
 
-_LOGIT_SCORES = ("max_logit", "energy")
-
-
-def max_logit_score(logits: Tensor) -> Tensor:
-    """Maximum-logit OOD score ``-max_k f_k`` (Hendrycks et al., 2022): larger = more OOD.
-
-    Args:
-        logits: ``(N, K)`` logits of one model.
-
-    Returns:
-        ``(N,)`` float64 scores.
-    """
-    logits = _check_float_matrix(logits, "logits")
-    return -_f64(logits).max(dim=-1).values  # (N,)
-
-
-def energy_score(logits: Tensor, temperature: float = 1.0) -> Tensor:
-    """Energy OOD score ``E(x) = -T · logsumexp_k(f_k / T)`` (Liu et al., 2020): larger = more
-    OOD.
-
-    Args:
-        logits: ``(N, K)`` logits of one model.
-        temperature: ``T > 0``; 1 is the usual choice.
-
-    Returns:
-        ``(N,)`` float64 scores.
-    """
-    logits = _check_float_matrix(logits, "logits")
-    if not temperature > 0:
-        raise ValueError(f"`temperature` must be > 0, got {temperature!r}")
-    return -temperature * torch.logsumexp(_f64(logits) / temperature, dim=-1)  # (N,)
-
-
-def ood_score(name: str, probs: Tensor, logits: Tensor | None = None) -> Tensor:
-    """Per-sample OOD score ``name`` of :data:`OOD_SCORES`, larger = more likely OOD.
-
-    ``entropy``: :func:`predictive_entropy`; ``msp``: ``-max_k p_k`` (negative maximum softmax
-    probability); ``max_logit``: :func:`max_logit_score`; ``energy``: :func:`energy_score`
-    with ``T = 1``. The last two read ``logits`` (softmax drops the logsumexp they depend on).
-
-    Args:
-        name: one of :data:`OOD_SCORES`.
-        probs: ``(N, K)`` class probabilities.
-        logits: ``(N, K)`` logits; required for ``max_logit`` and ``energy``.
-
-    Returns:
-        ``(N,)`` float64 scores.
-    """
-    if name not in OOD_SCORES:
-        raise ValueError(f"`name` must be one of {list(OOD_SCORES)}, got {name!r}")
-    if name == "entropy":
-        return predictive_entropy(probs)
-    if name == "msp":
-        return -confidence_scores(probs)["max_prob"]
-    if logits is None:
-        raise ValueError(f"the {name!r} score needs `logits`, got None")
-    return max_logit_score(logits) if name == "max_logit" else energy_score(logits)
-
-
-def ood_metrics(
-    probs_in: Tensor,
-    probs_out: Tensor,
-    scores: tuple[str, ...] = ("entropy",),
-    logits_in: Tensor | None = None,
-    logits_out: Tensor | None = None,
-) -> dict[str, Tensor]:
-    """OOD detection (:func:`ood_detection`) by each score of ``scores``.
-
-    Keys are ``{score}_auroc``, ``{score}_aupr`` and ``{score}_fpr95`` for each score (see
-    :func:`ood_score`); ``entropy`` is the paper's choice. A logit score (``max_logit``,
-    ``energy``) is left out when the logits are not given (an ensemble has averaged
-    probabilities but no logits): absent, never computed from something else.
-
-    Args:
-        probs_in: ``(N_in, K)`` class probabilities on in-distribution data.
-        probs_out: ``(N_out, K)`` class probabilities on OOD data (same K).
-        scores: names from :data:`OOD_SCORES`.
-        logits_in: ``(N_in, K)`` logits behind ``probs_in``, or ``None``.
-        logits_out: ``(N_out, K)`` logits behind ``probs_out``, or ``None``.
-
-    Returns:
-        Three 0-dim float64 tensors per score reported.
-    """
-    probs_in = _check_float_matrix(probs_in, "probs_in")
-    probs_out = _check_float_matrix(probs_out, "probs_out")
-    if probs_in.shape[1] != probs_out.shape[1]:
-        raise ValueError(
-            f"`probs_out` must have the same number of classes K={probs_in.shape[1]} as "
-            f"`probs_in`, got {_describe(probs_out)}"
-        )
-    has_logits = logits_in is not None and logits_out is not None
-    out: dict[str, Tensor] = {}
-    for name in scores:
-        if name in _LOGIT_SCORES and not has_logits:
-            continue
-        found = ood_detection(
-            ood_score(name, probs_in, logits_in), ood_score(name, probs_out, logits_out)
-        )
-        out.update({f"{name}_{key}": value for key, value in found.items()})
-    return out
-
-
 def binary_auroc(scores: Tensor, labels: Tensor) -> Tensor:
     """Area under the ROC curve of ``scores`` for the positive class (label 1) vs label 0.
 
@@ -588,60 +479,6 @@ def binary_auroc(scores: Tensor, labels: Tensor) -> Tensor:
             f"{int(labels[0])} in {labels.shape[0]} samples"
         )
     return ood_detection(scores[labels == 0], scores[labels == 1])["auroc"]
-
-
-# --------------------------------------------------------------------------------------------
-# Temperature scaling
-# --------------------------------------------------------------------------------------------
-
-# log T is searched in [log 1e-3, log 1e3]; 80 golden-section steps shrink that interval of
-# width 13.8 by 0.618^80 to < 1e-15, float64's resolution of log T.
-_LOG_T_RANGE = (math.log(1e-3), math.log(1e3))
-_GOLDEN_STEPS = 80
-
-
-def fit_temperature(logits: Tensor, labels: Tensor) -> Tensor:
-    """The temperature ``T > 0`` minimising the NLL of ``softmax(logits / T)`` (Guo et al.,
-    2017): temperature scaling, fitted on validation logits.
-
-    With ``β = 1/T`` the NLL ``(1/N) Σ_i [logsumexp_k(β f_ik) - β f_iy]`` is convex in ``β``, so it
-    is unimodal in ``log T``: a golden-section search over ``log T ∈ [log 1e-3, log 1e3]`` in
-    float64 finds its minimum deterministically (no random start, no step size). A minimum
-    beyond the range (e.g. perfectly separated logits, whose NLL falls as ``T → 0``) returns
-    the nearest end. Dividing by ``T`` never changes the arg-max, so accuracy is unchanged.
-
-    Args:
-        logits: ``(N, K)`` finite logits of one model (validation split).
-        labels: ``(N,)`` integer labels in ``[0, K)``.
-
-    Returns:
-        0-dim float64 tensor ``T`` (apply as ``softmax(logits / T)``).
-    """
-    logits = _check_float_matrix(logits, "logits")
-    labels = _check_labels(labels, logits.shape[0], logits.shape[1])
-    if not bool(torch.isfinite(logits).all()):
-        raise ValueError(f"`logits` must be finite, got {_describe(logits)} with inf or NaN")
-    z = _f64(logits)  # (N, K)
-    z_true = z.gather(1, labels.to(z.device)[:, None]).squeeze(1)  # (N,)
-
-    def loss(log_t: float) -> float:
-        beta = math.exp(-log_t)
-        return float((torch.logsumexp(beta * z, dim=-1) - beta * z_true).mean())
-
-    inv_phi = (math.sqrt(5.0) - 1.0) / 2.0
-    lo, hi = _LOG_T_RANGE
-    a, b = hi - inv_phi * (hi - lo), lo + inv_phi * (hi - lo)
-    fa, fb = loss(a), loss(b)
-    for _ in range(_GOLDEN_STEPS):
-        if fa <= fb:  # the minimum lies in [lo, b]
-            hi, b, fb = b, a, fa
-            a = hi - inv_phi * (hi - lo)
-            fa = loss(a)
-        else:  # in [a, hi]
-            lo, a, fa = a, b, fb
-            b = lo + inv_phi * (hi - lo)
-            fb = loss(b)
-    return torch.tensor(math.exp((lo + hi) / 2), dtype=torch.float64, device=z.device)
 
 
 # --------------------------------------------------------------------------------------------

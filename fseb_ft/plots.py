@@ -27,6 +27,7 @@ from matplotlib.ticker import NullFormatter
 from torch import Tensor
 
 from fseb_ft import metrics as M
+from fseb_ft.ood import ood_metrics
 
 __all__ = [
     "corruption_plot",
@@ -195,7 +196,7 @@ def entropy_histogram(
     Entropies are :func:`fseb_ft.metrics.predictive_entropy` (nats) on a shared axis from 0 to
     ``log K`` (the uniform distribution); each bar height is the fraction of that set's
     samples, so sets of different sizes compare. Each OOD legend entry gives the entropy AUROC
-    of :func:`fseb_ft.metrics.ood_metrics` (OOD = positive), the "AUROC" column of the results
+    of :func:`fseb_ft.ood.ood_metrics` (OOD = positive), the "AUROC" column of the results
     table.
 
     Args:
@@ -217,7 +218,7 @@ def entropy_histogram(
     sets = [(f"In-distribution (n = {p_in.shape[0]})", p_in, None)]
     for name, probs in ood.items():
         p_out = _probs(probs, f"ood[{name!r}]")
-        auroc = float(M.ood_metrics(p_in, p_out)["entropy_auroc"])
+        auroc = float(ood_metrics(p_in, p_out)["entropy_auroc"])
         sets.append((f"{name} (n = {p_out.shape[0]}, AUROC {100 * auroc:.2f} %)", p_out, auroc))
     for i, (label, probs, _) in enumerate(sets):
         h = np.clip(M.predictive_entropy(probs).cpu().numpy(), 0.0, top)  # (N,)

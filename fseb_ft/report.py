@@ -17,7 +17,8 @@ from torch import Tensor
 
 from fseb_ft.atomic import write_text
 from fseb_ft.config import Recipe
-from fseb_ft.metrics import classification_metrics, fit_temperature, ood_metrics
+from fseb_ft.metrics import classification_metrics
+from fseb_ft.ood import ood_metrics
 from fseb_ft.options import OOD_SCORES
 from fseb_ft.rundir import (
     COMPARISON_PLOTS,
@@ -27,6 +28,7 @@ from fseb_ft.rundir import (
     RESULTS_MD,
     write_json,
 )
+from fseb_ft.temperature import fit_temperature
 
 if TYPE_CHECKING:  # predict needs Accelerate; a report only reads the Predictions' tensors.
     from fseb_ft.predict import Predictions
@@ -386,7 +388,7 @@ def temperature_scaled_results(
     predictions: Predictions, ood_scores: Sequence[str] = ("entropy",)
 ) -> dict[str, Any]:
     """``{"temperature": T, "test": ..., "ood": ...}``: ``T`` fitted on ``predictions.val`` by
-    NLL (:func:`~fseb_ft.metrics.fit_temperature`), then the metrics of ``logits / T`` on the
+    NLL (:func:`~fseb_ft.temperature.fit_temperature`), then the metrics of ``logits / T`` on the
     test split and OOD sets (as :func:`evaluate_predictions`; corruptions are not rescaled).
     """
     if predictions.val is None:

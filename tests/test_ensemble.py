@@ -20,7 +20,8 @@ from fseb_ft import evaluate
 from fseb_ft.cli import main as cli
 from fseb_ft.evaluate import default_ensemble_dir, evaluate_ensemble, evaluate_run
 from fseb_ft.finetune import compare
-from fseb_ft.metrics import classification_metrics, ood_metrics
+from fseb_ft.metrics import classification_metrics
+from fseb_ft.ood import ood_metrics
 from fseb_ft.rundir import COMPARISON_PLOTS, PLOTS
 
 

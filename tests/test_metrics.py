@@ -16,6 +16,8 @@ from scipy.stats import entropy as scipy_entropy
 from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 
 from fseb_ft import metrics as M
+from fseb_ft import ood as O
+from fseb_ft import temperature as T
 
 # --------------------------------------------------------------------------------------------
 # Independent references
@@ -175,8 +177,8 @@ def test_ood_metrics_uses_entropy_and_negative_max_prob() -> None:
     # Round to create ties in the max-prob score as well.
     p_in = torch.round(p_in, decimals=2)
     p_in = p_in / p_in.sum(-1, keepdim=True)
-    assert set(M.ood_metrics(p_in, p_out)) == {"entropy_auroc", "entropy_aupr", "entropy_fpr95"}
-    got = M.ood_metrics(p_in, p_out, scores=("entropy", "msp"))
+    assert set(O.ood_metrics(p_in, p_out)) == {"entropy_auroc", "entropy_aupr", "entropy_fpr95"}
+    got = O.ood_metrics(p_in, p_out, scores=("entropy", "msp"))
     assert set(got) == {f"{s}_{m}" for s in ("entropy", "msp") for m in ("auroc", "aupr", "fpr95")}
     ent = ref_ood(scipy_entropy(p_in.numpy(), axis=1), scipy_entropy(p_out.numpy(), axis=1))
     msp = ref_ood(-p_in.numpy().max(1), -p_out.numpy().max(1))
@@ -205,7 +207,7 @@ _HAND_SCORES = {
 @pytest.mark.parametrize("name", list(_HAND_SCORES))
 def test_ood_scores_match_hand_worked_values(name: str) -> None:
     probs = torch.softmax(_HAND_LOGITS.double(), -1)
-    got = M.ood_score(name, probs, _HAND_LOGITS)
+    got = O.ood_score(name, probs, _HAND_LOGITS)
     assert got.dtype == torch.float64
     assert got.tolist() == pytest.approx(_HAND_SCORES[name], abs=1e-7)
 
@@ -213,11 +215,11 @@ def test_ood_scores_match_hand_worked_values(name: str) -> None:
 def test_energy_temperature_and_logit_scores_ignore_a_logit_shift_only_where_they_should() -> None:
     z = torch.randn(5, 4, dtype=torch.float64)
     t = 2.5
-    assert torch.allclose(M.energy_score(z, t), -t * torch.logsumexp(z / t, -1))
+    assert torch.allclose(O.energy_score(z, t), -t * torch.logsumexp(z / t, -1))
     # Softmax drops a per-row shift, so the probability scores cannot see it; the logit ones do.
     shifted = z + 3.0
-    assert torch.allclose(M.energy_score(shifted), M.energy_score(z) - 3.0)
-    assert torch.allclose(M.max_logit_score(shifted), M.max_logit_score(z) - 3.0)
+    assert torch.allclose(O.energy_score(shifted), O.energy_score(z) - 3.0)
+    assert torch.allclose(O.max_logit_score(shifted), O.max_logit_score(z) - 3.0)
 
 
 @pytest.mark.parametrize("name", ["entropy", "msp", "max_logit", "energy"])
@@ -226,7 +228,7 @@ def test_ood_metrics_per_score_match_sklearn(name: str) -> None:
     z_in = torch.tensor(rng.normal(size=(80, 5)) * 3 + rng.normal(size=(80, 1)) * 2)
     z_out = torch.tensor(rng.normal(size=(60, 5)) + rng.normal(size=(60, 1)))
     p_in, p_out = torch.softmax(z_in, -1), torch.softmax(z_out, -1)
-    got = M.ood_metrics(p_in, p_out, scores=(name,), logits_in=z_in, logits_out=z_out)
+    got = O.ood_metrics(p_in, p_out, scores=(name,), logits_in=z_in, logits_out=z_out)
     s_in, s_out = _HAND_REFS[name](z_in.numpy()), _HAND_REFS[name](z_out.numpy())
     want = ref_ood(s_in, s_out)
     assert set(got) == {f"{name}_{m}" for m in want}
@@ -254,12 +256,12 @@ _HAND_REFS = {
 
 def test_logit_scores_are_absent_without_logits() -> None:
     p = torch.softmax(torch.randn(6, 3), -1)
-    got = M.ood_metrics(p, p, scores=("entropy", "max_logit", "energy"))
+    got = O.ood_metrics(p, p, scores=("entropy", "max_logit", "energy"))
     assert set(got) == {"entropy_auroc", "entropy_aupr", "entropy_fpr95"}
     with pytest.raises(ValueError, match="needs `logits`"):
-        M.ood_score("energy", p)
+        O.ood_score("energy", p)
     with pytest.raises(ValueError, match="must be one of"):
-        M.ood_score("odin", p)
+        O.ood_score("odin", p)
 
 
 # --------------------------------------------------------------------------------------------
@@ -274,7 +276,7 @@ def test_fit_temperature_recovers_a_known_temperature(t0: float) -> None:
     g = torch.Generator().manual_seed(0)
     z = torch.randn(20_000, 5, generator=g, dtype=torch.float64) * 2.0
     labels = torch.multinomial(torch.softmax(z, -1), 1, generator=g).squeeze(1)
-    t = M.fit_temperature((z * t0).float(), labels)
+    t = T.fit_temperature((z * t0).float(), labels)
     assert t.dtype == torch.float64 and t.ndim == 0
     assert t.item() == pytest.approx(t0, rel=0.03)
 
@@ -283,13 +285,13 @@ def test_fit_temperature_recovers_a_known_temperature(t0: float) -> None:
         return M.nll(torch.log_softmax(z * t0 / temp, -1), labels).item()
 
     assert nll_at(t.item()) <= min(nll_at(t.item() * 0.99), nll_at(t.item() * 1.01))
-    assert M.fit_temperature((z * t0).float(), labels).item() == t.item()  # deterministic
+    assert T.fit_temperature((z * t0).float(), labels).item() == t.item()  # deterministic
 
 
 def test_fit_temperature_rejects_non_finite_logits() -> None:
     z = torch.tensor([[0.0, float("inf")], [1.0, 0.0]])
     with pytest.raises(ValueError, match="`logits` must be finite"):
-        M.fit_temperature(z, torch.tensor([0, 1]))
+        T.fit_temperature(z, torch.tensor([0, 1]))
 
 
 # --------------------------------------------------------------------------------------------
@@ -634,8 +636,8 @@ def test_cuda_inputs_give_same_results() -> None:
         assert gpu[key].device.type == "cuda"
         assert gpu[key].item() == pytest.approx(value.item(), abs=1e-12), key
     p = log_probs.exp()
-    ood_cpu = M.ood_metrics(p[:50], p[50:])
-    ood_gpu = M.ood_metrics(p[:50].cuda(), p[50:].cuda())
+    ood_cpu = O.ood_metrics(p[:50], p[50:])
+    ood_gpu = O.ood_metrics(p[:50].cuda(), p[50:].cuda())
     for key, value in ood_cpu.items():
         assert ood_gpu[key].item() == pytest.approx(value.item(), abs=1e-12), key
 
@@ -677,8 +679,8 @@ _Y = torch.tensor([0, 1, 2, 0])
         ),
         (lambda: M.ood_detection(_P[:, 0], torch.empty(0)), r"`score_out` must be non-empty"),
         (lambda: M.ood_detection(_Y, _P[:, 0]), r"`score_in`.*floating.*int64"),
-        (lambda: M.ood_metrics(_P, torch.full((2, 4), 0.25)), r"`probs_out`.*K=3"),
-        (lambda: M.ood_metrics(_P[0], _P), r"`probs_in` must be a 2-D"),
+        (lambda: O.ood_metrics(_P, torch.full((2, 4), 0.25)), r"`probs_out`.*K=3"),
+        (lambda: O.ood_metrics(_P[0], _P), r"`probs_in` must be a 2-D"),
         (lambda: M.ensemble_log_probs(_P), r"`member_log_probs` must be a 3-D \(E, N, K\)"),
         (lambda: M.ensemble_log_probs(_Y.reshape(1, 1, 4)), r"`member_log_probs`.*floating"),
         (lambda: M.classification_metrics(_P, _Y[:2]), r"`labels` must have length N=4"),
@@ -699,19 +701,17 @@ def test_all_exports() -> None:
         "confidence_scores",
         "predictive_entropy",
         "ood_detection",
-        "ood_metrics",
-        "ood_score",
-        "max_logit_score",
-        "energy_score",
-        "fit_temperature",
         "ensemble_log_probs",
         "classification_metrics",
         "calibration_bins",
         "binary_auroc",
         "chance_accuracy",
     }
-    for name in M.__all__:
-        assert callable(getattr(M, name))
+    assert set(O.__all__) == {"ood_metrics", "ood_score", "max_logit_score", "energy_score"}
+    assert T.__all__ == ["fit_temperature"]
+    for module in (M, O, T):
+        for name in module.__all__:
+            assert callable(getattr(module, name))
 
 
 # --------------------------------------------------------------------------------------------

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fseb_ft.metrics import fit_temperature
 from fseb_ft.predict import Predictions
 from fseb_ft.report import eval_results, markdown_table
+from fseb_ft.temperature import fit_temperature
 
 
 def _predictions(with_logits: bool = True, with_val: bool = False) -> Predictions:

@@ -1,0 +1,64 @@
+"""Temperature scaling (Guo et al., 2017): one temperature fitted on validation logits.
+
+Pure tensor maths; conventions and argument checks are those of :mod:`fseb_ft.metrics`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from fseb_ft.metrics import _check_float_matrix, _check_labels, _describe, _f64
+
+__all__ = ["fit_temperature"]
+
+# log T is searched in [log 1e-3, log 1e3]; 80 golden-section steps shrink that interval of
+# width 13.8 by 0.618^80 to < 1e-15, float64's resolution of log T.
+_LOG_T_RANGE = (math.log(1e-3), math.log(1e3))
+_GOLDEN_STEPS = 80
+
+
+def fit_temperature(logits: Tensor, labels: Tensor) -> Tensor:
+    """The temperature ``T > 0`` minimising the NLL of ``softmax(logits / T)`` (Guo et al.,
+    2017): temperature scaling, fitted on validation logits.
+
+    With ``β = 1/T`` the NLL ``(1/N) Σ_i [logsumexp_k(β f_ik) - β f_iy]`` is convex in ``β``, so it
+    is unimodal in ``log T``: a golden-section search over ``log T ∈ [log 1e-3, log 1e3]`` in
+    float64 finds its minimum deterministically (no random start, no step size). A minimum
+    beyond the range (e.g. perfectly separated logits, whose NLL falls as ``T → 0``) returns
+    the nearest end. Dividing by ``T`` never changes the arg-max, so accuracy is unchanged.
+
+    Args:
+        logits: ``(N, K)`` finite logits of one model (validation split).
+        labels: ``(N,)`` integer labels in ``[0, K)``.
+
+    Returns:
+        0-dim float64 tensor ``T`` (apply as ``softmax(logits / T)``).
+    """
+    logits = _check_float_matrix(logits, "logits")
+    labels = _check_labels(labels, logits.shape[0], logits.shape[1])
+    if not bool(torch.isfinite(logits).all()):
+        raise ValueError(f"`logits` must be finite, got {_describe(logits)} with inf or NaN")
+    z = _f64(logits)  # (N, K)
+    z_true = z.gather(1, labels.to(z.device)[:, None]).squeeze(1)  # (N,)
+
+    def loss(log_t: float) -> float:
+        beta = math.exp(-log_t)
+        return float((torch.logsumexp(beta * z, dim=-1) - beta * z_true).mean())
+
+    inv_phi = (math.sqrt(5.0) - 1.0) / 2.0
+    lo, hi = _LOG_T_RANGE
+    a, b = hi - inv_phi * (hi - lo), lo + inv_phi * (hi - lo)
+    fa, fb = loss(a), loss(b)
+    for _ in range(_GOLDEN_STEPS):
+        if fa <= fb:  # the minimum lies in [lo, b]
+            hi, b, fb = b, a, fa
+            a = hi - inv_phi * (hi - lo)
+            fa = loss(a)
+        else:  # in [a, hi]
+            lo, a, fa = a, b, fb
+            b = lo + inv_phi * (hi - lo)
+            fb = loss(b)
+    return torch.tensor(math.exp((lo + hi) / 2), dtype=torch.float64, device=z.device)

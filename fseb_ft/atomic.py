@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from fseb_ft.errors import FsebError
+
 __all__ = [
     "ORPHAN_PATTERNS",
     "DiskFullError",
@@ -40,7 +42,7 @@ _TORCH_WRITE_FAILED = ("unexpected pos", "file write failed")
 """What torch's ``inline_container.cc`` says when the OS accepted fewer bytes than written."""
 
 
-class DiskFullError(OSError):
+class DiskFullError(FsebError, OSError):
     """A write ran out of space; its partial output was removed, earlier files are intact."""
 
     def __init__(self, message: str) -> None:

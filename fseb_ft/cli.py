@@ -6,12 +6,16 @@
     fseb-ft sweep RECIPE.yaml [section.key=value ...] --trials N [--compare]
 
 Each command's module is imported only when it runs, so ``fseb-ft --help`` and ``fseb-ft push``
-do not load the training stack.
+do not load the training stack. An error the user can fix (a bad recipe, a missing path, a full
+disk, a diverged run: :class:`~fseb_ft.errors.FsebError`, ``OSError``, ``ValueError``) prints
+``fseb-ft: error: …`` and exits 1 (2 for a bad command line); ``--debug`` (or
+``FSEB_FT_DEBUG=1``) shows the traceback instead. An interrupted run says how to continue.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +50,8 @@ COMMANDS: dict[str, Command] = {
 """Every ``fseb-ft`` subcommand, in help order. A new command is one entry here."""
 
 _RECIPE_SUFFIXES = (".yaml", ".yml")
+DEBUG_ENV = "FSEB_FT_DEBUG"
+"""Set to anything to see the traceback of an error instead of its one-line message."""
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -55,6 +61,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     would print a results dict and exit with status 1. Errors exit through ``SystemExit``.
     """
     args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args or bool(os.environ.get(DEBUG_ENV))
+    args = [a for a in args if a != "--debug"]
     if not args or args[0] in ("-h", "--help"):
         print(_help())
         return
@@ -65,10 +73,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     name = args[0]
     if name in COMMANDS:
-        _run(name, args[1:])
+        _run(name, args[1:], debug)
         return
     if name.endswith(_RECIPE_SUFFIXES) or Path(name).is_file():
-        _run("train", args)
+        _run("train", args, debug)
         return
     sys.stderr.write(
         f"fseb-ft: error: unknown command or recipe {name!r}; commands are "
@@ -77,9 +85,26 @@ def main(argv: Sequence[str] | None = None) -> None:
     raise SystemExit(2)
 
 
-def _run(name: str, argv: list[str]) -> None:
+def _run(name: str, argv: list[str], debug: bool) -> None:
+    """Run a command; a user's error becomes one line on stderr and an exit status."""
+    from fseb_ft.errors import FsebError
+
     module = importlib.import_module(COMMANDS[name].module)
-    module.main(argv, prog=f"fseb-ft {name}" if name != "train" else "fseb-ft")
+    try:
+        module.main(argv, prog=f"fseb-ft {name}" if name != "train" else "fseb-ft")
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        sys.stderr.write(
+            "fseb-ft: interrupted; nothing complete was lost: rerun the same command to continue "
+            "from the last complete epoch\n"
+        )
+        raise SystemExit(130) from None
+    except (FsebError, OSError, ValueError) as err:
+        if debug:
+            raise
+        sys.stderr.write(f"fseb-ft: error: {err} (--debug shows where)\n")
+        raise SystemExit(1) from None
 
 
 def _help() -> str:
@@ -90,7 +115,8 @@ def _help() -> str:
         "       fseb-ft COMMAND [args ...]\n\n"
         "Fine-tune timm backbones with function-space empirical Bayes (FS-EB) regularisation.\n\n"
         f"commands:\n{rows}\n\n"
-        "`fseb-ft COMMAND --help` describes each; --version prints the version."
+        "`fseb-ft COMMAND --help` describes each; --version prints the version; --debug shows "
+        "the traceback of an error."
     )
 
 

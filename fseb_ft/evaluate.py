@@ -27,6 +27,7 @@ from accelerate import Accelerator, PartialState
 from torch import Tensor
 
 from fseb_ft.config import Recipe
+from fseb_ft.logs import configure_logging
 from fseb_ft.metrics import ensemble_log_probs
 from fseb_ft.predict import Predictions, predict_splits
 from fseb_ft.report import (
@@ -198,7 +199,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m fseb_ft.evalu
     if bad:
         parser.error(f"overrides take eval.KEY=VALUE (evaluation settings only), got {bad}")
     args.overrides = [*args.set_overrides, *overrides]
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging()
     try:
         if args.ensemble:
             results = evaluate_ensemble(

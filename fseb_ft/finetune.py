@@ -45,8 +45,10 @@ from fseb_ft.config import (
     recipe_from_dict,
 )
 from fseb_ft.context import ContextStream, build_context_pool
+from fseb_ft.errors import FsebError
 from fseb_ft.hub import share_run
 from fseb_ft.images import IndexedImages, Splits, as_labeled_images, stratified_split
+from fseb_ft.logs import configure_logging
 from fseb_ft.models import InputSpec, create_model, input_spec
 from fseb_ft.objective import FSEBObjective
 from fseb_ft.predict import eval_loader, predict_splits
@@ -200,7 +202,7 @@ def run(
     return results
 
 
-class RecipeMismatchError(ValueError):
+class RecipeMismatchError(FsebError, ValueError):
     """``output.dir`` holds checkpoints of a run with a different recipe."""
 
 
@@ -374,11 +376,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "fseb-ft") -> dict[str, 
         help="train the PS-MAP baseline (fseb.reg_scale=0) and the recipe's FS-EB into "
         "OUTPUT/psmap and OUTPUT/fseb, and print them side by side",
     )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="also show the libraries' INFO lines"
+    )
     # Intermixed: overrides may come before or after --compare.
     args = parser.parse_intermixed_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    # Regulariser warnings (Cholesky jitter) go to the log like everything else.
-    logging.captureWarnings(True)
+    configure_logging(args.verbose)
     try:
         recipe = load_recipe(args.recipe, args.overrides)
         if args.compare:

@@ -39,6 +39,8 @@ from torch import nn
 
 from fseb_ft.atomic import cleaned_on_failure, publish, write_text
 from fseb_ft.config import ConfigError, OutputConfig, Recipe, load_recipe
+from fseb_ft.errors import FsebError
+from fseb_ft.logs import configure_logging
 from fseb_ft.model_card import PLOT_CAPTIONS, model_card, selection
 from fseb_ft.models import EVAL_RESIZE
 from fseb_ft.rundir import (
@@ -73,7 +75,7 @@ DEFAULT_LICENSE = "apache-2.0"
 _NOT_A_RUN = "{run_dir} is not a finished fseb-ft run: {missing} is missing (nothing was sent)"
 
 
-class HubPushError(RuntimeError):
+class HubPushError(FsebError, RuntimeError):
     """An upload failed; the message says what failed and the command that retries it."""
 
 
@@ -361,7 +363,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "fseb-ft push") -> str:
         help="upload README.md as it is instead of regenerating it from the run's files",
     )
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging()
     if not (args.run_dir / RECIPE_FILE).is_file():
         parser.error(
             f"{args.run_dir} is not a run directory (it has no recipe.yaml): give the "

@@ -22,6 +22,8 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
+from fseb_ft.errors import FsebError
+
 __all__ = [
     "ConfigError",
     "RenamedKeyWarning",
@@ -36,7 +38,7 @@ __all__ = [
 ]
 
 
-class ConfigError(ValueError):
+class ConfigError(FsebError, ValueError):
     """A recipe key is unknown or its value has the wrong type or range."""
 
 

@@ -42,6 +42,7 @@ from fseb_ft.config import (
 from fseb_ft.evaluate import evaluate_run
 from fseb_ft.finetune import RecipeMismatchError, run
 from fseb_ft.hub import export_run
+from fseb_ft.logs import configure_logging
 from fseb_ft.plots import sweep_plot
 from fseb_ft.report import markdown_table, method_title
 from fseb_ft.rundir import RECIPE_FILE, RESULTS_JSON, read_json, write_json
@@ -461,10 +462,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "fseb-ft sweep") -> dict
         "into OUTPUT/psmap, the recipe's FS-EB into OUTPUT/fseb, and print both winners",
     )
     args = parser.parse_intermixed_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    logging.captureWarnings(True)
-    # Accelerate logs every checkpoint file at INFO: once per epoch per trial is noise here.
-    logging.getLogger("accelerate").setLevel(logging.WARNING)
+    configure_logging()
     try:
         recipe = load_recipe(args.recipe, args.overrides)
         if args.compare:

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from fseb_ft.atomic import cleaned_on_failure, publish
 from fseb_ft.config import OptimConfig, TrainConfig
 from fseb_ft.context import ContextStream
+from fseb_ft.errors import FsebError
 from fseb_ft.metrics import chance_accuracy, classification_metrics
 from fseb_ft.objective import FSEBObjective
 from fseb_ft.predict import predict
@@ -58,11 +59,11 @@ logger = logging.getLogger("fseb_ft")
 _HIGHER_IS_BETTER = {"accuracy"}
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(FsebError, RuntimeError):
     """The training loss became NaN or infinite; the last good checkpoint is kept."""
 
 
-class TrainingDivergedError(RuntimeError):
+class TrainingDivergedError(FsebError, RuntimeError):
     """The parameter norm grew past ``train.max_param_growth`` × its start: training diverged."""
 
 

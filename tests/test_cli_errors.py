@@ -1,0 +1,131 @@
+"""Errors a user can cause end in one `fseb-ft: error` line and an exit status, no traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from datasets import Dataset
+
+from fseb_ft import cli
+from fseb_ft import finetune as finetune_module
+from fseb_ft.atomic import DiskFullError
+from fseb_ft.objective import FSEBObjective
+from tests.test_pipeline import _write_folder
+
+QUICKSTART = str(Path(__file__).parents[1] / "recipes" / "quickstart.yaml")
+
+
+def _fails(argv: list[str], capsys: pytest.CaptureFixture[str], code: int) -> str:
+    with pytest.raises(SystemExit) as stop:
+        cli.main(argv)
+    assert stop.value.code == code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("fseb-ft")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("data")
+    _write_folder(root / "ok", "train", {"cat": 4, "dog": 4})
+    _write_folder(root / "ok", "test", {"cat": 2, "dog": 2, "owl": 2})  # owl: not a training class
+    Dataset.from_dict({"image": [np.zeros((4, 4, 3), np.uint8)] * 4}).save_to_disk(root / "nolabel")
+    (root / "a-file").write_text("")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "expected"),
+    [
+        (["nope.yaml"], 2, "recipe file 'nope.yaml' does not exist"),
+        ([QUICKSTART, "fseb.reg_scal=1"], 2, "unknown key 'fseb.reg_scal'"),
+        ([QUICKSTART, "train.epochs=0"], 2, "train.epochs=0: must be ≥ 1"),
+        ([QUICKSTART, "fseb.reg_scale"], 2, "must look like section.key=value"),
+        ([QUICKSTART, "--compare", "fseb.reg_scale=0"], 2, "fseb.reg_scale=0: --compare"),
+        ([QUICKSTART, "sweep.space={fseb.nope: {low: 1, high: 2}}"], 2, "fseb.nope"),
+        (["evaluate", "/no/such/run"], 2, "/no/such/run is not a finished run"),
+        (["evaluate", "a", "--ensemble"], 2, "--ensemble needs at least two run directories"),
+        (["push", "/no/such/run", "user/name"], 2, "is not a run directory"),
+    ],
+)
+def test_command_line_mistakes(
+    argv: list[str], code: int, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert expected in _fails(argv, capsys, code)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["data.train.source=imagefolder", "data.train.path={root}/missing"], "data.train: "),
+        (["data.train.source=disk", "data.train.path={root}/nolabel"], "column 'label' not"),
+        (
+            ["data.train.source=imagefolder", "data.train.path={root}/ok",
+             "data.train.classes=null", "data.test.source=imagefolder",
+             "data.test.path={root}/ok", "data.test.classes=null", "data.ood={{}}"],
+            "data.test (imagefolder:",
+        ),
+        (["model.name=no_such_net"], "model.name='no_such_net' is not a timm model"),
+        (["model.name=local-dir:{root}/missing"], "does not exist"),
+        (["output.dir={root}/a-file/run"], "Not a directory"),
+    ],
+)  # fmt: skip
+def test_data_model_and_output_mistakes_stop_before_training(
+    overrides: list[str], expected: str, data: Path, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    argv = [QUICKSTART, f"output.dir={tmp_path / 'run'}"]
+    argv += [o.format(root=data) for o in overrides]
+    line = _fails(argv, capsys, 1)
+    assert line.startswith("fseb-ft: error: ") and expected in line
+    assert line.endswith("(--debug shows where)")
+
+
+def _tiny(tmp_path: Path) -> list[str]:
+    return [QUICKSTART, f"output.dir={tmp_path / 'run'}", "train.epochs=1", "data.train.limit=40"]
+
+
+def test_nan_loss_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    original = FSEBObjective.forward
+
+    def poisoned(self, *args, **kwargs):
+        terms = original(self, *args, **kwargs)
+        terms["loss"] = terms["loss"] * float("nan")
+        return terms
+
+    monkeypatch.setattr(FSEBObjective, "forward", poisoned)
+    assert "training loss became non-finite" in _fails(_tiny(tmp_path), capsys, 2)
+
+
+def test_a_full_disk_is_one_line_and_keeps_what_was_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def full(*args, **kwargs):
+        raise DiskFullError(f"no space left on device in {tmp_path}: could not write X")
+
+    monkeypatch.setattr(finetune_module, "_save_weights", full)
+    line = _fails(_tiny(tmp_path), capsys, 1)
+    assert "no space left on device" in line
+    assert (tmp_path / "run" / "recipe.yaml").is_file()  # written before, still there
+
+
+def test_an_interrupted_run_says_how_to_continue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(finetune_module, "run", interrupted)
+    assert "interrupted" in _fails(_tiny(tmp_path), capsys, 130)
+
+
+def test_debug_shows_the_traceback(data: Path, tmp_path: Path) -> None:
+    argv = [QUICKSTART, f"output.dir={tmp_path}", "model.name=no_such_net", "--debug"]
+    with pytest.raises(ValueError, match="is not a timm model"):
+        cli.main(argv)

@@ -26,6 +26,7 @@ import torch
 from accelerate import Accelerator, PartialState
 from torch import Tensor
 
+from fseb_ft.atomic import write_text
 from fseb_ft.config import Recipe
 from fseb_ft.logs import configure_logging
 from fseb_ft.metrics import ensemble_log_probs
@@ -160,7 +161,7 @@ def evaluate_ensemble(
         table = markdown_table({**members, title: results})
         listing = "".join(f"- {label}: `{d}`\n" for label, d in zip(labels, run_dirs, strict=True))
         shift = "\n" + corruption_markdown(results) if results.get("corruptions") else ""
-        (out / RESULTS_MD).write_text(f"# {title}\n\n{table}\nMembers:\n\n{listing}{shift}")
+        write_text(out / RESULTS_MD, f"# {title}\n\n{table}\nMembers:\n\n{listing}{shift}")
         others = {label: m.predictions for label, m in members.items()}
         write_plots(out, ensemble, title, others, strict=False)
         write_corruption_plot(out, results, title)

@@ -56,6 +56,8 @@ from fseb_ft.regularizer import resolve_prior
 from fseb_ft.report import eval_results, markdown_table, method_title, write_results
 from fseb_ft.rundir import (
     CHECKPOINTS,
+    COMPARISON_JSON,
+    COMPARISON_MD,
     MODEL_DIR,
     MODEL_WEIGHTS,
     RECIPE_FILE,
@@ -428,8 +430,8 @@ def compare(recipe: Recipe | str | Path, overrides: Sequence[str] = ()) -> dict[
     if PartialState().is_main_process:
         table = markdown_table(results)
         seconds = {k: round(v["training"]["seconds"], 1) for k, v in results.items()}
-        (out / "comparison.md").write_text(f"# {recipe.model.name}: PS-MAP vs FS-EB\n\n{table}")
-        write_json(out / "comparison.json", results)
+        write_text(out / COMPARISON_MD, f"# {recipe.model.name}: PS-MAP vs FS-EB\n\n{table}")
+        write_json(out / COMPARISON_JSON, results)
         from fseb_ft.report import write_comparison_plots
 
         # comparison_reliability.png / comparison_selective.png from run()'s predictions.

@@ -32,6 +32,8 @@ from fseb_ft.models import InputSpec, create_model
 __all__ = [
     "CHECKPOINTS",
     "CHECKPOINT_PREFIX",
+    "COMPARISON_JSON",
+    "COMPARISON_MD",
     "COMPARISON_PLOTS",
     "CORRUPTION_PLOT",
     "MODEL_DIR",
@@ -71,6 +73,10 @@ TRAINER_STATE = "trainer_state.json"
 """The loop's progress inside a checkpoint folder; a checkpoint without it is incomplete."""
 PLOTS = ("reliability.png", "selective_prediction.png", "entropy_ood.png")
 """Figures written beside ``results.json`` (``entropy_ood.png`` only when there are OOD sets)."""
+COMPARISON_MD = "comparison.md"
+"""The side-by-side table that ``--compare`` (of a run or a sweep) writes in its output folder."""
+COMPARISON_JSON = "comparison.json"
+"""The same comparison for machines."""
 COMPARISON_PLOTS = ("comparison_reliability.png", "comparison_selective.png")
 """Side-by-side figures that ``fseb-ft RECIPE --compare`` writes beside ``comparison.md``."""
 CORRUPTION_PLOT = "corruptions.png"

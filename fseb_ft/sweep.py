@@ -45,7 +45,14 @@ from fseb_ft.hub import export_run
 from fseb_ft.logs import configure_logging
 from fseb_ft.plots import sweep_plot
 from fseb_ft.report import markdown_table, method_title
-from fseb_ft.rundir import RECIPE_FILE, RESULTS_JSON, read_json, write_json
+from fseb_ft.rundir import (
+    COMPARISON_JSON,
+    COMPARISON_MD,
+    RECIPE_FILE,
+    RESULTS_JSON,
+    read_json,
+    write_json,
+)
 from fseb_ft.schema import set_key
 from fseb_ft.train import NonFiniteLossError, TrainingDivergedError, higher_is_better
 
@@ -187,8 +194,8 @@ def compare_sweeps(
         boards[label] = sweep(arm, trials, storage, f"{base}-{slug}")
     table = _comparison_table(boards, recipe.sweep.metric)
     if PartialState().is_main_process:
-        write_text(out / "comparison.md", f"# {recipe.model.name}: sweeps compared\n\n{table}")
-        write_json(out / "comparison.json", boards)
+        write_text(out / COMPARISON_MD, f"# {recipe.model.name}: sweeps compared\n\n{table}")
+        write_json(out / COMPARISON_JSON, boards)
         print(f"\n{table}written to {out}")
     return boards
 

@@ -91,3 +91,16 @@ def test_light_modules_load_neither_accelerate_nor_albumentations(module: str) -
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_every_file_is_written_through_a_temporary_name() -> None:
+    """Run files are written atomically: to a temporary name, then renamed (fseb_ft.atomic)."""
+    writer = re.compile(r"\.write_text\(|\.write_bytes\(|open\([^)]*[\"']w|\.savefig\(|np\.save")
+    direct = [
+        f"{path.name}:{number}: {line.strip()}"
+        for path in sorted(PACKAGE.glob("*.py"))
+        if path.name != "atomic.py"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if writer.search(line) and "tmp" not in line and "lambda f:" not in line
+    ]
+    assert direct == [], "write through fseb_ft.atomic (or a temporary path that is renamed)"

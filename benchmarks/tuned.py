@@ -1,0 +1,138 @@
+"""Tuned PS-MAP against tuned FS-EB, each with and without temperature scaling (issue 11).
+
+    python -m benchmarks.tuned recipes/fmnist.yaml --trials 8 --seeds 1 2 \
+        --out runs/fmnist-sweep train.epochs=3
+
+1. ``fseb-ft sweep RECIPE --trials N --compare eval.temperature_scaling=true [overrides]``: the
+   same trial budget for PS-MAP (over lr and prior_var) and for FS-EB (also reg_scale and
+   prior_cov_diag), each winner picked on validation NLL and evaluated once on the test split
+   (seed 0, the recipe's).
+2. Each winner's ``best_recipe.yaml`` again with ``train.seed`` = each of ``--seeds``.
+3. A Markdown table over the seeds (mean ± standard error; "Δ" rows are per-seed differences
+   from PS-MAP, paired by seed) and the sweep's cost: the training seconds of all its trials
+   over those of the winner's run.
+
+Steps already done (a finished sweep, a seed's ``results.json``) are not run again, so
+``--tables-only`` prints the table from what is on disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ARMS = ("psmap", "fseb")
+LABELS = {"psmap": "PS-MAP", "fseb": "FS-EB"}
+# (column title, key in a results block, OOD set or None, scale)
+COLUMNS = (
+    ("Acc. (%)", "accuracy", None, 100.0),
+    ("NLL", "nll", None, 1.0),
+    ("ECE (%)", "ece", None, 100.0),
+    ("OOD AUROC (%)", "entropy_auroc", "ood", 100.0),
+)
+
+
+def _fseb_ft(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "fseb_ft.cli", *args], check=True)
+
+
+def run_all(recipe: str, trials: int, seeds: Sequence[int], out: Path, overrides: list[str]):
+    """Steps 1 and 2: the compared sweeps, then the winners at the other seeds."""
+    if not all((out / arm / "best_recipe.yaml").is_file() for arm in ARMS):
+        _fseb_ft("sweep", recipe, "--trials", str(trials), "--compare",
+                 "eval.temperature_scaling=true", *overrides, f"output.dir={out}")  # fmt: skip
+    for arm in ARMS:
+        for seed in seeds:
+            target = out / "seeds" / f"{arm}-seed{seed}"
+            if not (target / "results.json").is_file():
+                _fseb_ft(str(out / arm / "best_recipe.yaml"), f"train.seed={seed}",
+                         f"output.dir={target}")  # fmt: skip
+
+
+def _results(out: Path, arm: str, seeds: Sequence[int]) -> list[dict[str, Any]]:
+    board = json.loads((out / arm / "leaderboard.json").read_text())
+    found = [board["best"]["results"]]
+    found += [json.loads((out / "seeds" / f"{arm}-seed{s}" / "results.json").read_text())
+              for s in seeds]  # fmt: skip
+    return found
+
+
+def _value(results: dict[str, Any], key: str, ood: str | None, scaled: bool) -> float:
+    block = results["temperature_scaled"] if scaled else results
+    if ood is None:
+        return block["test"][key]
+    (scores,) = block["ood"].values()
+    return scores[key]
+
+
+def _cell(values: Sequence[float], scale: float) -> str:
+    mean = statistics.fmean(values) * scale
+    se = statistics.stdev(values) * scale / math.sqrt(len(values)) if len(values) > 1 else 0.0
+    digits = 2 if scale != 1.0 else 4
+    return f"{mean:.{digits}f} ± {se:.{digits}f}"
+
+
+def table(out: Path, seeds: Sequence[int]) -> str:
+    """Step 3: the Markdown table of the winners over seed 0 and ``seeds``."""
+    runs = {arm: _results(out, arm, seeds) for arm in ARMS}
+    header = ["Method", *(c[0] for c in COLUMNS)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for scaled in (False, True):
+        rows = {}
+        for arm in ARMS:
+            label = LABELS[arm] + (" + TS" if scaled else "")
+            rows[label] = [[_value(r, k, o, scaled) for r in runs[arm]] for _, k, o, _ in COLUMNS]
+        for label, columns in rows.items():
+            cells = [_cell(v, c[3]) for v, c in zip(columns, COLUMNS, strict=True)]
+            lines.append("| " + " | ".join([label, *cells]) + " |")
+        base, other = rows.values()
+        delta = [
+            [b - a for a, b in zip(x, y, strict=True)] for x, y in zip(base, other, strict=True)
+        ]
+        cells = [_cell(v, c[3]) for v, c in zip(delta, COLUMNS, strict=True)]
+        lines.append("| " + " | ".join([f"Δ {list(rows)[1]}", *cells]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def sweep_cost(out: Path) -> dict[str, dict[str, float]]:
+    """Per arm: the trials' training seconds, the winner's, and their ratio."""
+    cost = {}
+    for arm in ARMS:
+        board = json.loads((out / arm / "leaderboard.json").read_text())
+        seconds = [json.loads((Path(t["dir"]) / "run.json").read_text())["training"]["seconds"]
+                   for t in board["trials"]]  # fmt: skip
+        winner = json.loads((Path(board["best"]["dir"]) / "run.json").read_text())
+        one = winner["training"]["seconds"]
+        cost[LABELS[arm]] = {"trials": len(seconds), "seconds": sum(seconds), "one_run": one,
+                             "ratio": sum(seconds) / one}  # fmt: skip
+    return cost
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.tuned",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("recipe")
+    parser.add_argument("overrides", nargs="*", help="section.key=value for every run")
+    parser.add_argument("--trials", type=int, default=8)
+    parser.add_argument("--seeds", type=int, nargs="*", default=[1, 2])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--tables-only", action="store_true")
+    args = parser.parse_intermixed_args(argv)
+    if not args.tables_only:
+        run_all(args.recipe, args.trials, args.seeds, args.out, args.overrides)
+    print(table(args.out, args.seeds))
+    print(json.dumps(sweep_cost(args.out)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""benchmarks/tuned.py: the table and the sweep cost from the files a compared sweep leaves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks import tuned
+
+
+def _results(acc: float, nll: float) -> dict:
+    block = {"test": {"accuracy": acc, "nll": nll, "ece": 0.01}, "ood": {"mnist": {}}}
+    block["ood"]["mnist"]["entropy_auroc"] = 0.8
+    return {**block, "temperature_scaled": {**block, "temperature": 1.5}}
+
+
+def test_table_pairs_seeds_and_cost_is_trials_over_the_winner(tmp_path: Path) -> None:
+    for arm, accs in (("psmap", (0.90, 0.92, 0.94)), ("fseb", (0.91, 0.94, 0.95))):
+        trials = []
+        for i, seconds in enumerate((30.0, 10.0)):
+            trial = tmp_path / arm / "trials" / f"t{i}"
+            trial.mkdir(parents=True)
+            (trial / "run.json").write_text(json.dumps({"training": {"seconds": seconds}}))
+            trials.append({"dir": str(trial)})
+        best = {"dir": trials[0]["dir"], "results": _results(accs[0], 0.3)}
+        board = {"best": best, "trials": trials}
+        (tmp_path / arm / "leaderboard.json").write_text(json.dumps(board))
+        for seed, acc in zip((1, 2), accs[1:], strict=True):
+            folder = tmp_path / "seeds" / f"{arm}-seed{seed}"
+            folder.mkdir(parents=True)
+            (folder / "results.json").write_text(json.dumps(_results(acc, 0.3)))
+    text = tuned.table(tmp_path, [1, 2])
+    assert "| PS-MAP | 92.00 ± 1.15 |" in text
+    assert "| Δ FS-EB | 1.33 ± 0.33 |" in text  # per-seed differences 1, 2, 1
+    assert "| FS-EB + TS |" in text and "| Δ FS-EB + TS |" in text
+    assert tuned.sweep_cost(tmp_path)["FS-EB"] == {
+        "trials": 2, "seconds": 40.0, "one_run": 30.0, "ratio": 40.0 / 30.0
+    }  # fmt: skip

@@ -39,8 +39,8 @@ COLUMNS = (
 )
 
 
-def _fseb_ft(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "fseb_ft.cli", *args], check=True)
+def _fseb_ft(*args: str, check: bool = True) -> None:
+    subprocess.run([sys.executable, "-m", "fseb_ft.cli", *args], check=check)
 
 
 def run_all(recipe: str, trials: int, seeds: Sequence[int], out: Path, overrides: list[str]):
@@ -52,15 +52,19 @@ def run_all(recipe: str, trials: int, seeds: Sequence[int], out: Path, overrides
         for seed in seeds:
             target = out / "seeds" / f"{arm}-seed{seed}"
             if not (target / "results.json").is_file():
+                # A run that diverges is a result (listed by table()), not a reason to stop.
                 _fseb_ft(str(out / arm / "best_recipe.yaml"), f"train.seed={seed}",
-                         f"output.dir={target}")  # fmt: skip
+                         f"output.dir={target}", check=False)  # fmt: skip
 
 
-def _results(out: Path, arm: str, seeds: Sequence[int]) -> list[dict[str, Any]]:
+def _results(out: Path, arm: str, seeds: Sequence[int]) -> dict[int, dict[str, Any]]:
+    """Seed → results of the arm's winner; a seed whose run stopped (diverged) is left out."""
     board = json.loads((out / arm / "leaderboard.json").read_text())
-    found = [board["best"]["results"]]
-    found += [json.loads((out / "seeds" / f"{arm}-seed{s}" / "results.json").read_text())
-              for s in seeds]  # fmt: skip
+    found = {0: board["best"]["results"]}
+    for seed in seeds:
+        path = out / "seeds" / f"{arm}-seed{seed}" / "results.json"
+        if path.is_file():
+            found[seed] = json.loads(path.read_text())
     return found
 
 
@@ -80,25 +84,36 @@ def _cell(values: Sequence[float], scale: float) -> str:
 
 
 def table(out: Path, seeds: Sequence[int]) -> str:
-    """Step 3: the Markdown table of the winners over seed 0 and ``seeds``."""
+    """Step 3: the Markdown table of the winners over seed 0 and ``seeds``.
+
+    A seed whose run stopped is listed as such and left out; Δ rows pair the seeds both have.
+    """
     runs = {arm: _results(out, arm, seeds) for arm in ARMS}
-    header = ["Method", *(c[0] for c in COLUMNS)]
+    header = ["Method", "seeds", *(c[0] for c in COLUMNS)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    common = sorted(set(runs["psmap"]) & set(runs["fseb"]))
     for scaled in (False, True):
-        rows = {}
+        suffix = " + TS" if scaled else ""
         for arm in ARMS:
-            label = LABELS[arm] + (" + TS" if scaled else "")
-            rows[label] = [[_value(r, k, o, scaled) for r in runs[arm]] for _, k, o, _ in COLUMNS]
-        for label, columns in rows.items():
-            cells = [_cell(v, c[3]) for v, c in zip(columns, COLUMNS, strict=True)]
-            lines.append("| " + " | ".join([label, *cells]) + " |")
-        base, other = rows.values()
+            got = runs[arm]
+            cells = [_cell([_value(r, k, o, scaled) for r in got.values()], scale)
+                     for _, k, o, scale in COLUMNS]  # fmt: skip
+            lines.append("| " + " | ".join([LABELS[arm] + suffix, _seeds(got), *cells]) + " |")
         delta = [
-            [b - a for a, b in zip(x, y, strict=True)] for x, y in zip(base, other, strict=True)
-        ]
-        cells = [_cell(v, c[3]) for v, c in zip(delta, COLUMNS, strict=True)]
-        lines.append("| " + " | ".join([f"Δ {list(rows)[1]}", *cells]) + " |")
-    return "\n".join(lines) + "\n"
+            _cell([_value(runs["fseb"][s], k, o, scaled) - _value(runs["psmap"][s], k, o, scaled)
+                   for s in common], scale)
+            for _, k, o, scale in COLUMNS
+        ]  # fmt: skip
+        paired = ", ".join(map(str, common))
+        lines.append("| " + " | ".join([f"Δ FS-EB{suffix}", paired, *delta]) + " |")
+    missing = {LABELS[a]: sorted({0, *seeds} - set(runs[a])) for a in ARMS}
+    notes = [f"{label}: seed(s) {', '.join(map(str, s))} stopped (diverged)"
+             for label, s in missing.items() if s]  # fmt: skip
+    return "\n".join(lines) + "\n" + "".join(f"\n{note}." for note in notes) + "\n"
+
+
+def _seeds(found: dict[int, Any]) -> str:
+    return ", ".join(map(str, sorted(found)))
 
 
 def sweep_cost(out: Path) -> dict[str, dict[str, float]]:

@@ -30,9 +30,14 @@ def test_table_pairs_seeds_and_cost_is_trials_over_the_winner(tmp_path: Path) ->
             folder.mkdir(parents=True)
             (folder / "results.json").write_text(json.dumps(_results(acc, 0.3)))
     text = tuned.table(tmp_path, [1, 2])
-    assert "| PS-MAP | 92.00 ± 1.15 |" in text
-    assert "| Δ FS-EB | 1.33 ± 0.33 |" in text  # per-seed differences 1, 2, 1
-    assert "| FS-EB + TS |" in text and "| Δ FS-EB + TS |" in text
+    assert "| PS-MAP | 0, 1, 2 | 92.00 ± 1.15 |" in text
+    assert "| Δ FS-EB | 0, 1, 2 | 1.33 ± 0.33 |" in text  # per-seed differences 1, 2, 1
+    assert "| FS-EB + TS | 0, 1, 2 |" in text and "| Δ FS-EB + TS |" in text
+    (tmp_path / "seeds" / "psmap-seed2" / "results.json").unlink()  # that run diverged
+    text = tuned.table(tmp_path, [1, 2])
+    assert "| PS-MAP | 0, 1 | 91.00 ± 1.00 |" in text
+    assert "| Δ FS-EB | 0, 1 | 1.50 ± 0.50 |" in text  # paired on seeds 0 and 1 only
+    assert "PS-MAP: seed(s) 2 stopped (diverged)." in text
     assert tuned.sweep_cost(tmp_path)["FS-EB"] == {
         "trials": 2, "seconds": 40.0, "one_run": 30.0, "ratio": 40.0 / 30.0
     }  # fmt: skip

@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fseb_ft.rundir import RUN_INFO_FILE, TRAINER_STATE, latest_checkpoint
+
 ARMS = ("psmap", "fseb")
 LABELS = {"psmap": "PS-MAP", "fseb": "FS-EB"}
 # (column title, key in a results block, OOD set or None, scale)
@@ -121,13 +123,20 @@ def sweep_cost(out: Path) -> dict[str, dict[str, float]]:
     cost = {}
     for arm in ARMS:
         board = json.loads((out / arm / "leaderboard.json").read_text())
-        seconds = [json.loads((Path(t["dir"]) / "run.json").read_text())["training"]["seconds"]
-                   for t in board["trials"]]  # fmt: skip
-        winner = json.loads((Path(board["best"]["dir"]) / "run.json").read_text())
-        one = winner["training"]["seconds"]
+        seconds = [_trial_seconds(Path(t["dir"])) for t in board["trials"]]
+        one = _trial_seconds(Path(board["best"]["dir"]))
         cost[LABELS[arm]] = {"trials": len(seconds), "seconds": sum(seconds), "one_run": one,
                              "ratio": sum(seconds) / one}  # fmt: skip
     return cost
+
+
+def _trial_seconds(run_dir: Path) -> float:
+    """Training seconds of a trial; a pruned one has them in its last checkpoint only."""
+    info = json.loads((run_dir / RUN_INFO_FILE).read_text())
+    if "training" in info:
+        return info["training"]["seconds"]
+    checkpoint = latest_checkpoint(run_dir)
+    return json.loads((checkpoint / TRAINER_STATE).read_text())["seconds"] if checkpoint else 0.0
 
 
 def main(argv: Sequence[str] | None = None) -> None:

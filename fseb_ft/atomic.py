@@ -29,6 +29,7 @@ __all__ = [
     "default_file_mode",
     "is_disk_full",
     "publish",
+    "remove",
     "remove_orphans",
     "write_text",
 ]
@@ -85,7 +86,7 @@ def cleaned_on_failure(*temps: Path, what: str, hint: str = "") -> Iterator[None
         yield
     except BaseException as err:
         for temp in temps:
-            _remove(temp)
+            remove(temp)
         if isinstance(err, Exception) and is_disk_full(err):
             where = _existing_parent(temps[0]) if temps else Path.cwd()
             free = shutil.disk_usage(where).free
@@ -128,7 +129,7 @@ def remove_orphans(run_dir: Path) -> list[Path]:
         for path in (run_dir / sub).glob(pattern)
     }
     for path in found:
-        _remove(path)
+        remove(path)
     return sorted(found)
 
 
@@ -140,7 +141,8 @@ def default_file_mode() -> int:
     return 0o666 & ~umask
 
 
-def _remove(path: Path) -> None:
+def remove(path: Path) -> None:
+    """Delete a file or a folder tree; a missing one is fine, a symlink is not followed."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:

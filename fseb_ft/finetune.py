@@ -23,7 +23,6 @@ import inspect
 import logging
 import math
 import os
-import shutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -55,16 +54,13 @@ from fseb_ft.predict import eval_loader, predict_splits
 from fseb_ft.regularizer import resolve_prior
 from fseb_ft.report import eval_results, markdown_table, method_title, write_results
 from fseb_ft.rundir import (
-    CHECKPOINTS,
     COMPARISON_JSON,
     COMPARISON_MD,
-    MODEL_DIR,
     MODEL_WEIGHTS,
     RECIPE_FILE,
-    RESULTS_JSON,
-    RESULTS_MD,
     RUN_INFO_FILE,
     RunInfo,
+    clear_run,
     latest_checkpoint,
     write_json,
 )
@@ -108,8 +104,11 @@ def run(
     if accelerator.is_main_process:
         for orphan in remove_orphans(run_dir):
             accelerator.print(f"removed {orphan}, left by an interrupted run")
-        if recipe.train.resume == "never":
-            _clear_previous_run(run_dir)
+        if recipe.train.resume == "never" and (removed := clear_run(run_dir)):
+            accelerator.print(
+                f"train.resume=never: starting over in {run_dir}; removing the earlier run's "
+                + ", ".join(removed)
+            )
     accelerator.wait_for_everyone()
     warned = _warn(accelerator, launch_warnings(accelerator, os.environ))
     if accelerator.device.type == "cpu":
@@ -235,26 +234,6 @@ def _check_resumable(recipe: Recipe, run_dir: Path) -> None:
             " resuming would mix the two. Use another output.dir, or train.resume=never to "
             "start over in this one."
         )
-
-
-def _clear_previous_run(run_dir: Path) -> None:
-    """``train.resume=never``: remove, and say, what an earlier run left in ``run_dir``.
-
-    Starting over overwrites the checkpoints, best model and results anyway; removing them up
-    front means a run killed early never leaves the old run's results beside its own recipe.
-    """
-    old = [run_dir / CHECKPOINTS, run_dir / MODEL_DIR, run_dir / RUN_INFO_FILE]
-    old += [run_dir / RESULTS_JSON, run_dir / RESULTS_MD, *sorted(run_dir.glob("*.png"))]
-    found = [path for path in old if path.exists()]
-    if not found:
-        return
-    names = ", ".join(p.name + ("/" if p.is_dir() else "") for p in found)
-    print(f"train.resume=never: starting over in {run_dir}; removing the earlier run's {names}")
-    for path in found:
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
 
 
 def _warn(accelerator: Accelerator, messages: list[str]) -> list[str]:

@@ -25,7 +25,7 @@ from typing import Any
 from safetensors.torch import load_model
 from torch import nn
 
-from fseb_ft.atomic import write_text
+from fseb_ft.atomic import remove, write_text
 from fseb_ft.config import Recipe, load_recipe
 from fseb_ft.models import InputSpec, create_model
 
@@ -46,6 +46,7 @@ __all__ = [
     "TRAINER_STATE",
     "RunInfo",
     "checkpoint_name",
+    "clear_run",
     "latest_checkpoint",
     "load_run_model",
     "read_json",
@@ -190,3 +191,19 @@ def read_json(path: Path) -> Any:
 def write_json(path: Path, obj: Any) -> None:
     """Write JSON atomically (temporary file, then rename)."""
     write_text(path, json.dumps(obj, indent=2) + "\n")
+
+
+def clear_run(run_dir: Path) -> list[str]:
+    """Remove what an earlier run left in ``run_dir``: checkpoints, model, results and plots.
+
+    ``train.resume=never`` starts over: removing these up front means a run killed early never
+    leaves the old run's results beside its own recipe. Returns the names removed, folders
+    ending in ``/``.
+    """
+    old = [run_dir / CHECKPOINTS, run_dir / MODEL_DIR, run_dir / RUN_INFO_FILE]
+    old += [run_dir / RESULTS_JSON, run_dir / RESULTS_MD, *sorted(run_dir.glob("*.png"))]
+    found = [path for path in old if path.exists()]
+    names = [path.name + ("/" if path.is_dir() else "") for path in found]
+    for path in found:
+        remove(path)
+    return names

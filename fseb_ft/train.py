@@ -209,10 +209,9 @@ def fit(
     ``on_epoch_end`` receives each epoch's record (with its ``val_*`` metrics) once the epoch's
     checkpoint is saved, so an exception it raises (a sweep pruning the trial) loses nothing.
     """
-    cfg = train
     state = TrainState()
     accelerator.register_for_checkpointing(scheduler)
-    checkpoint = latest_checkpoint(run_dir) if cfg.resume == "auto" else None
+    checkpoint = latest_checkpoint(run_dir) if train.resume == "auto" else None
     if checkpoint is not None:
         accelerator.load_state(str(checkpoint))
         state = TrainState(**json.loads((checkpoint / TRAINER_STATE).read_text()))
@@ -220,10 +219,10 @@ def fit(
     model = objective.model
     if state.initial_param_norm is None:
         state.initial_param_norm = param_norm(objective.trainable_parameters())
-    for epoch in range(state.epoch, cfg.epochs):
+    for epoch in range(state.epoch, train.epochs):
         started = time.perf_counter()
         train_summary = _train_epoch(
-            cfg,
+            train,
             optim,
             num_workers,
             run_dir,
@@ -240,20 +239,20 @@ def fit(
         state.epoch = epoch + 1
         record = {"epoch": state.epoch, "step": state.step, **train_summary}
         record["param_norm"] = param_norm(objective.trainable_parameters())
-        _check_divergence(record, log_probs, state.initial_param_norm, cfg.max_param_growth)
+        _check_divergence(record, log_probs, state.initial_param_norm, train.max_param_growth)
         val = {k: float(v) for k, v in classification_metrics(log_probs, labels).items()}
         record.update({f"val_{k}": v for k, v in val.items()})
         record["val_chance_accuracy"] = float(chance_accuracy(labels))
-        if _improved(cfg.select_metric, val[cfg.select_metric], state.best_value):
-            state.best_value, state.best_epoch = val[cfg.select_metric], state.epoch
+        if _improved(train.select_metric, val[train.select_metric], state.best_value):
+            state.best_value, state.best_epoch = val[train.select_metric], state.epoch
             if accelerator.is_main_process:
                 save_best(accelerator.unwrap_model(model))
         accelerator.log({k: v for k, v in record.items() if k != "epoch"}, step=state.step)
-        accelerator.print(_epoch_line(record, cfg.select_metric))
+        accelerator.print(_epoch_line(record, train.select_metric))
         record["seconds"] = time.perf_counter() - started
         state.seconds += record["seconds"]
         state.history.append(record)
-        if state.epoch == cfg.epochs and all(_at_chance(r) for r in state.history):
+        if state.epoch == train.epochs and all(_at_chance(r) for r in state.history):
             _warn(state, accelerator, _chance_warning(state.history, len(labels)))
         _save_checkpoint(accelerator, run_dir, state)
         if on_epoch_end is not None:
@@ -416,7 +415,7 @@ def higher_is_better(metric: str) -> bool:
 def _improved(metric: str, value: float, best: float | None) -> bool:
     if best is None:
         return True
-    return value > best if metric in _HIGHER_IS_BETTER else value < best
+    return value > best if higher_is_better(metric) else value < best
 
 
 def _save_checkpoint(accelerator: Accelerator, run_dir: Path, state: TrainState) -> None:

@@ -11,8 +11,7 @@ from datasets import Dataset
 from fseb_ft import cli
 from fseb_ft import finetune as finetune_module
 from fseb_ft.atomic import DiskFullError
-from fseb_ft.objective import FSEBObjective
-from tests.test_pipeline import _write_folder
+from tests.test_pipeline import _write_folder, poison_loss
 
 QUICKSTART = str(Path(__file__).parents[1] / "recipes" / "quickstart.yaml")
 
@@ -92,14 +91,7 @@ def _tiny(tmp_path: Path) -> list[str]:
 def test_nan_loss_is_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    original = FSEBObjective.forward
-
-    def poisoned(self, *args, **kwargs):
-        terms = original(self, *args, **kwargs)
-        terms["loss"] = terms["loss"] * float("nan")
-        return terms
-
-    monkeypatch.setattr(FSEBObjective, "forward", poisoned)
+    poison_loss(monkeypatch)
     assert "training loss became non-finite" in _fails(_tiny(tmp_path), capsys, 2)
 
 

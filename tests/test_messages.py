@@ -11,15 +11,14 @@ import pytest
 import timm
 import torch
 from huggingface_hub.errors import LocalEntryNotFoundError
-from test_pipeline import _recipe_dict, _write_folder
 
 import fseb_ft.hub as hub
 from fseb_ft.config import ModelConfig, recipe_from_dict
 from fseb_ft.finetune import run
 from fseb_ft.models import create_model
-from fseb_ft.objective import FSEBObjective
 from fseb_ft.regularizer import CholeskyJitterWarning, function_space_term
 from fseb_ft.train import NonFiniteLossError, TrainState, _non_finite_message
+from tests.test_pipeline import _recipe_dict, _write_folder, poison_loss
 
 UNREACHABLE = "http://127.0.0.1:9"  # discard port: nothing listens
 
@@ -33,14 +32,7 @@ def test_nan_before_any_epoch_finished_names_no_checkpoint_and_fits_an_fp32_run(
     raw = _recipe_dict({"ind": data, "ood": data}, tmp_path / "run", epochs=1)
     raw["data"]["augment"] = "none"
     recipe = recipe_from_dict(raw)
-    original = FSEBObjective.forward
-
-    def poisoned(self, *args, **kwargs):
-        terms = original(self, *args, **kwargs)
-        terms["loss"] = terms["loss"] * float("nan")
-        return terms
-
-    monkeypatch.setattr(FSEBObjective, "forward", poisoned)
+    poison_loss(monkeypatch)
     with pytest.raises(NonFiniteLossError) as err:
         run(recipe)
     message = str(err.value)

@@ -60,6 +60,21 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"ind": root / "ind", "ood": root / "ood"}
 
 
+def poison_loss(monkeypatch: pytest.MonkeyPatch, after: int = 0) -> None:
+    """Make the training loss NaN from the objective's call ``after + 1`` on."""
+    original = FSEBObjective.forward
+    calls = []
+
+    def poisoned(self, *args, **kwargs):
+        terms = original(self, *args, **kwargs)
+        calls.append(1)
+        if len(calls) > after:
+            terms["loss"] = terms["loss"] * float("nan")
+        return terms
+
+    monkeypatch.setattr(FSEBObjective, "forward", poisoned)
+
+
 def _recipe_dict(folders: dict[str, Path], out: Path, epochs: int = 2) -> dict:
     return {
         "model": {"name": "test_byobnet", "pretrained": False, "input_size": 16},
@@ -216,17 +231,7 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(
     out = tmp_path / "nan"
     recipe = recipe_from_dict(_recipe_dict(folders, out))
     steps_per_epoch = 4  # 27 training images, batches of 8
-    original = FSEBObjective.forward
-    calls = []
-
-    def poisoned(self, *args, **kwargs):
-        terms = original(self, *args, **kwargs)
-        calls.append(1)
-        if len(calls) > steps_per_epoch + 1:  # the second step of epoch 2
-            terms["loss"] = terms["loss"] * float("nan")
-        return terms
-
-    monkeypatch.setattr(FSEBObjective, "forward", poisoned)
+    poison_loss(monkeypatch, after=steps_per_epoch + 1)  # from the second step of epoch 2
     with pytest.raises(NonFiniteLossError, match=r"non-finite in epoch 2 .*last good checkpoint"):
         run(recipe)
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["epoch-0001"]

@@ -16,8 +16,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# One worker per core (at most 4), each test module on one worker so its fixtures are built
+# once, and one thread per worker so the workers do not oversubscribe the cores.
 test: lint
-	$(PY) -m pytest -q
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadscope
 
 # The offline quickstart: PS-MAP vs FS-EB on scikit-learn's digits, printed side by side.
 demo: $(STAMP)

@@ -44,16 +44,15 @@ from fseb_ft.config import (
     read_recipe_file,
     recipe_from_dict,
 )
-from fseb_ft.context import ContextStream, build_context_pool
+from fseb_ft.context_setup import context_sets, context_stream, resolve_prior_on_pool
 from fseb_ft.errors import FsebError
 from fseb_ft.hub import share_run
 from fseb_ft.imagecheck import screen_splits
-from fseb_ft.images import IndexedImages, LabeledImages, Splits, as_labeled_images, stratified_split
+from fseb_ft.images import IndexedImages, Splits, as_labeled_images, stratified_split
 from fseb_ft.logs import configure_logging
-from fseb_ft.models import InputSpec, create_model, input_spec
+from fseb_ft.models import create_model, input_spec
 from fseb_ft.objective import FSEBObjective
 from fseb_ft.predict import eval_loader, predict_splits
-from fseb_ft.regularizer import resolve_prior
 from fseb_ft.report import eval_results, markdown_table, method_title, write_results
 from fseb_ft.rundir import (
     COMPARISON_JSON,
@@ -120,7 +119,7 @@ def run(
     if splits is None:
         splits = build_splits(recipe.data, recipe.train.seed)
     splits, others, dropped = screen_splits(
-        splits, _context_datasets(recipe), recipe.data.bad_images, accelerator.is_main_process
+        splits, context_sets(recipe), recipe.data.bad_images, accelerator.is_main_process
     )
     num_classes, data_warnings = _num_classes(recipe, splits)
     warned += _warn(accelerator, data_warnings)
@@ -154,8 +153,8 @@ def run(
     objective.replace_model(model, accelerator.device)
     steps_per_epoch = math.ceil(len(train_loader) / recipe.train.grad_accum_steps)
     scheduler = build_scheduler(recipe.optim, optimizer, steps_per_epoch * recipe.train.epochs)
-    context = _context_stream(recipe, splits, others, spec, accelerator, objective)
-    prior = _resolve_prior(recipe, context, objective)
+    context = context_stream(recipe, splits.train, others, spec, accelerator, objective)
+    prior = resolve_prior_on_pool(recipe.fseb, context, objective)
 
     run_info = RunInfo(
         num_classes=num_classes,
@@ -284,73 +283,6 @@ def _num_classes(recipe: Recipe, splits: Splits) -> tuple[int, list[str]]:
             f"set model.num_classes to at least {found} or null"
         )
     return k, splits.check_labels(k)
-
-
-def _context_datasets(recipe: Recipe) -> list[LabeledImages]:
-    """The context datasets a FS-EB run draws from besides its training inputs (none for PS-MAP)."""
-    if recipe.fseb.reg_scale == 0:
-        return []
-    return [
-        load_split(f"context.datasets[{i}]", s, recipe.data.channels, recipe.train.seed)
-        for i, s in enumerate(recipe.context.datasets)
-    ]
-
-
-def _context_stream(
-    recipe: Recipe,
-    splits: Splits,
-    others: list[LabeledImages],
-    spec: InputSpec,
-    accelerator: Accelerator,
-    objective: FSEBObjective,
-) -> ContextStream | None:
-    if recipe.fseb.reg_scale == 0:
-        return None
-    ctx = recipe.context
-    pool = build_context_pool(
-        kind=ctx.kind,
-        train=splits.train if ctx.kind in ("train", "mixture") else None,
-        datasets=others,
-        weights=list(ctx.weights) or None,
-        size=ctx.pool_size,
-        seed=recipe.train.seed,
-        input_size=spec.size,
-        mean=spec.mean,
-        std=spec.std,
-        perturb=ctx.perturb,
-    )
-    accelerator.print(f"context: {pool!r}")
-    return ContextStream(
-        pool,
-        ctx.batch_size,
-        recipe.train.seed,
-        accelerator,
-        objective,
-        num_workers=recipe.data.num_workers,
-    )
-
-
-def _resolve_prior(
-    recipe: Recipe, context: ContextStream | None, objective: FSEBObjective
-) -> dict[str, float] | None:
-    """Resolve ``fseb.prior_std`` into s and d from m = mean ‖h(x̂; φ0)‖² over the context pool,
-    set them on ``objective`` and return them for run.json (``None``: the recipe gives s and d).
-
-    Every process builds the same pool with the same seed, so each resolves the same s and d.
-    """
-    fseb = recipe.fseb
-    if fseb.prior_std is None or context is None:
-        return None
-    m = context.mean_sq_norm(objective)
-    scale, diag = resolve_prior(fseb.prior_std, fseb.prior_feature_share, m)
-    objective.set_prior_covariance(scale, diag)
-    return {
-        "prior_std": fseb.prior_std,
-        "feature_share": fseb.prior_feature_share,
-        "mean_sq_norm": m,
-        "prior_cov_scale": scale,
-        "prior_cov_diag": diag,
-    }
 
 
 def _save_best(model: nn.Module, objective: FSEBObjective, run_dir: Path) -> None:

@@ -26,7 +26,7 @@ The CPU budget sets the scale: a seeded, class-balanced subset of the training i
 training inputs, except for the ``context`` protocol's methods. Model
 selection uses the validation split, never the test split. Each protocol writes its table into
 ``docs/results.md`` between ``<!-- cifar10-PROTOCOL:begin -->`` and ``<!-- ...:end -->``; the
-far protocol's table ends with the paper's Table 4 rows (``benchmarks.paper_rows``).
+far and context protocols' tables end with the paper's Table 4 rows (``benchmarks.paper_rows``).
 """
 
 from __future__ import annotations
@@ -187,10 +187,10 @@ def best_val_nll(run_dir: Path) -> float:
 def table(all_results: dict[str, list[dict]], protocol: str) -> str:
     """Markdown: one row per method (mean ± standard error over seeds) and paired Δ rows.
 
-    The far protocol also gets the paper's Table 4 rows (its OOD set, SVHN, named in the cell);
-    the near protocol has no counterpart in the paper.
+    The far and context protocols also get the paper's Table 4 rows (its OOD set, SVHN, named
+    in the cell); the near protocol has no counterpart in the paper.
     """
-    paper = "cifar10-far" if protocol == "far" else None
+    paper = {"far": "cifar10-far", "context": "cifar10-context"}.get(protocol)
     return paper_fmnist.table(all_results, TEST_COLUMNS + ood_columns(protocol), paper=paper)
 
 

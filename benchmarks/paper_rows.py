@@ -154,6 +154,18 @@ PAIRINGS = {
             "MNIST and FashionMNIST",
         ),
     ),
+    "cifar10-context": Pairing(
+        (("table4", {}),),
+        Ours(
+            "EfficientNet-Lite0, ImageNet-pretrained",
+            "the training subset, resolution and epochs stated above the table",
+            "each FS-EB row's label: the 10,000 CIFAR-100 training images of `../shared` "
+            "(cifar100), or the 10,000 Tiny-ImageNet validation photos (tiny-imagenet), a "
+            "stand-in for the paper's ImageNet context of its pretrained setting",
+            "MNIST, FashionMNIST, and whichever of CIFAR-100 and Tiny-ImageNet a row does not "
+            "use as its context",
+        ),
+    ),
     **{
         f"fmnist-frac{share}": Pairing(
             (("fraction-fmnist", {"fraction": f"{share} %"}),),
@@ -186,6 +198,7 @@ SECTIONS = {
     "fmnist-context-batch": "fmnist-context-batch",
     "fmnist-tuned": "fmnist-tuned",
     "cifar10-far": "cifar10-far",
+    "cifar10-context": "cifar10-context",
 }
 
 

@@ -147,3 +147,31 @@ def test_cifar10_far_table_has_table_4_with_its_ood_set_named() -> None:
     ) in text
     assert "OOD set: paper SVHN; here MNIST and FashionMNIST." in text
     assert "paper:" not in paper_cifar10.table({"PS-MAP": [run, run]}, "near")
+
+
+def test_context_table_ends_with_table_4_and_leaves_a_rows_own_context_blank() -> None:
+    def results(acc: float, sets: tuple[str, ...]) -> dict:
+        test = {"accuracy": acc, "nll": 0.5, "ece": 0.02, "sel_pred_auc": 0.9}
+        ood = {name: {"entropy_auroc": 0.8} for name in sets}
+        return {"test": test, "ood": ood, "val_nll": 0.5}
+
+    every = ("mnist", "fmnist", "cifar100", "tiny_imagenet")
+    runs = {
+        "PS-MAP": [results(a, every) for a in (0.7, 0.8)],
+        "FS-EB (cifar100)": [results(a, ("mnist", "fmnist", "tiny_imagenet")) for a in (0.7, 0.9)],
+    }
+    lines = paper_cifar10.table(runs, "context").splitlines()
+    assert lines[0].endswith("| MNIST AUROC (%) | FMNIST AUROC (%) | CIFAR-100 AUROC (%) | "
+                             "Tiny-ImageNet AUROC (%) |")  # fmt: skip
+    # Its own context is never its OOD set: no CIFAR-100 AUROC, and no Δ for it either.
+    assert lines[3].endswith("| 80.00 ± 0.00 | 80.00 ± 0.00 | — | 80.00 ± 0.00 |")
+    assert lines[4].startswith("| Δ FS-EB (cifar100) − PS-MAP | 2 | +0.0000 ± 0.0000 | +5.00 ± ")
+    assert lines[4].endswith("| — | +0.00 ± 0.00 |")
+    paper = [line for line in lines if line.startswith("| paper: ")]
+    assert [line.split(" | ")[0] for line in paper] == [
+        "| paper: PS-MAP (ResNet-18, ImageNet-pretrained; Table 4)",
+        "| paper: FS-EB (ResNet-18, ImageNet-pretrained; context: CIFAR-100; Table 4)",
+    ]
+    assert "| 96.3 ± 0.7 (SVHN) | — | — | — |" in paper[0]
+    assert lines[-1].startswith("Paper rows: Rudner et al. (ICML 2023), Table 4")
+    assert "Context: paper CIFAR-100; here each FS-EB row's label" in lines[-1]

@@ -20,7 +20,8 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 from tqdm.auto import tqdm
 
-from fseb_ft.images import LabeledImages, allocate
+from fseb_ft.images import LabeledImages
+from fseb_ft.imagesplits import allocate
 from fseb_ft.options import CONTEXT_KINDS
 from fseb_ft.transforms import (
     check_transform_channels,

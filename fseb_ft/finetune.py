@@ -48,7 +48,8 @@ from fseb_ft.context_setup import context_sets, context_stream, resolve_prior_on
 from fseb_ft.errors import FsebError
 from fseb_ft.hub import share_run
 from fseb_ft.imagecheck import screen_splits
-from fseb_ft.images import IndexedImages, Splits, as_labeled_images, stratified_split
+from fseb_ft.images import IndexedImages, as_labeled_images
+from fseb_ft.imagesplits import Splits, stratified_split
 from fseb_ft.logs import configure_logging
 from fseb_ft.models import create_model, input_spec
 from fseb_ft.objective import FSEBObjective

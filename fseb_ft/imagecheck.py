@@ -27,7 +27,8 @@ import PIL.Image
 from tqdm.auto import tqdm
 
 from fseb_ft.errors import FsebError
-from fseb_ft.images import IndexedImages, LabeledImages, Splits
+from fseb_ft.images import IndexedImages, LabeledImages
+from fseb_ft.imagesplits import Splits
 
 __all__ = [
     "SHOWN",

@@ -16,7 +16,8 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from fseb_ft.config import EvalConfig
-from fseb_ft.images import IndexedImages, LabeledImages, Splits, stratified_split
+from fseb_ft.images import IndexedImages, LabeledImages
+from fseb_ft.imagesplits import Splits, stratified_split
 from fseb_ft.models import InputSpec
 from fseb_ft.transforms import TransformedImages, eval_transform, make_loader
 

@@ -25,7 +25,8 @@ from tqdm.auto import tqdm
 from fseb_ft.config import DatasetSpec, Recipe
 from fseb_ft.errors import FsebError
 from fseb_ft.imagepaths import find_images, read_image
-from fseb_ft.images import IndexedImages, LabeledImages, stratified_split
+from fseb_ft.images import IndexedImages, LabeledImages
+from fseb_ft.imagesplits import stratified_split
 from fseb_ft.models import InputSpec
 from fseb_ft.rundir import (
     MODEL_DIR,

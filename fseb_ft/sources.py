@@ -24,12 +24,10 @@ from fseb_ft.images import (
     HFImages,
     IndexedImages,
     LabeledImages,
-    Splits,
     _nonempty,
     content_hash,
-    select_classes,
-    stratified_split,
 )
+from fseb_ft.imagesplits import Splits, select_classes, stratified_split
 
 __all__ = [
     "DIGITS_TEST_FRACTION",

@@ -20,7 +20,8 @@ from fseb_ft.config import ConfigError, recipe_from_dict
 from fseb_ft.evaluate import evaluate_ensemble, evaluate_run
 from fseb_ft.evaluate import main as evaluate_main
 from fseb_ft.finetune import run
-from fseb_ft.images import ArrayImages, stratified_split
+from fseb_ft.images import ArrayImages
+from fseb_ft.imagesplits import stratified_split
 from fseb_ft.report import corruption_markdown
 from fseb_ft.rundir import CORRUPTION_PLOT
 from fseb_ft.transforms import TransformedImages, eval_transform

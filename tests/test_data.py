@@ -22,14 +22,8 @@ from PIL import Image
 
 from fseb_ft import sources as fdata
 from fseb_ft.config import DatasetSpec, recipe_from_dict
-from fseb_ft.images import (
-    ArrayImages,
-    HFImages,
-    IndexedImages,
-    allocate,
-    check_labels,
-    stratified_split,
-)
+from fseb_ft.images import ArrayImages, HFImages, IndexedImages
+from fseb_ft.imagesplits import allocate, check_labels, stratified_split
 from fseb_ft.models import EVAL_RESIZE
 from fseb_ft.schema import ConfigError
 from fseb_ft.sources import (

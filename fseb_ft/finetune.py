@@ -217,11 +217,12 @@ def run(
         "warnings": [*warned, *state.warnings],
     }
     if accelerator.is_main_process:
-        if evaluate_test:
-            write_results(run_dir, results, title=method_title(recipe))
+        # run.json before results.json: a results file marks a finished run, so a kill between
+        # the two must not leave one whose run.json lacks its training record.
         run_info.training = results["training"]
         write_json(run_dir / RUN_INFO_FILE, run_info.to_json())
         if evaluate_test:
+            write_results(run_dir, results, title=method_title(recipe))
             # RUN_DIR/model/ (timm's Hub format + card), pushed if output.push_to_hub; never raises.
             share_run(accelerator.unwrap_model(model), run_dir, recipe, run_info, results)
     accelerator.end_training()

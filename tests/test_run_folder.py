@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+import fseb_ft.finetune as finetune_module
 from fseb_ft.config import recipe_from_dict
 from fseb_ft.evaluate import expand_run_dirs
 from fseb_ft.evaluate import main as evaluate_main
@@ -40,16 +43,21 @@ def test_evaluating_a_folder_that_holds_no_run_is_one_clear_line(
     )
 
 
+def _tiny_psmap_recipe(tmp_path: Path, out: Path) -> dict[str, Any]:
+    """One epoch of PS-MAP on 16 two-class images, no OOD set."""
+    _write_folder(tmp_path / "data", "train", {"cat": 8, "dog": 8})
+    _write_folder(tmp_path / "data", "test", {"cat": 2, "dog": 2})
+    recipe = _recipe_dict({"ind": tmp_path / "data", "ood": tmp_path / "data"}, out, epochs=1)
+    recipe["data"]["ood"] = {}
+    recipe["fseb"]["reg_scale"] = 0.0
+    return recipe
+
+
 def test_resume_never_says_it_starts_over_and_removes_the_earlier_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _write_folder(tmp_path / "data", "train", {"cat": 8, "dog": 8})
-    _write_folder(tmp_path / "data", "test", {"cat": 2, "dog": 2})
-    folders = {"ind": tmp_path / "data", "ood": tmp_path / "data"}
     out = tmp_path / "run"
-    recipe = _recipe_dict(folders, out, epochs=1)
-    recipe["data"]["ood"] = {}
-    recipe["fseb"]["reg_scale"] = 0.0
+    recipe = _tiny_psmap_recipe(tmp_path, out)
     recipe["train"]["resume"] = "never"
     for stale in ("results.json", "corruptions.png", "checkpoints/epoch-0003/trainer_state.json"):
         (out / stale).parent.mkdir(parents=True, exist_ok=True)
@@ -61,3 +69,19 @@ def test_resume_never_says_it_starts_over_and_removes_the_earlier_run(
     assert not (out / "corruptions.png").exists()
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["epoch-0001"]
     assert (out / "results.json").read_text() != "{}"
+
+
+def test_a_run_killed_before_its_results_file_has_already_recorded_its_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # results.json marks a finished run; run.json must not lag behind it.
+    def killed(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(finetune_module, "write_results", killed)
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        run(recipe_from_dict(_tiny_psmap_recipe(tmp_path, out)))
+    assert not (out / "results.json").exists()
+    training = json.loads((out / "run.json").read_text())["training"]
+    assert (training["epochs"], training["best_epoch"]) == (1, 1)

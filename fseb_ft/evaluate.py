@@ -28,6 +28,7 @@ from torch import Tensor
 
 from fseb_ft.atomic import write_text
 from fseb_ft.config import Recipe
+from fseb_ft.imagecheck import screen_splits
 from fseb_ft.logs import configure_logging
 from fseb_ft.metrics import ensemble_log_probs
 from fseb_ft.predict import Predictions, predict_splits
@@ -299,7 +300,15 @@ def _predict_run(
 ) -> Predictions:
     """Load the run's best weights and predict its test split and OOD sets (FS-VI: with the
     Monte-Carlo predictive of its saved q(θ), :func:`~fseb_ft.rundir.run_predictor`)."""
-    splits = build_splits(recipe.data, recipe.train.seed)
+    # The images training left out (data.bad_images: skip) are left out again, so the numbers
+    # are the run's; with ``stop``, an image damaged since is one clear error, not a traceback.
+    splits, _, _ = screen_splits(
+        build_splits(recipe.data, recipe.train.seed),
+        [],
+        recipe.data.bad_images,
+        progress=accelerator.is_main_process,
+        train=False,
+    )
     model = accelerator.prepare(load_run_model(run_dir, recipe, info))
     predictor = run_predictor(run_dir, recipe, accelerator.unwrap_model(model))
     loader_kw = {"num_workers": recipe.data.num_workers, "seed": recipe.train.seed}

@@ -154,16 +154,22 @@ def screen_splits(
     context: Sequence[LabeledImages],
     policy: str,
     progress: bool = True,
+    train: bool = True,
 ) -> tuple[Splits, list[LabeledImages], dict[str, list[str]]]:
-    """:func:`screen` a run's splits and its context datasets (``context.datasets``)."""
-    named = {"data.train": splits.train, "data.val": splits.val}
+    """:func:`screen` a run's splits and its context datasets (``context.datasets``).
+
+    ``train=False`` leaves ``data.train`` unchecked: re-evaluating a run reads only the other
+    splits, and the training set is usually the largest.
+    """
+    named = {"data.train": splits.train} if train else {}
+    named["data.val"] = splits.val
     if splits.test is not None:
         named["data.test"] = splits.test
     named |= {f"data.ood.{name}": data for name, data in splits.ood.items()}
     named |= {f"context.datasets[{i}]": data for i, data in enumerate(context)}
     kept, dropped = screen(named, policy, progress)
     screened = Splits(
-        train=kept["data.train"],
+        train=kept.get("data.train", splits.train),
         val=kept["data.val"],
         test=kept.get("data.test"),
         ood={name: kept[f"data.ood.{name}"] for name in splits.ood},

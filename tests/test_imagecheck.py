@@ -14,6 +14,7 @@ import pytest
 from PIL import Image
 
 from fseb_ft.config import recipe_from_dict
+from fseb_ft.evaluate import evaluate_run
 from fseb_ft.finetune import run
 from fseb_ft.imagecheck import BadImagesError, check_image, find_bad_images, screen
 from fseb_ft.images import ArrayImages, HFImages, IndexedImages
@@ -150,14 +151,22 @@ def test_a_run_stops_before_training_naming_the_truncated_jpeg(
     assert not (tmp_path / "run" / "run.json").exists()  # stopped before anything was written
 
 
-def test_a_skipping_run_records_the_dropped_file(tmp_path: Path) -> None:
+def test_a_skipping_run_records_the_dropped_files_and_reevaluates_without_them(
+    tmp_path: Path,
+) -> None:
     recipe, bad = _bad_run(tmp_path, "skip")
-    run(recipe_from_dict(recipe))
+    bad_test = tmp_path / "data" / "ind" / "test" / "cat" / "cut.jpg"
+    bad_test.write_bytes(_truncated_jpeg())
+    results = run(recipe_from_dict(recipe))
     info = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert info["bad_images"] == {"data.train": [bad]}
+    assert info["bad_images"] == {"data.train": [bad], "data.test": [str(bad_test)]}
     assert info["num_train"] + 3 == 12  # 12 good images minus a 25 % validation split
     card = (tmp_path / "run" / "model" / "README.md").read_text()
-    assert "1 unreadable image(s) were left out" in card and bad in card
+    assert "2 unreadable image(s) were left out" in card and bad in card
+    # Re-evaluation leaves the same test image out, so it reproduces the run's numbers.
+    again = evaluate_run(tmp_path / "run", cpu=True)
+    assert again["test"]["n"] == results["test"]["n"] == 4
+    assert again["test"]["nll"] == pytest.approx(results["test"]["nll"], abs=1e-6)
 
 
 def test_the_command_prints_one_line_for_bad_images(

@@ -339,9 +339,11 @@ def _chance_warning(history: Sequence[dict[str, float]], num_val: int) -> str:
 
 
 def _warn(state: TrainState, accelerator: Accelerator, message: str) -> None:
-    """Keep ``message`` for the results and the card, and print it once (main process)."""
+    """Keep ``message`` for the results and the card, and log it once (main process), as every
+    other warning of a run is."""
     state.warnings.append(message)
-    accelerator.print(f"WARNING: {message}")
+    if accelerator.is_main_process:
+        logger.warning(message)
 
 
 def _train_epoch(

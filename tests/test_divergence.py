@@ -57,7 +57,10 @@ def test_a_diverging_run_stops_before_it_writes_results_or_a_model_card(
 
 
 def test_a_run_that_never_beats_chance_warns_in_its_results_and_model_card(
-    folders: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    folders: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # A zero head that never moves predicts class 0 for everything: exactly chance.
     recipe = _recipe_dict(folders, tmp_path / "run", epochs=1)
@@ -73,7 +76,9 @@ def test_a_run_that_never_beats_chance_warns_in_its_results_and_model_card(
             "> **Warning:** validation accuracy never beat chance"
             in (tmp_path / "run" / page).read_text()
         )
+    # Logged once, as the run's other warnings are (logs.configure_logging: "WARNING fseb_ft: …").
+    logged = [r for r in caplog.records if "never beat chance" in r.getMessage()]
+    assert [(r.name, r.levelname) for r in logged] == [("fseb_ft", "WARNING")]
     out = capsys.readouterr().out
-    assert "WARNING: validation accuracy never beat chance" in out
     epoch_lines = [line for line in out.splitlines() if line.startswith("epoch ")]
     assert len(epoch_lines) == 1 and all("train_param_reg=" in line for line in epoch_lines)

@@ -33,13 +33,14 @@ from fseb_ft.rundir import RUN_INFO_FILE, TRAINER_STATE, latest_checkpoint
 
 ARMS = ("psmap", "fseb")
 LABELS = {"psmap": "PS-MAP", "fseb": "FS-EB"}
-# (column title, key in a results block, OOD set or None, scale)
+# (column title, key in a results block, OOD set or None, scale); "{ood}" is the OOD set's title.
 COLUMNS = (
     ("Acc. (%)", "accuracy", None, 100.0),
     ("NLL", "nll", None, 1.0),
     ("ECE (%)", "ece", None, 100.0),
-    ("OOD AUROC (%)", "entropy_auroc", "ood", 100.0),
+    ("{ood} AUROC (%)", "entropy_auroc", "ood", 100.0),
 )
+OOD_TITLES = {"mnist": "MNIST", "fmnist": "FashionMNIST"}  # else the recipe's name of the set
 
 
 def _fseb_ft(*args: str, check: bool = True) -> None:
@@ -79,11 +80,13 @@ def _value(results: dict[str, Any], key: str, ood: str | None, scaled: bool) -> 
     return scores[key]
 
 
-def _cell(values: Sequence[float], scale: float) -> str:
+def _cell(values: Sequence[float], scale: float, signed: bool = False) -> str:
+    """Mean ± standard error; a difference (``signed``) carries its sign, + or −."""
     mean = statistics.fmean(values) * scale
     se = statistics.stdev(values) * scale / math.sqrt(len(values)) if len(values) > 1 else 0.0
     digits = 2 if scale != 1.0 else 4
-    return f"{mean:.{digits}f} ± {se:.{digits}f}"
+    text = f"{mean:{'+' if signed else ''}.{digits}f}".replace("-", "−")
+    return f"{text} ± {se:.{digits}f}"
 
 
 def table(out: Path, seeds: Sequence[int], paper: str | None = None) -> str:
@@ -93,7 +96,8 @@ def table(out: Path, seeds: Sequence[int], paper: str | None = None) -> str:
     ``paper`` names a pairing of ``benchmarks.paper_rows`` whose paper rows follow ours.
     """
     runs = {arm: _results(out, arm, seeds) for arm in ARMS}
-    header = ["Method", "seeds", *(c[0] for c in COLUMNS)]
+    (ood,) = runs["psmap"][0]["ood"]
+    header = ["Method", "seeds", *(c[0].format(ood=OOD_TITLES.get(ood, ood)) for c in COLUMNS)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     common = sorted(set(runs["psmap"]) & set(runs["fseb"]))
     for scaled in (False, True):
@@ -105,7 +109,7 @@ def table(out: Path, seeds: Sequence[int], paper: str | None = None) -> str:
             lines.append("| " + " | ".join([LABELS[arm] + suffix, _seeds(got), *cells]) + " |")
         delta = [
             _cell([_value(runs["fseb"][s], k, o, scaled) - _value(runs["psmap"][s], k, o, scaled)
-                   for s in common], scale)
+                   for s in common], scale, signed=True)
             for _, k, o, scale in COLUMNS
         ]  # fmt: skip
         paired = ", ".join(map(str, common))

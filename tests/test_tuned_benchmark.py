@@ -31,20 +31,27 @@ def test_table_pairs_seeds_and_cost_is_trials_over_the_winner(tmp_path: Path) ->
             (folder / "results.json").write_text(json.dumps(_results(acc, 0.3)))
     text = tuned.table(tmp_path, [1, 2])
     assert "| PS-MAP | 0, 1, 2 | 92.00 ± 1.15 |" in text
-    assert "| Δ FS-EB | 0, 1, 2 | 1.33 ± 0.33 |" in text  # per-seed differences 1, 2, 1
+    assert text.startswith("| Method | seeds | Acc. (%) | NLL | ECE (%) | MNIST AUROC (%) |")
+    assert "| Δ FS-EB | 0, 1, 2 | +1.33 ± 0.33 | +0.0000 ± 0.0000 |" in text  # differences 1, 2, 1
     assert "| FS-EB + TS | 0, 1, 2 |" in text and "| Δ FS-EB + TS |" in text
     (tmp_path / "seeds" / "psmap-seed2" / "results.json").unlink()  # that run diverged
     text = tuned.table(tmp_path, [1, 2])
     assert "| PS-MAP | 0, 1 | 91.00 ± 1.00 |" in text
-    assert "| Δ FS-EB | 0, 1 | 1.50 ± 0.50 |" in text  # paired on seeds 0 and 1 only
+    assert "| Δ FS-EB | 0, 1 | +1.50 ± 0.50 |" in text  # paired on seeds 0 and 1 only
     assert "PS-MAP: seed(s) 2 stopped (diverged)." in text
     with_paper = tuned.table(tmp_path, [1, 2], paper="fmnist-tuned")
     assert with_paper.startswith(text.split("\n\n")[0])  # ours unchanged, paper rows after
     assert (
         "| paper: PS-MAP (ResNet-18, from scratch; Tables 1, 3) | 5 | 93.8 ± 0.0 | 0.26 ± 0.00 "
-        "| 3.6 ± 0.0 | 94.9 ± 0.4 (MNIST) |"
+        "| 3.6 ± 0.0 | 94.9 ± 0.4 |"  # the paper's OOD set is the column's: MNIST
     ) in with_paper
     assert with_paper.rstrip().endswith("PS-MAP: seed(s) 2 stopped (diverged).")
     assert tuned.sweep_cost(tmp_path)["FS-EB"] == {
         "trials": 2, "seconds": 40.0, "one_run": 30.0, "ratio": 40.0 / 30.0
     }  # fmt: skip
+
+
+def test_a_difference_carries_its_sign_and_a_level_does_not() -> None:
+    assert tuned._cell([-0.01, -0.03], 1.0, signed=True) == "−0.0200 ± 0.0100"
+    assert tuned._cell([0.5, 0.7], 100.0, signed=True) == "+60.00 ± 10.00"
+    assert tuned._cell([0.5, 0.7], 100.0) == "60.00 ± 10.00"

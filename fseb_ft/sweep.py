@@ -58,7 +58,7 @@ from fseb_ft.rundir import (
 from fseb_ft.schema import set_key
 from fseb_ft.train import NonFiniteLossError, TrainingDivergedError, higher_is_better
 
-__all__ = ["compare_sweeps", "default_space", "main", "search_space", "sweep"]
+__all__ = ["compare_sweeps", "default_space", "main", "psmap_point", "search_space", "sweep"]
 
 logger = logging.getLogger("fseb_ft")
 
@@ -81,6 +81,13 @@ _FSEB_ONLY = (
     "fseb.forward_mode",
     "context.",
 )
+# The end of each FS-EB-only range where the function-space term is weakest: PS-MAP in effect.
+_WEAKEST_PRIOR = {
+    "fseb.reg_scale": "low",
+    "fseb.prior_cov_scale": "high",
+    "fseb.prior_cov_diag": "high",
+    "fseb.prior_std": "high",
+}
 # Trial outcomes that are results (bad values diverge); anything else is an interruption.
 _DIVERGED = (TrainingDivergedError, NonFiniteLossError)
 _ERROR, _RETRY_OF, _HOST, _PID, _DIR = "error", "retry_of", "host", "pid", "dir"
@@ -147,14 +154,16 @@ def sweep(
     trials: int,
     storage: str | None = None,
     study_name: str | None = None,
+    first: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run (or continue) the study until ``trials`` trials have finished; report the winner.
 
     Finished means complete, pruned or diverged; an interrupted trial is run again with the same
-    values in the same folder. Writes ``leaderboard.md`` / ``.json``, ``best_recipe.yaml`` and
-    ``sweep.png`` to ``recipe.output.dir``, evaluates the winner's test split once and exports
-    its model folder. Returns the leaderboard (as in ``leaderboard.json``), with the winner's
-    results under ``best.results``.
+    values in the same folder. ``first`` gives values of the study's first trial (queued only
+    while the study has no trial; keys it lacks are sampled). Writes ``leaderboard.md`` /
+    ``.json``, ``best_recipe.yaml`` and ``sweep.png`` to ``recipe.output.dir``, evaluates the
+    winner's test split once and exports its model folder. Returns the leaderboard (as in
+    ``leaderboard.json``), with the winner's results under ``best.results``.
 
     Raises:
         ConfigError: ``trials`` < 1, or the stored study optimises another metric.
@@ -167,6 +176,8 @@ def sweep(
     space = search_space(recipe)
     study = _study(recipe, storage or f"sqlite:///{(out / STUDY_DB).resolve()}", study_name)
     _requeue_interrupted(study)
+    if first and not study.get_trials(deepcopy=False):
+        study.enqueue_trial(dict(first))
     while (done := len(_finished(study))) < trials:
         trial = study.ask()
         trial.set_user_attr(_HOST, socket.gethostname())
@@ -208,7 +219,10 @@ def compare_sweeps(
     """Sweep PS-MAP (over its own space) and the recipe's FS-EB, with the same trial budget.
 
     The sweeps go to ``output.dir``/psmap and /fseb (studies ``NAME-psmap`` and ``NAME-fseb``);
-    their winners are printed side by side and written to ``comparison.md`` / ``.json``.
+    their winners are printed side by side and written to ``comparison.md`` / ``.json``. FS-EB's
+    first trial is the point of its space nearest PS-MAP's winner (:func:`psmap_point`), so its
+    winner is no worse on validation than a PS-MAP in effect, whatever the budget: with few
+    trials, a sampler alone may never reach the weak-prior corner that contains PS-MAP.
 
     Raises:
         ConfigError: the recipe's ``fseb.reg_scale`` is 0, so it has no FS-EB setting.
@@ -229,17 +243,35 @@ def compare_sweeps(
         ),
         "FS-EB": recipe,
     }
-    boards = {}
+    boards: dict[str, dict[str, Any]] = {}
     for label, arm in arms.items():
         slug = label.replace("-", "").lower()
         arm = dataclasses.replace(arm, output=dataclasses.replace(arm.output, dir=str(out / slug)))
-        boards[label] = sweep(arm, trials, storage, f"{base}-{slug}")
+        psmap = boards.get("PS-MAP", {}).get("best")
+        first = psmap_point(search_space(arm), psmap["params"]) if psmap else None
+        boards[label] = sweep(arm, trials, storage, f"{base}-{slug}", first)
     table = _comparison_table(boards, recipe.sweep.metric)
     if PartialState().is_main_process:
         write_text(out / COMPARISON_MD, f"# {recipe.model.name}: sweeps compared\n\n{table}")
         write_json(out / COMPARISON_JSON, boards)
         print(f"\n{table}written to {out}")
     return boards
+
+
+def psmap_point(space: Mapping[str, SweepParam], psmap: Mapping[str, Any]) -> dict[str, Any]:
+    """The point of FS-EB's ``space`` nearest PS-MAP's winning values ``psmap``.
+
+    The keys both search take PS-MAP's values; each FS-EB range that sets the prior's strength
+    takes the end where the function-space term is weakest (the smallest ``reg_scale``, the
+    largest ``prior_std``, s or d). Other keys (``prior_feature_share``, ``context.kind``) are
+    left out, for the sampler to choose.
+    """
+    point = {key: value for key, value in psmap.items() if key in space}
+    for key, end in _WEAKEST_PRIOR.items():
+        param = space.get(key)
+        if param is not None and not param.choices:
+            point[key] = param.low if end == "low" else param.high
+    return point
 
 
 # --------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import fseb_ft.finetune as finetune_module
 import fseb_ft.train as train_module
 from fseb_ft.config import ConfigError, SweepParam, load_recipe, recipe_from_dict
 from fseb_ft.finetune import resolve_recipe
-from fseb_ft.sweep import default_space, main, search_space, sweep
+from fseb_ft.sweep import default_space, main, psmap_point, search_space, sweep
 from tests.test_pipeline import _recipe_dict, _write_folder
 
 SPACE = {"optim.lr": {"low": 0.01, "high": 0.1, "log": True}}
@@ -228,3 +228,36 @@ def test_a_space_key_is_one_override_its_dotted_key_whole(tmp_path: Path) -> Non
     assert str(err.value) == "sweep.space.optim.lr.low=None: give either low and high, or choices"
     with pytest.raises(ConfigError, match=r"^sweep.space: 'optim.lrr' is not a recipe key"):
         load_recipe(path, ["sweep.space.optim.lrr={low: 0.1, high: 1}"])
+
+
+def test_fsebs_first_point_is_psmaps_winner_with_the_weakest_prior_in_the_space() -> None:
+    space = {
+        "optim.lr": SweepParam(low=1e-3, high=0.1, log=True),
+        "fseb.prior_var": SweepParam(low=0.1, high=10.0, log=True),
+        "fseb.reg_scale": SweepParam(low=0.01, high=10.0, log=True),
+        "fseb.prior_cov_diag": SweepParam(low=1e-3, high=10.0, log=True),
+        "fseb.prior_feature_share": SweepParam(low=0.0, high=0.95),
+        "context.kind": SweepParam(choices=("train", "dataset")),
+    }
+    psmap = {"optim.lr": 0.013, "fseb.prior_var": 2.7}
+    assert psmap_point(space, psmap) == {
+        "optim.lr": 0.013,
+        "fseb.prior_var": 2.7,
+        "fseb.reg_scale": 0.01,  # the smallest term
+        "fseb.prior_cov_diag": 10.0,  # the loosest prior
+    }  # the share and the context kind are the sampler's to choose
+    scale_free = {"fseb.prior_std": SweepParam(low=0.1, high=100.0, log=True)}
+    assert psmap_point(scale_free, psmap) == {"fseb.prior_std": 100.0}  # lr is not searched
+
+
+def test_compare_starts_fseb_from_psmaps_winner(folders: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "cmp"
+    raw = yaml.safe_load(_recipe_file(folders, out).read_text())
+    raw["sweep"]["space"]["fseb.reg_scale"] = {"low": 0.01, "high": 1.0, "log": True}
+    recipe = out.parent / "cmp-fseb.yaml"
+    recipe.write_text(yaml.safe_dump(raw))
+    boards = main([str(recipe), "--trials", "1", "--compare"])
+    psmap, fseb = boards["PS-MAP"]["best"]["params"], boards["FS-EB"]["best"]["params"]
+    assert set(psmap) == {"optim.lr"}  # PS-MAP does not search the FS-EB-only key
+    assert fseb == {"optim.lr": psmap["optim.lr"], "fseb.reg_scale": 0.01}
+    assert (out / "comparison.md").is_file()

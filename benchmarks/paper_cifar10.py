@@ -38,7 +38,7 @@ from pathlib import Path
 
 import datasets
 
-from benchmarks import paper_fmnist
+from benchmarks import paper_fmnist, paper_rows
 from benchmarks.paper_fmnist import (
     SHARED,
     cifar_folder,
@@ -86,13 +86,7 @@ def ood_columns(protocol: str) -> tuple[tuple[str, tuple[str, ...], float], ...]
         "near": ("held_out",),
         "context": ("mnist", "fmnist", "cifar100", "tiny_imagenet"),
     }[protocol]
-    titles = {
-        "mnist": "MNIST",
-        "fmnist": "FMNIST",
-        "held_out": "4 held-out classes",
-        "cifar100": "CIFAR-100",
-        "tiny_imagenet": "Tiny-ImageNet",
-    }
+    titles = paper_rows.OOD_TITLES
     return tuple((f"{titles[n]} AUROC (%)", ("ood", n, "entropy_auroc"), 100.0) for n in names)
 
 

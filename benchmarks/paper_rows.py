@@ -41,6 +41,14 @@ VALUE = re.compile(r"^\d+(\.\d+)?( ± \d+(\.\d+)?)?$")  # as printed: "93.8 ± 0
 COLUMN_METRICS = {"Acc. (%)": "acc", "NLL": "nll", "ECE (%)": "ece", "Sel. Pred. (%)": "sel_pred"}
 AUROC_COLUMN = re.compile(r"^(?P<set>.+) AUROC \(%\)$")
 OOD_ALIASES = {"fmnist": "fashionmnist"}
+# Our OOD sets' recipe names → the titles of their "<title> AUROC (%)" columns in our tables.
+OOD_TITLES = {
+    "mnist": "MNIST",
+    "fmnist": "FMNIST",
+    "held_out": "4 held-out classes",
+    "cifar100": "CIFAR-100",
+    "tiny_imagenet": "Tiny-ImageNet",
+}
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,6 @@ COLUMNS = (
     ("ECE (%)", "ece", None, 100.0),
     ("{ood} AUROC (%)", "entropy_auroc", "ood", 100.0),
 )
-OOD_TITLES = {"mnist": "MNIST", "fmnist": "FashionMNIST"}  # else the recipe's name of the set
 
 
 def _fseb_ft(*args: str, check: bool = True) -> None:
@@ -97,7 +96,11 @@ def table(out: Path, seeds: Sequence[int], paper: str | None = None) -> str:
     """
     runs = {arm: _results(out, arm, seeds) for arm in ARMS}
     (ood,) = runs["psmap"][0]["ood"]
-    header = ["Method", "seeds", *(c[0].format(ood=OOD_TITLES.get(ood, ood)) for c in COLUMNS)]
+    header = [
+        "Method",
+        "seeds",
+        *(c[0].format(ood=paper_rows.OOD_TITLES.get(ood, ood)) for c in COLUMNS),
+    ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     common = sorted(set(runs["psmap"]) & set(runs["fseb"]))
     for scaled in (False, True):

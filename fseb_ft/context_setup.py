@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from accelerate import Accelerator
 
-from fseb_ft.config import FSEBConfig, Recipe
+from fseb_ft.config import ContextConfig, FSEBConfig
 from fseb_ft.context import ContextStream, build_context_pool
 from fseb_ft.images import LabeledImages
 from fseb_ft.models import InputSpec
@@ -20,36 +20,32 @@ from fseb_ft.sources import load_split
 __all__ = ["context_sets", "context_stream", "resolve_prior_on_pool"]
 
 
-def context_sets(recipe: Recipe) -> list[LabeledImages]:
-    """The context datasets a FS-EB run draws from besides its training inputs (none for PS-MAP)."""
-    if recipe.fseb.reg_scale == 0:
-        return []
+def context_sets(ctx: ContextConfig, channels: int, seed: int) -> list[LabeledImages]:
+    """The datasets of ``context.datasets``, loaded with the run's ``channels`` and ``seed``."""
     return [
-        load_split(f"context.datasets[{i}]", s, recipe.data.channels, recipe.train.seed)
-        for i, s in enumerate(recipe.context.datasets)
+        load_split(f"context.datasets[{i}]", s, channels, seed) for i, s in enumerate(ctx.datasets)
     ]
 
 
 def context_stream(
-    recipe: Recipe,
+    ctx: ContextConfig,
+    seed: int,
     train: LabeledImages,
     others: list[LabeledImages],
     spec: InputSpec,
     accelerator: Accelerator,
     objective: FSEBObjective,
-) -> ContextStream | None:
-    """The stream of context batches of a FS-EB run (``None`` for PS-MAP), its pool drawn from
-    ``train`` and/or ``others`` as ``recipe.context`` says, seeded by ``recipe.train.seed``."""
-    if recipe.fseb.reg_scale == 0:
-        return None
-    ctx = recipe.context
+    num_workers: int = 0,
+) -> ContextStream:
+    """The stream of context batches of a FS-EB run, its pool drawn from ``train`` and/or
+    ``others`` (:func:`context_sets`) as ``ctx`` says, seeded by the run's ``seed``."""
     pool = build_context_pool(
         kind=ctx.kind,
         train=train if ctx.kind in ("train", "mixture") else None,
         datasets=others,
         weights=list(ctx.weights) or None,
         size=ctx.pool_size,
-        seed=recipe.train.seed,
+        seed=seed,
         input_size=spec.size,
         mean=spec.mean,
         std=spec.std,
@@ -57,12 +53,7 @@ def context_stream(
     )
     accelerator.print(f"context: {pool!r}")
     return ContextStream(
-        pool,
-        ctx.batch_size,
-        recipe.train.seed,
-        accelerator,
-        objective,
-        num_workers=recipe.data.num_workers,
+        pool, ctx.batch_size, seed, accelerator, objective, num_workers=num_workers
     )
 
 

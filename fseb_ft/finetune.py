@@ -119,14 +119,18 @@ def run(
     set_seed(recipe.train.seed)
     if splits is None:
         splits = build_splits(recipe.data, recipe.train.seed)
+    fseb_run = recipe.fseb.reg_scale != 0  # PS-MAP draws no context
+    seed = recipe.train.seed
     splits, others, dropped = screen_splits(
-        splits, context_sets(recipe), recipe.data.bad_images, accelerator.is_main_process
+        splits,
+        context_sets(recipe.context, recipe.data.channels, seed) if fseb_run else [],
+        recipe.data.bad_images,
+        accelerator.is_main_process,
     )
     num_classes, data_warnings = _num_classes(recipe, splits)
     warned += _warn(accelerator, data_warnings)
     model = create_model(recipe.model, num_classes, in_chans=recipe.data.channels)
     spec = input_spec(model, recipe.model, recipe.data)
-    seed = recipe.train.seed
     train_set = TransformedImages(
         splits.train, train_transform(spec.size, spec.mean, spec.std, recipe.data.augment, seed)
     )
@@ -154,7 +158,20 @@ def run(
     objective.replace_model(model, accelerator.device)
     steps_per_epoch = math.ceil(len(train_loader) / recipe.train.grad_accum_steps)
     scheduler = build_scheduler(recipe.optim, optimizer, steps_per_epoch * recipe.train.epochs)
-    context = context_stream(recipe, splits.train, others, spec, accelerator, objective)
+    context = (
+        context_stream(
+            recipe.context,
+            seed,
+            splits.train,
+            others,
+            spec,
+            accelerator,
+            objective,
+            num_workers=recipe.data.num_workers,
+        )
+        if fseb_run
+        else None
+    )
     prior = resolve_prior_on_pool(recipe.fseb, context, objective)
 
     run_info = RunInfo(

@@ -67,15 +67,16 @@ class BadImage:
 
 
 class BadImagesError(FsebError, ValueError):
-    """Images that cannot be read were found before training (``data.bad_images: stop``)."""
+    """Images that cannot be read were found before they were used (``data.bad_images: stop``):
+    before training, or before ``fseb-ft evaluate`` re-reads a run's evaluation splits."""
 
     def __init__(self, bad: list[BadImage]) -> None:
         """Name the first :data:`SHOWN` bad images and give the count."""
         shown = "; ".join(f"{b.key}: {b.name} ({b.reason})" for b in bad[:SHOWN])
         more = f"; and {len(bad) - SHOWN} more" if len(bad) > SHOWN else ""
         super().__init__(
-            f"{len(bad)} image(s) cannot be read, found before training: {shown}{more}. "
-            "Replace or remove them, or set data.bad_images=skip to train without them."
+            f"{len(bad)} image(s) cannot be read: {shown}{more}. "
+            "Replace or remove them, or set data.bad_images=skip to leave them out."
         )
         self.bad = bad
 

@@ -1,6 +1,7 @@
 """What the commands log: fseb_ft's own lines, and the libraries' only when asked (``-v``).
 
-Accelerate logs a line for every file of every checkpoint at INFO, matplotlib its font cache;
+Accelerate logs a line for every file of every checkpoint at INFO, timm each checkpoint it loads
+and the classifier keys it leaves out, matplotlib its font cache;
 people running a command want progress bars and results, so those libraries log warnings only
 unless ``verbose``.
 """
@@ -9,7 +10,7 @@ import logging
 
 __all__ = ["QUIET_LIBRARIES", "configure_logging"]
 
-QUIET_LIBRARIES = ("accelerate", "datasets", "huggingface_hub", "matplotlib", "optuna")
+QUIET_LIBRARIES = ("accelerate", "datasets", "huggingface_hub", "matplotlib", "optuna", "timm")
 """Libraries whose INFO lines are hidden unless ``verbose``."""
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 from timm.models import save_for_hf
 
 from fseb_ft.config import ConfigError, DataConfig, DatasetSpec, ModelConfig, recipe_from_dict
+from fseb_ft.logs import configure_logging
 from fseb_ft.models import create_model, input_spec
 from fseb_ft.objective import timm_features
 
@@ -87,3 +89,19 @@ def test_unknown_model_and_missing_weights_are_clear_errors(tmp_path: Path) -> N
         create_model(ModelConfig(name="no_such_net"), num_classes=3)
     with pytest.raises((OSError, FileNotFoundError, RuntimeError)):
         create_model(ModelConfig(name=f"local-dir:{tmp_path / 'missing'}"), num_classes=3)
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_loading_a_backbone_logs_timm_info_lines_only_when_verbose(
+    tmp_path: Path, verbose: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    save_for_hf(timm.create_model("test_byobnet", num_classes=7), tmp_path / "folder")
+    configure_logging(verbose)
+    try:
+        with caplog.at_level(logging.NOTSET):
+            create_model(ModelConfig(name=f"local-dir:{tmp_path / 'folder'}"), num_classes=3)
+    finally:
+        configure_logging(False)
+    timm_lines = [r for r in caplog.records if r.name.startswith("timm")]
+    # timm says "Loaded … from checkpoint" and names the head keys it left out, at INFO.
+    assert bool(timm_lines) == verbose

@@ -347,8 +347,9 @@ class EvalConfig:
     (averaged probabilities, no logits) and are left out of its results."""
     temperature_scaling: bool = False
     """Also fit a temperature ``T`` on the validation split (minimising its NLL) and report the
-    test and OOD metrics of ``softmax(logits / T)`` as a second row "<method> + TS", and as
-    ``temperature_scaled`` in ``results.json``; the model card and ``fseb.json`` give ``T``."""
+    test, OOD and corruption metrics of ``softmax(logits / T)`` as a second row "<method> + TS",
+    and as ``temperature_scaled`` in ``results.json``; the model card and ``fseb.json`` give
+    ``T``."""
 
     def __post_init__(self) -> None:
         check(self.batch_size >= 1, "batch_size", self.batch_size, "must be ≥ 1")

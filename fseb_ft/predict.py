@@ -55,14 +55,26 @@ class Predictions:
     ``None`` when it is off."""
 
     def scaled(self, temperature: float) -> Predictions:
-        """The test and OOD predictions of ``logits / temperature`` (no corruptions, no val)."""
+        """The predictions of ``logits / temperature`` on the test split, the OOD sets and the
+        corruptions (no val).
+
+        The corruptions keep log-probabilities only, and need nothing more: ``log p = z − c``
+        with ``c`` the same for every class of an image, and softmax ignores that shift, so
+        ``log_softmax(log p / T) = log_softmax(z / T)``.
+        """
         if self.test_logits is None:
             raise ValueError("temperature scaling needs logits; these predictions have none")
         ood = {name: z / temperature for name, z in self.ood_logits.items()}  # (N_o, K) each
         test_logits = self.test_logits / temperature  # (N, K)
+        corruptions = {
+            name: {sev: torch.log_softmax(lp / temperature, -1) for sev, lp in by_sev.items()}
+            for name, by_sev in self.corruptions.items()
+        }  # name → severity → (N_c, K)
         return Predictions(
             test=(torch.log_softmax(test_logits, -1), self.test[1]),
             ood={name: torch.log_softmax(z, -1) for name, z in ood.items()},
+            corruptions=corruptions,
+            corruption_labels=self.corruption_labels,
             test_logits=test_logits,
             ood_logits=ood,
         )

@@ -180,8 +180,9 @@ def corruption_markdown(results: Mapping[str, Any]) -> str:
     """Markdown tables of the corrupted test split (empty without ``corruptions``).
 
     The first gives, per severity, the mean over the corruptions of accuracy, NLL, ECE and
-    Sel. Pred. (the clean test split first, for reference); the second the accuracy and ECE of
-    every corruption at every severity.
+    Sel. Pred. (the clean test split first, for reference), each row followed by its
+    temperature-scaled one ("<severity> + TS") when ``results`` has a ``temperature_scaled``
+    block; the second the accuracy and ECE of every corruption at every severity.
     """
     corruptions = results.get("corruptions") or {}
     if not corruptions:
@@ -195,8 +196,16 @@ def corruption_markdown(results: Mapping[str, Any]) -> str:
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
     ]
+    scaled = results.get("temperature_scaled") or {}
+    scaled_summary = scaled.get("corruption_summary") or {}
     rows = [("clean", results.get("test", {}))]
-    rows += [(sev if sev != "all" else "all severities", m) for sev, m in summary.items()]
+    if scaled_summary:
+        rows.append((f"clean{TS_SUFFIX}", scaled["test"]))
+    for sev, metrics in summary.items():
+        label = sev if sev != "all" else "all severities"
+        rows.append((label, metrics))
+        if sev in scaled_summary:
+            rows.append((f"{label}{TS_SUFFIX}", scaled_summary[sev]))
     for label, metrics in rows:
         cells = [_num(metrics.get(key), scale) for key, _, scale in columns]
         lines.append("| " + " | ".join([label, *cells]) + " |")
@@ -389,7 +398,7 @@ def temperature_scaled_results(
 ) -> dict[str, Any]:
     """``{"temperature": T, "test": ..., "ood": ...}``: ``T`` fitted on ``predictions.val`` by
     NLL (:func:`~fseb_ft.temperature.fit_temperature`), then the metrics of ``logits / T`` on the
-    test split and OOD sets (as :func:`evaluate_predictions`; corruptions are not rescaled).
+    test split, the OOD sets and the corruptions (as :func:`evaluate_predictions`).
     A fit that ran into an end of the searched range is not used: ``T`` = 1, with the fitted
     value and a ``note`` saying why.
     """
@@ -401,6 +410,8 @@ def temperature_scaled_results(
     metrics = evaluate_predictions(
         scaled.test,
         scaled.ood,
+        scaled.corruptions,
+        scaled.corruption_labels,
         ood_scores=ood_scores,
         test_logits=scaled.test_logits,
         ood_logits=scaled.ood_logits,

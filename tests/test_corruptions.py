@@ -22,7 +22,8 @@ from fseb_ft.evaluate import main as evaluate_main
 from fseb_ft.finetune import run
 from fseb_ft.images import ArrayImages
 from fseb_ft.imagesplits import stratified_split
-from fseb_ft.report import corruption_markdown
+from fseb_ft.predict import Predictions
+from fseb_ft.report import corruption_markdown, evaluate_predictions, temperature_scaled_results
 from fseb_ft.rundir import CORRUPTION_PLOT
 from fseb_ft.transforms import TransformedImages, eval_transform
 
@@ -258,6 +259,55 @@ def test_corruption_plot_and_tables(tmp_path: Path) -> None:
     assert "| 3 | 57.50 |" in md  # mean of 60 % and 55 %
     assert "| fog | 75.00 / 2.00 | 55.00 / 2.00 | 35.00 / 2.00 |" in md
     assert corruption_markdown({"test": results["test"]}) == ""
+
+
+def test_temperature_scaling_rescales_the_corruptions_as_if_from_their_logits() -> None:
+    gen = torch.Generator().manual_seed(0)
+    z = torch.randn(40, 3, generator=gen, dtype=torch.float64) * 3  # (N, K) test logits
+    zc = torch.randn(20, 3, generator=gen, dtype=torch.float64) * 3  # (N_c, K) corrupted logits
+    labels = torch.randint(0, 3, (40,), generator=gen)
+    labels_c = labels[:20]
+    predictions = Predictions(
+        test=(z.log_softmax(-1), labels),
+        corruptions={"fog": {2: zc.log_softmax(-1)}},
+        corruption_labels=labels_c,
+        test_logits=z,
+        val=(z[:30].float(), labels[:30]),
+    )
+    scaled = predictions.scaled(2.5)
+    # Only log-probabilities are kept for corruptions; softmax ignores their per-image shift.
+    torch.testing.assert_close(scaled.corruptions["fog"][2], (zc / 2.5).log_softmax(-1))
+    assert scaled.corruption_labels is labels_c
+    ts = temperature_scaled_results(predictions)
+    expected = evaluate_predictions(
+        (z.log_softmax(-1), labels),
+        corruptions={"fog": {2: (zc / ts["temperature"]).log_softmax(-1)}},
+        corruption_labels=labels_c,
+    )
+    assert ts["corruptions"]["fog"]["2"]["nll"] == pytest.approx(
+        expected["corruptions"]["fog"]["2"]["nll"]
+    )
+    assert (
+        ts["corruption_summary"]["all"]["accuracy"]
+        == expected["corruptions"]["fog"]["2"]["accuracy"]
+    )
+
+
+def test_corruption_table_puts_each_temperature_scaled_row_under_its_own() -> None:
+    results = _fake_results()
+    scaled = {**results["test"], "nll": 0.25}
+    results["temperature_scaled"] = {
+        "temperature": 1.5,
+        "test": scaled,
+        "corruption_summary": {"1": scaled, "3": scaled, "5": scaled, "all": scaled},
+    }
+    lines = corruption_markdown(results).splitlines()
+    labels = [line.split(" | ")[0].removeprefix("| ") for line in lines if line.startswith("| ")]
+    assert labels[:11] == [
+        "Severity", "clean", "clean + TS", "1", "1 + TS", "3", "3 + TS", "5", "5 + TS",
+        "all severities", "all severities + TS",
+    ]  # fmt: skip
+    assert "| 3 + TS | 90.00 | 0.2500 |" in "\n".join(lines)
 
 
 def test_run_reports_every_corruption_and_severity_and_reevaluates_from_the_cache(

@@ -34,6 +34,9 @@ class DatasetSpec:
     """Split name (``train``, ``test``, ``validation``; ``t10k`` for MNIST-style IDX files)."""
     revision: str | None = None
     """Hub revision (tag, branch or commit) to pin a ``hub`` dataset."""
+    config: str | None = None
+    """The configuration (subset) of a ``hub`` dataset that has several, the ``name`` argument
+    of ``datasets.load_dataset`` (e.g. ``plain_text``); ``null``: its only or default one."""
     image_column: str = "image"
     """Column holding the image (HF sources)."""
     label_column: str = "label"
@@ -50,6 +53,12 @@ class DatasetSpec:
     def __post_init__(self) -> None:
         needs_path = self.source != "sklearn_digits"
         check(not needs_path or bool(self.path), "path", self.path, f"required for {self.source}")
+        check(
+            self.config is None or self.source == "hub",
+            "config",
+            self.config,
+            f"applies to source hub only, not {self.source}",
+        )
         check(self.limit is None or self.limit > 0, "limit", self.limit, "must be > 0 or null")
         check(
             self.fraction is None or 0.0 < self.fraction <= 1.0,
@@ -132,7 +141,7 @@ class DataConfig:
 def _same_images(a: DatasetSpec, b: DatasetSpec) -> bool:
     """Whether two specs may share images: the same split of the same source, and classes not
     disjoint (a ``limit`` subset of a split still shares its images)."""
-    where = ("source", "path", "split", "revision")
+    where = ("source", "path", "config", "split", "revision")
     if any(getattr(a, k) != getattr(b, k) for k in where):
         return False
     return a.classes is None or b.classes is None or bool(set(a.classes) & set(b.classes))

@@ -240,7 +240,7 @@ def load_spec(spec: DatasetSpec, channels: int = 3, seed: int = 0) -> LabeledIma
     if spec.source == "hub":
         data: LabeledImages = load_hub(
             spec.path, spec.split, spec.revision, spec.image_column, spec.label_column,
-            channels=channels,
+            config=spec.config, channels=channels,
         )  # fmt: skip
     elif spec.source == "imagefolder":
         data = load_imagefolder(path, spec.split, channels=channels)

@@ -222,6 +222,35 @@ def test_load_hub_forwards_id_revision_and_split(monkeypatch: pytest.MonkeyPatch
     assert data.class_names == ["a", "b"]
 
 
+def test_a_recipes_hub_config_reaches_load_dataset_and_only_hub_takes_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = []
+
+    def fake_load_dataset(path: str, name: str | None, **kwargs: object) -> datasets.Dataset:
+        calls.append((path, name))
+        return _hf_dataset()
+
+    monkeypatch.setattr(fdata.datasets, "load_dataset", fake_load_dataset)
+    raw = {"source": "hub", "path": "org/set", "config": "plain_text", "split": "test"}
+    recipe = recipe_from_dict({"data": {"train": raw}})
+    data = fdata.load_split("data.train", recipe.data.train, channels=3, seed=0)
+    assert calls == [("org/set", "plain_text")]
+    assert data.identity.startswith("hub:org/set/plain_text@default:test#")
+    # Two configurations of one dataset are different images: validating OOD detection on one
+    # and testing on the other is allowed; on the same one it is refused.
+    ood = {"source": "hub", "path": "org/ood", "config": "a", "split": "test"}
+    for val_config, refused in (("b", False), ("a", True)):
+        data_cfg = {"train": raw, "ood": {"x": ood}, "val_ood": {"x": ood | {"config": val_config}}}
+        if refused:
+            with pytest.raises(ConfigError, match="the same images as the test-time OOD set"):
+                recipe_from_dict({"data": data_cfg})
+        else:
+            recipe_from_dict({"data": data_cfg})
+    with pytest.raises(ConfigError, match=r"config='plain_text': applies to source hub only"):
+        DatasetSpec(source="disk", path="/x", config="plain_text")
+
+
 # --------------------------------------------------------------------------- arrays and IDX
 
 

@@ -218,11 +218,12 @@ def compare_sweeps(
 ) -> dict[str, dict[str, Any]]:
     """Sweep PS-MAP (over its own space) and the recipe's FS-EB, with the same trial budget.
 
-    The sweeps go to ``output.dir``/psmap and /fseb (studies ``NAME-psmap`` and ``NAME-fseb``);
-    their winners are printed side by side and written to ``comparison.md`` / ``.json``. FS-EB's
-    first trial is the point of its space nearest PS-MAP's winner (:func:`psmap_point`), so its
-    winner is no worse on validation than a PS-MAP in effect, whatever the budget: with few
-    trials, a sampler alone may never reach the weak-prior corner that contains PS-MAP.
+    The sweeps go to ``output.dir``/psmap and /fseb (studies ``NAME-psmap`` and ``NAME-fseb``;
+    /fsvi and ``NAME-fsvi``, labelled FS-VI, for ``fseb.method=fsvi``); their winners are
+    printed side by side and written to ``comparison.md`` / ``.json``. FS-EB's first trial is
+    the point of its space nearest PS-MAP's winner (:func:`psmap_point`), so its winner is no
+    worse on validation than a PS-MAP in effect, whatever the budget: with few trials, a
+    sampler alone may never reach the weak-prior corner that contains PS-MAP.
 
     Raises:
         ConfigError: the recipe's ``fseb.reg_scale`` is 0, so it has no FS-EB setting.
@@ -238,10 +239,10 @@ def compare_sweeps(
     arms = {
         "PS-MAP": dataclasses.replace(
             recipe,
-            fseb=dataclasses.replace(recipe.fseb, reg_scale=0.0),
+            fseb=dataclasses.replace(recipe.fseb, method="fseb", reg_scale=0.0),
             sweep=dataclasses.replace(recipe.sweep, space=psmap_space),
         ),
-        "FS-EB": recipe,
+        recipe.fseb.method_name: recipe,  # FS-EB, or FS-VI for fseb.method=fsvi
     }
     boards: dict[str, dict[str, Any]] = {}
     for label, arm in arms.items():

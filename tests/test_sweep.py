@@ -11,10 +11,11 @@ import yaml
 
 import fseb_ft.evaluate as evaluate_module
 import fseb_ft.finetune as finetune_module
+import fseb_ft.sweep as sweep_module
 import fseb_ft.train as train_module
-from fseb_ft.config import ConfigError, SweepParam, load_recipe, recipe_from_dict
+from fseb_ft.config import ConfigError, Recipe, SweepParam, load_recipe, recipe_from_dict
 from fseb_ft.finetune import resolve_recipe
-from fseb_ft.sweep import default_space, main, psmap_point, search_space, sweep
+from fseb_ft.sweep import compare_sweeps, default_space, main, psmap_point, search_space, sweep
 from tests.test_pipeline import _recipe_dict, _write_folder
 
 SPACE = {"optim.lr": {"low": 0.01, "high": 0.1, "log": True}}
@@ -261,3 +262,32 @@ def test_compare_starts_fseb_from_psmaps_winner(folders: dict[str, Path], tmp_pa
     assert set(psmap) == {"optim.lr"}  # PS-MAP does not search the FS-EB-only key
     assert fseb == {"optim.lr": psmap["optim.lr"], "fseb.reg_scale": 0.01}
     assert (out / "comparison.md").is_file()
+
+
+def test_compare_names_an_fsvi_recipes_arm_fsvi(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    swept = []
+
+    def fake_sweep(arm: Recipe, trials: int, storage: object, name: str, first: object) -> dict:
+        swept.append((arm.fseb.method_name, Path(arm.output.dir).name, name, first))
+        Path(arm.output.dir).mkdir(parents=True)
+        params = {"optim.lr": 0.01}
+        return {"best": {"value": 0.5, "number": 0, "params": params, "results": None}}
+
+    monkeypatch.setattr(sweep_module, "sweep", fake_sweep)
+    raw = {
+        "data": {"train": {"source": "sklearn_digits"}},
+        "fseb": {"method": "fsvi", "reg_scale": 1.0},
+        "output": {"dir": str(tmp_path / "cmp")},
+        "sweep": {"space": {"optim.lr": {"low": 0.001, "high": 0.1, "log": True}}},
+    }
+    boards = compare_sweeps(recipe_from_dict(raw), trials=1)
+    assert list(boards) == ["PS-MAP", "FS-VI"]
+    assert [s[:3] for s in swept] == [
+        ("PS-MAP", "psmap", "cmp-psmap"),
+        ("FS-VI", "fsvi", "cmp-fsvi"),
+    ]
+    assert swept[1][3] == {"optim.lr": 0.01}  # FS-VI starts from PS-MAP's winner too
+    table = (tmp_path / "cmp" / "comparison.md").read_text()
+    assert "| FS-VI | 0.5 | #0 | optim.lr=0.01 |" in table

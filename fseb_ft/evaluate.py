@@ -140,18 +140,15 @@ def evaluate_ensemble(
         members[label] = eval_results(preds, recipe.eval.ood_scores)
 
     member_preds = [m.predictions for m in members.values()]
-
-    def average(log_probs: list[Tensor]) -> Tensor:
-        return ensemble_log_probs(torch.stack([lp.double() for lp in log_probs]))  # (N, K)
-
     ensemble = Predictions(
-        test=(average([p.test[0] for p in member_preds]), member_preds[0].test[1]),
-        ood={name: average([p.ood[name] for p in member_preds]) for name in member_preds[0].ood},
+        test=(_average([p.test[0] for p in member_preds]), member_preds[0].test[1]),
+        ood={name: _average([p.ood[name] for p in member_preds]) for name in member_preds[0].ood},
         corruptions={
-            name: {sev: average([p.corruptions[name][sev] for p in member_preds]) for sev in sevs}
+            name: {sev: _average([p.corruptions[name][sev] for p in member_preds]) for sev in sevs}
             for name, sevs in _shared_corruptions(runs, member_preds).items()
         },
         corruption_labels=member_preds[0].corruption_labels,
+        val=_ensemble_val(runs, member_preds),
     )
     results = eval_results(ensemble, runs[0][1].eval.ood_scores)
     results["members"] = {label: dict(m) for label, m in members.items()}
@@ -168,6 +165,36 @@ def evaluate_ensemble(
         write_plots(out, ensemble, title, others, strict=False)
         write_corruption_plot(out, results, title)
     return results
+
+
+def _average(log_probs: Sequence[Tensor]) -> Tensor:
+    """The log of the members' mean probabilities (N, K), in float64."""
+    return ensemble_log_probs(torch.stack([lp.double() for lp in log_probs]))  # (N, K)
+
+
+def _ensemble_val(
+    runs: Sequence[tuple[Path, Recipe, RunInfo]], member_preds: Sequence[Predictions]
+) -> tuple[Tensor, Tensor] | None:
+    """The ensemble's validation log-probabilities and labels, to fit its temperature; ``None``
+    without ``eval.temperature_scaling``, or when the members validated on different images.
+
+    Members trained at different seeds hold out different validation images, each of them
+    training data of another member: a temperature fitted on their average would be fitted
+    partly on training images, so it is left off, with a warning.
+    """
+    vals = [p.val for p in member_preds]
+    if any(v is None for v in vals):
+        return None
+    identities = {(info.data or {}).get("val") for _, _, info in runs}
+    if len(identities) > 1 or None in identities:
+        logger.warning(
+            "temperature scaling is left off for the ensemble: its members hold out different "
+            "validation images (run.json data.val differs, e.g. other seeds), each another "
+            "member's training data; give every member the same data.val to scale the ensemble"
+        )
+        return None
+    log_probs = [torch.log_softmax(z.double(), -1) for z, _ in vals]  # (N_v, K) each
+    return _average(log_probs), vals[0][1]
 
 
 def default_ensemble_dir(run_dirs: Sequence[str | Path]) -> Path:

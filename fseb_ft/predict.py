@@ -51,32 +51,33 @@ class Predictions:
     ood_logits: dict[str, Tensor] = dataclasses.field(default_factory=dict)
     """OOD set name → logits (N_o, K); empty for an ensemble."""
     val: tuple[Tensor, Tensor] | None = None
-    """(logits (N_v, K), labels (N_v,)) on the validation split, for ``eval.temperature_scaling``;
-    ``None`` when it is off."""
+    """(logits (N_v, K), labels (N_v,)) on the validation split, for ``eval.temperature_scaling``
+    (an ensemble's: its log-probabilities, which softmax treats alike); ``None`` when it is
+    off."""
 
     def scaled(self, temperature: float) -> Predictions:
         """The predictions of ``logits / temperature`` on the test split, the OOD sets and the
         corruptions (no val).
 
-        The corruptions keep log-probabilities only, and need nothing more: ``log p = z − c``
+        Log-probabilities suffice, so an ensemble (no logits) is scaled too: ``log p = z − c``
         with ``c`` the same for every class of an image, and softmax ignores that shift, so
-        ``log_softmax(log p / T) = log_softmax(z / T)``.
+        ``log_softmax(log p / T) = log_softmax(z / T)``. The logits, where kept, are scaled for
+        the logit-based OOD scores.
         """
-        if self.test_logits is None:
-            raise ValueError("temperature scaling needs logits; these predictions have none")
-        ood = {name: z / temperature for name, z in self.ood_logits.items()}  # (N_o, K) each
-        test_logits = self.test_logits / temperature  # (N, K)
-        corruptions = {
-            name: {sev: torch.log_softmax(lp / temperature, -1) for sev, lp in by_sev.items()}
-            for name, by_sev in self.corruptions.items()
-        }  # name → severity → (N_c, K)
+
+        def scale(log_probs: Tensor) -> Tensor:
+            return torch.log_softmax(log_probs / temperature, -1)  # (N, K)
+
         return Predictions(
-            test=(torch.log_softmax(test_logits, -1), self.test[1]),
-            ood={name: torch.log_softmax(z, -1) for name, z in ood.items()},
-            corruptions=corruptions,
+            test=(scale(self.test[0]), self.test[1]),
+            ood={name: scale(lp) for name, lp in self.ood.items()},
+            corruptions={
+                name: {sev: scale(lp) for sev, lp in by_sev.items()}
+                for name, by_sev in self.corruptions.items()
+            },
             corruption_labels=self.corruption_labels,
-            test_logits=test_logits,
-            ood_logits=ood,
+            test_logits=None if self.test_logits is None else self.test_logits / temperature,
+            ood_logits={name: z / temperature for name, z in self.ood_logits.items()},
         )
 
 

@@ -23,6 +23,7 @@ from fseb_ft.finetune import compare
 from fseb_ft.metrics import classification_metrics
 from fseb_ft.ood import ood_metrics
 from fseb_ft.rundir import COMPARISON_PLOTS, PLOTS
+from fseb_ft.temperature import fit_temperature
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +88,32 @@ def test_ensemble_equals_metrics_of_the_naive_average(
         assert f"| {text} |" in md and f"| {text} |" in printed
     for plot in PLOTS:
         assert (out / plot).stat().st_size > 10_000, plot
+
+
+def test_ensemble_temperature_is_fitted_on_the_shared_validation_split_only(
+    runs: dict[str, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ts = ["eval.temperature_scaling=true"]
+    # Copies: re-evaluating a run rewrites its results, which the other tests read.
+    copies = [tmp_path / name for name in ("psmap", "fseb", "other-val")]
+    for name, copy in zip(("psmap", "fseb", "fseb"), copies, strict=True):
+        shutil.copytree(runs[name], copy)
+    members = [evaluate_run(copy, cpu=True, overrides=ts) for copy in copies[:2]]
+    labels = members[0].predictions.val[1]
+    p_val = torch.stack([m.predictions.val[0].double().softmax(-1) for m in members]).mean(0)
+    want = fit_temperature(p_val.log(), labels).item()  # naive: the averaged probabilities
+    # --compare trains both at one seed, so they hold out the same validation images.
+    got = evaluate_ensemble(copies[:2], tmp_path / "ens", True, ts)
+    scaled = got["temperature_scaled"]
+    assert scaled.get("fitted_temperature", scaled["temperature"]) == pytest.approx(want, rel=1e-9)
+    assert "| Ensemble of 2 + TS |" in (tmp_path / "ens" / "results.md").read_text()
+
+    info = json.loads((copies[2] / "run.json").read_text())
+    info["data"]["val"] += "|subset:other"  # as a member trained at another seed
+    (copies[2] / "run.json").write_text(json.dumps(info))
+    got = evaluate_ensemble([copies[0], copies[2]], tmp_path / "ens2", True, ts)
+    assert "temperature_scaled" not in got
+    assert "members hold out different validation images" in caplog.text
 
 
 def test_mismatched_runs_are_refused_with_a_clear_error(

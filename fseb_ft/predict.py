@@ -59,25 +59,31 @@ class Predictions:
         """The predictions of ``logits / temperature`` on the test split, the OOD sets and the
         corruptions (no val).
 
-        Log-probabilities suffice, so an ensemble (no logits) is scaled too: ``log p = z − c``
-        with ``c`` the same for every class of an image, and softmax ignores that shift, so
-        ``log_softmax(log p / T) = log_softmax(z / T)``. The logits, where kept, are scaled for
-        the logit-based OOD scores.
+        Log-probabilities suffice, so the corruptions and an ensemble (no logits) are scaled
+        too: ``log p = z − c`` with ``c`` the same for every class of an image, and softmax
+        ignores that shift, so ``log_softmax(log p / T) = log_softmax(z / T)``. Where logits are
+        kept they are used (bit for bit the model's at ``T`` = 1) and scaled, for the logit-based
+        OOD scores.
         """
 
-        def scale(log_probs: Tensor) -> Tensor:
-            return torch.log_softmax(log_probs / temperature, -1)  # (N, K)
+        def scale(z: Tensor) -> Tensor:
+            return torch.log_softmax(z / temperature, -1)  # (N, K)
 
+        test_logits = None if self.test_logits is None else self.test_logits / temperature
+        ood_logits = {name: z / temperature for name, z in self.ood_logits.items()}
         return Predictions(
-            test=(scale(self.test[0]), self.test[1]),
-            ood={name: scale(lp) for name, lp in self.ood.items()},
+            test=(
+                scale(self.test[0] if self.test_logits is None else self.test_logits),
+                self.test[1],
+            ),
+            ood={name: scale(self.ood_logits.get(name, lp)) for name, lp in self.ood.items()},
             corruptions={
                 name: {sev: scale(lp) for sev, lp in by_sev.items()}
                 for name, by_sev in self.corruptions.items()
             },
             corruption_labels=self.corruption_labels,
-            test_logits=None if self.test_logits is None else self.test_logits / temperature,
-            ood_logits={name: z / temperature for name, z in self.ood_logits.items()},
+            test_logits=test_logits,
+            ood_logits=ood_logits,
         )
 
 

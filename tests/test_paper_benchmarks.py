@@ -43,13 +43,16 @@ def test_context_protocol_never_uses_a_context_as_an_ood_set(tmp_path: Path) -> 
     assert set(everything.data.ood) == {"mnist", "fmnist", "cifar100", "tiny_imagenet"}
     assert {s.limit for s in everything.data.ood.values()} == {paper_cifar10.OOD_LIMIT}
     methods = paper_cifar10.context_methods(tmp_path)
-    assert set(methods) == {"FS-EB (cifar100)", "FS-EB (tiny-imagenet)"}
+    assert set(methods) == set(paper_cifar10.CONTEXT_METHODS)
+    diags = set()
     for overrides in methods.values():
         recipe = load_recipe(paper_cifar10.RECIPE, [*base, *overrides])
+        diags.add(recipe.fseb.prior_cov_diag)
         (context,) = recipe.context.datasets
         assert recipe.context.kind == "dataset" and not recipe.context.perturb
         assert len(recipe.data.ood) == 3
         assert context.path not in {spec.path for spec in recipe.data.ood.values()}
+    assert diags == {load_recipe(paper_cifar10.RECIPE, base).fseb.prior_cov_diag, 1.0}
 
 
 def test_a_method_without_an_ood_set_gets_a_dash_not_a_number() -> None:

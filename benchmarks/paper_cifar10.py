@@ -20,13 +20,16 @@ are two semantic-shift protocols:
   context). OOD sets: MNIST, FashionMNIST, and whichever of CIFAR-100 / Tiny-ImageNet a run does
   not use as context (5,000 images each); a context is never also an OOD set of the same run.
 
-The CPU budget sets the scale: a seeded, class-balanced subset of the training images
+The CPU budget sets the scale: a seeded random subset of the training images
 (``--train-images``, 10 % of it held out for validation), a reduced resolution
-(``--input-size``) and a few epochs; the table states them. FS-EB's context is the corrupted
+(``--input-size``) and a few epochs; the table states them. ``--fraction`` instead keeps a
+seeded, stratified share of every class (``data.train.fraction``), for the paper's
+training-set-fraction table. FS-EB's context is the corrupted
 training inputs, except for the ``context`` protocol's methods. Model
 selection uses the validation split, never the test split. Each protocol writes its table into
-``docs/results.md`` between ``<!-- cifar10-PROTOCOL:begin -->`` and ``<!-- ...:end -->``; the
-far and context protocols' tables end with the paper's Table 4 rows (``benchmarks.paper_rows``).
+``docs/results.md`` between ``<!-- cifar10-PROTOCOL:begin -->`` and ``<!-- ...:end -->``
+(``--section NAME`` writes another); the tables end with the paper's rows of the section's
+pairing in ``benchmarks.paper_rows`` (Table 4 for the far and context protocols).
 """
 
 from __future__ import annotations
@@ -44,16 +47,19 @@ from benchmarks.paper_fmnist import (
     cifar_folder,
     corruption_table,
     finished_results,
+    training_record,
     write_section,
 )
 from fseb_ft.config import load_recipe
 from fseb_ft.finetune import run
+from fseb_ft.plots import learning_curves
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "cifar10.yaml"
 WEIGHTS = SHARED / "weights" / "efficientnet_lite0.in1k"
 IN_CLASSES = (0, 1, 2, 3, 4, 5)  # airplane, automobile, bird, cat, deer, dog
 HELD_OUT = (6, 7, 8, 9)  # frog, horse, ship, truck
+PER_CLASS = 5000  # CIFAR-10's training images per class
 METHODS = {
     "PS-MAP": ["fseb.reg_scale=0"],
     "FS-EB (train-corr)": [],
@@ -160,16 +166,17 @@ def context_methods(cache: Path) -> dict[str, list[str]]:
 
 
 def protocol_overrides(
-    protocol: str, cifar: Path, train_images: int, cache: Path | None = None
+    protocol: str, cifar: Path, subset: str, cache: Path | None = None
 ) -> list[str]:
     """Recipe overrides that point ``recipes/cifar10.yaml`` at the offline data of a protocol.
 
-    ``cache`` (the context protocol only) is where Tiny-ImageNet is extracted.
+    ``subset`` is the training split's share, in recipe flow syntax (``limit: 10000`` or
+    ``fraction: 0.1``); ``cache`` (the context protocol only) is where Tiny-ImageNet is extracted.
     """
     folder = f"{{source: disk, path: '{cifar}'"
     if protocol in ("far", "context"):
         train = [
-            f"data.train={folder}, split: train, limit: {train_images}}}",
+            f"data.train={folder}, split: train, {subset}}}",
             f"data.test={folder}, split: test}}",
         ]
         if protocol == "far":
@@ -178,24 +185,20 @@ def protocol_overrides(
         return [*train, _ood_override(_IDX_SETS | _distant_sets(cache or cifar.parent))]
     keep = f"classes: {list(IN_CLASSES)}"
     return [
-        f"data.train={folder}, split: train, {keep}, limit: {train_images}}}",
+        f"data.train={folder}, split: train, {keep}, {subset}}}",
         f"data.test={folder}, split: test, {keep}}}",
         f"data.ood={{held_out: {folder}, split: test, classes: {list(HELD_OUT)}}}}}",
     ]
 
 
-def best_val_nll(run_dir: Path) -> float:
-    """Validation NLL of the checkpoint the run selected (``run.json``)."""
-    return float(json.loads((run_dir / "run.json").read_text())["training"]["best_val_nll"])
-
-
-def table(all_results: dict[str, list[dict]], protocol: str) -> str:
+def table(all_results: dict[str, list[dict]], protocol: str, section: str) -> str:
     """Markdown: one row per method (mean ± standard error over seeds) and paired Δ rows.
 
-    The far and context protocols also get the paper's Table 4 rows (its OOD set, SVHN, named
-    in the cell); the near protocol has no counterpart in the paper.
+    Sections with a counterpart in the paper (``paper_rows.SECTIONS``: the far and context
+    protocols, the 10 % fraction) also get the paper's rows, its OOD set (SVHN) named in the
+    cell; the near protocol has none.
     """
-    paper = {"far": "cifar10-far", "context": "cifar10-context"}.get(protocol)
+    paper = paper_rows.SECTIONS.get(section)
     return paper_fmnist.table(all_results, TEST_COLUMNS + ood_columns(protocol), paper=paper)
 
 
@@ -209,7 +212,26 @@ def main() -> None:
         "--train-images",
         type=int,
         default=1000,
-        help="training images per class, before the 10 %% validation hold-out (CIFAR: 5,000)",
+        help=f"training images per class, before the 10 %% validation hold-out (CIFAR: "
+        f"{PER_CLASS:,})",
+    )
+    parser.add_argument(
+        "--fraction",
+        type=float,
+        default=None,
+        help="instead of --train-images: a seeded, stratified share of every class "
+        "(data.train.fraction), before the hold-out",
+    )
+    parser.add_argument(
+        "--section",
+        default=None,
+        help="name of the marked section of --results to write (default: cifar10-PROTOCOL)",
+    )
+    parser.add_argument(
+        "--curve",
+        type=Path,
+        default=None,
+        help="also plot each method's per-epoch validation NLL (mean ± SE over seeds) here",
     )
     parser.add_argument("--input-size", type=int, default=64, help="resolution (pretrained: 224)")
     parser.add_argument("--batch-size", type=int, default=64, help="training batch (paper: 128)")
@@ -247,8 +269,13 @@ def main() -> None:
     if not WEIGHTS.is_dir():
         raise SystemExit(f"{WEIGHTS} not found: this benchmark needs ../shared")
     classes = len(IN_CLASSES) if args.protocol == "near" else 10
+    section = args.section or f"cifar10-{args.protocol}"
     cache = args.out / "cache"
-    base = protocol_overrides(args.protocol, cifar_disk(cache), args.train_images * classes, cache)
+    if args.fraction:
+        subset, n_images = f"fraction: {args.fraction}", round(args.fraction * PER_CLASS) * classes
+    else:
+        subset, n_images = f"limit: {args.train_images * classes}", args.train_images * classes
+    base = protocol_overrides(args.protocol, cifar_disk(cache), subset, cache)
     base += [
         f"model.name=local-dir:{WEIGHTS}",
         f"model.input_size={args.input_size}",
@@ -269,6 +296,7 @@ def main() -> None:
         raise SystemExit(f"methods {unknown} need --protocol context")
     chosen = {name: known[name] for name in args.methods}
     all_results: dict[str, list[dict]] = {name: [] for name in chosen}
+    curves: dict[str, list[list[float]]] = {name: [] for name in chosen}
     for seed in args.seeds:  # seed-major: an interrupted sweep still has paired runs
         for name, overrides in chosen.items():
             slug = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
@@ -278,12 +306,19 @@ def main() -> None:
                 [*base, *overrides, f"train.seed={seed}", f"output.dir={out}", *args.override],
             )
             result = finished_results(out) if args.tables_only else run(recipe)
-            all_results[name].append(result | {"val_nll": best_val_nll(out)})
+            training = training_record(out)
+            all_results[name].append(result | {"val_nll": training["best_val_nll"]})
+            curves[name].append([record["val_nll"] for record in training["history"]])
 
     command = (
         f"`python -m benchmarks.paper_cifar10 --protocol {args.protocol} --epochs {args.epochs} "
-        f"--seeds {' '.join(map(str, args.seeds))} --train-images {args.train_images} "
-        f"--input-size {args.input_size} --batch-size {args.batch_size} --lr {args.lr}"
+        f"--seeds {' '.join(map(str, args.seeds))} "
+        + (
+            f"--fraction {args.fraction} "
+            if args.fraction
+            else f"--train-images {args.train_images} "
+        )
+        + f"--input-size {args.input_size} --batch-size {args.batch_size} --lr {args.lr}"
         + (
             " --methods " + " ".join(f"'{m}'" for m in args.methods)
             if tuple(args.methods) != DEFAULT_METHODS
@@ -296,18 +331,21 @@ def main() -> None:
             else ""
         )
         + "".join(f" --override {o}" for o in args.override)
+        + (f" --section {section}" if args.section else "")
+        + (f" --curve {args.curve}" if args.curve else "")
         + "`"
     )
-    n_train = round(0.9 * args.train_images * classes)
+    n_train = round(0.9 * n_images)
     body = (
         f"EfficientNet-Lite0 (ImageNet) → CIFAR-10 {'10 classes' if classes == 10 else '6 classes'}"
         f", {n_train:,} training images at {args.input_size}×{args.input_size}, {args.epochs} "
         f"epochs (paper: 50 at 224×224), SGD lr {args.lr}, seeds {args.seeds}; {command}.\n\n"
-        + table(all_results, args.protocol)
+        + table(all_results, args.protocol, section)
     )
     print(body)
-    write_section(args.results, body, (f"<!-- cifar10-{args.protocol}:begin -->",
-                                       f"<!-- cifar10-{args.protocol}:end -->"))  # fmt: skip
+    if args.curve:
+        learning_curves(curves, "NLL", args.curve, title=f"CIFAR-10, {section}")
+    write_section(args.results, body, (f"<!-- {section}:begin -->", f"<!-- {section}:end -->"))
     if args.corruptions:
         shift = (
             f"CIFAR-10 test, a stratified {args.corruption_limit:,}-image subset under "

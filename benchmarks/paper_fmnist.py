@@ -199,6 +199,11 @@ def finished_results(run_dir: Path) -> dict:
     return json.loads(path.read_text())
 
 
+def training_record(run_dir: Path) -> dict:
+    """The ``training`` record of a run's ``run.json``: best epoch, validation NLL, history."""
+    return json.loads((run_dir / "run.json").read_text())["training"]
+
+
 def write_section(path: Path, body: str, markers: tuple[str, str] = MARKERS) -> None:
     """Replace one marked section of ``docs/results.md`` (or append it)."""
     text = path.read_text() if path.exists() else "# Results\n"
@@ -290,7 +295,7 @@ def main() -> None:
             )  # fmt: skip
             result = finished_results(out) if args.tables_only else run(recipe)
             all_results.setdefault(name, []).append(result)
-            history = json.loads((out / "run.json").read_text())["training"]["history"]
+            history = training_record(out)["history"]
             curves.setdefault(name, []).append([record["val_nll"] for record in history])
     body = (
         f"FashionMNIST test (10,000) and MNIST test (10,000, semantic shift); {args.epochs} "

@@ -206,6 +206,17 @@ PAIRINGS = {
         )
         for share in (10, 25)
     },
+    "cifar10-frac10": Pairing(
+        (("fraction-cifar10", {"fraction": "10 %"}),),
+        Ours(
+            "EfficientNet-Lite0, ImageNet-pretrained; a seeded stratified 10 % of the training "
+            "set (`data.train.fraction`)",
+            "the resolution and epochs stated above the table, the checkpoint of lowest "
+            "validation NLL",
+            "the 10,000 CIFAR-100 training images of `../shared`",
+            "MNIST, FashionMNIST and Tiny-ImageNet",
+        ),
+    ),
     "fmnist-context-batch": Pairing(
         (("context-batch-fmnist", {}),),
         Ours(
@@ -228,6 +239,7 @@ SECTIONS = {
     "cifar10-far": "cifar10-far",
     "cifar10-context": "cifar10-context",
     "cifar10-tuned": "cifar10-tuned",
+    "cifar10-frac10": "cifar10-frac10",
 }
 
 

@@ -13,7 +13,7 @@ from fseb_ft.config import load_recipe
 
 @pytest.mark.parametrize("protocol", ["far", "near"])
 def test_cifar10_protocols_build_valid_recipes(protocol: str, tmp_path: Path) -> None:
-    overrides = paper_cifar10.protocol_overrides(protocol, tmp_path / "cifar", 600)
+    overrides = paper_cifar10.protocol_overrides(protocol, tmp_path / "cifar", "limit: 600")
     recipe = load_recipe(paper_cifar10.RECIPE, [*overrides, "fseb.reg_scale=0"])
     train, test = recipe.data.train, recipe.data.test
     assert (train.source, train.path, train.split, train.limit) == (
@@ -38,7 +38,7 @@ def test_cifar10_protocols_build_valid_recipes(protocol: str, tmp_path: Path) ->
 
 def test_context_protocol_never_uses_a_context_as_an_ood_set(tmp_path: Path) -> None:
     (tmp_path / "tiny-imagenet" / "tiny-imagenet-200" / "val").mkdir(parents=True)  # extracted
-    base = paper_cifar10.protocol_overrides("context", tmp_path / "cifar", 600, tmp_path)
+    base = paper_cifar10.protocol_overrides("context", tmp_path / "cifar", "limit: 600", tmp_path)
     everything = load_recipe(paper_cifar10.RECIPE, base)
     assert set(everything.data.ood) == {"mnist", "fmnist", "cifar100", "tiny_imagenet"}
     assert {s.limit for s in everything.data.ood.values()} == {paper_cifar10.OOD_LIMIT}
@@ -53,6 +53,11 @@ def test_context_protocol_never_uses_a_context_as_an_ood_set(tmp_path: Path) -> 
         assert len(recipe.data.ood) == 3
         assert context.path not in {spec.path for spec in recipe.data.ood.values()}
     assert diags == {load_recipe(paper_cifar10.RECIPE, base).fseb.prior_cov_diag, 1.0}
+    share = paper_cifar10.protocol_overrides(
+        "context", tmp_path / "cifar", "fraction: 0.1", tmp_path
+    )
+    train = load_recipe(paper_cifar10.RECIPE, share).data.train
+    assert (train.fraction, train.limit) == (0.1, None)  # the training-set-fraction section
 
 
 def test_a_method_without_an_ood_set_gets_a_dash_not_a_number() -> None:
@@ -74,7 +79,7 @@ def _results(acc: float, nll: float, auroc: float) -> dict:
 
 def test_cifar10_table_gives_mean_and_standard_error_over_seeds() -> None:
     runs = {"PS-MAP": [_results(0.8, 0.5, 0.7), _results(0.9, 0.7, 0.9)]}
-    table = paper_cifar10.table(runs, "near")
+    table = paper_cifar10.table(runs, "near", "cifar10-near")
     assert (
         "| Method | seeds | val NLL | Acc. (%) | NLL | ECE (%) | Sel. Pred. (%) | 4 held-out"
         in table
@@ -89,7 +94,7 @@ def test_delta_rows_pair_the_seeds() -> None:
         "PS-MAP": [_results(0.80, 0.5, 0.70), _results(0.90, 0.7, 0.90)],
         "FS-EB": [_results(0.81, 0.4, 0.80), _results(0.93, 0.5, 0.96)],
     }
-    lines = paper_cifar10.table(runs, "near").splitlines()
+    lines = paper_cifar10.table(runs, "near", "cifar10-near").splitlines()
     assert [line.split(" | ")[0] for line in lines[2:]] == [
         "| PS-MAP",
         "| FS-EB",
@@ -143,13 +148,13 @@ def test_fmnist_table_ends_with_the_papers_rows_and_what_differs() -> None:
 def test_cifar10_far_table_has_table_4_with_its_ood_set_named() -> None:
     run = _results(0.8, 0.5, 0.7)
     run["ood"] |= {"mnist": {"entropy_auroc": 0.9}, "fmnist": {"entropy_auroc": 0.8}}
-    text = paper_cifar10.table({"PS-MAP": [run, run]}, "far")
+    text = paper_cifar10.table({"PS-MAP": [run, run]}, "far", "cifar10-far")
     assert (
         "| paper: FS-EB (ResNet-18, ImageNet-pretrained; context: CIFAR-100; Table 4) | 5 | — "
         "| 96.2 ± 0.1 | 0.11 ± 0.00 | 1.3 ± 0.1 | 99.6 ± 0.0 | 98.9 ± 0.1 (SVHN) | — |"
     ) in text
     assert "OOD set: paper SVHN; here MNIST and FashionMNIST." in text
-    assert "paper:" not in paper_cifar10.table({"PS-MAP": [run, run]}, "near")
+    assert "paper:" not in paper_cifar10.table({"PS-MAP": [run, run]}, "near", "cifar10-near")
 
 
 def test_context_table_ends_with_table_4_and_leaves_a_rows_own_context_blank() -> None:
@@ -163,7 +168,7 @@ def test_context_table_ends_with_table_4_and_leaves_a_rows_own_context_blank() -
         "PS-MAP": [results(a, every) for a in (0.7, 0.8)],
         "FS-EB (cifar100)": [results(a, ("mnist", "fmnist", "tiny_imagenet")) for a in (0.7, 0.9)],
     }
-    lines = paper_cifar10.table(runs, "context").splitlines()
+    lines = paper_cifar10.table(runs, "context", "cifar10-context").splitlines()
     assert lines[0].endswith("| MNIST AUROC (%) | FMNIST AUROC (%) | CIFAR-100 AUROC (%) | "
                              "Tiny-ImageNet AUROC (%) |")  # fmt: skip
     # Its own context is never its OOD set: no CIFAR-100 AUROC, and no Δ for it either.

@@ -165,11 +165,16 @@ class FSEBConfig:
     """FS-VI: parameter draws averaged (as probabilities) for validation and test predictions."""
 
     @property
+    def is_ps_map(self) -> bool:
+        """The PS-MAP baseline: ``reg_scale = 0``, no function-space term and no context."""
+        return self.reg_scale == 0
+
+    @property
     def method_name(self) -> str:
         """``PS-MAP``, ``FS-EB`` or ``FS-VI``: the name tables and model cards use."""
         if self.method == "fsvi":
             return "FS-VI"
-        return "FS-EB" if self.reg_scale > 0 else "PS-MAP"
+        return "PS-MAP" if self.is_ps_map else "FS-EB"
 
     def __post_init__(self) -> None:
         check(self.reg_scale >= 0, "reg_scale", self.reg_scale, "must be ≥ 0 (0 is PS-MAP)")

@@ -119,7 +119,7 @@ def run(
     set_seed(recipe.train.seed)
     if splits is None:
         splits = build_splits(recipe.data, recipe.train.seed)
-    fseb_run = recipe.fseb.reg_scale != 0  # PS-MAP draws no context
+    fseb_run = not recipe.fseb.is_ps_map  # PS-MAP draws no context
     seed = recipe.train.seed
     splits, others, dropped = screen_splits(
         splits,
@@ -390,7 +390,7 @@ def compare(recipe: Recipe | str | Path, overrides: Sequence[str] = ()) -> dict[
     """
     if not isinstance(recipe, Recipe):
         recipe = load_recipe(recipe, overrides)
-    if recipe.fseb.reg_scale == 0:
+    if recipe.fseb.is_ps_map:
         raise ConfigError(
             "fseb.reg_scale=0: --compare trains PS-MAP (reg_scale 0) beside the recipe's FS-EB, "
             "so the recipe must set fseb.reg_scale > 0"

@@ -438,13 +438,11 @@ def _write_docs(
         baseline = _sibling_baseline(run_dir, recipe)
     meta = {
         "fseb_ft_version": __version__,
-        "method": "FS-EB" if recipe.fseb.reg_scale > 0 else "PS-MAP",
+        "method": recipe.fseb.method_name,
         "fseb": dataclasses.asdict(recipe.fseb),
         "context": run_info.context,
         "prior": run_info.prior,
-        "context_config": (
-            dataclasses.asdict(recipe.context) if recipe.fseb.reg_scale > 0 else None
-        ),
+        "context_config": (None if recipe.fseb.is_ps_map else dataclasses.asdict(recipe.context)),
         "data": run_info.data,
         "source_model": dict(source),
         "num_classes": run_info.num_classes,
@@ -477,7 +475,7 @@ def _write_docs(
 def _sibling_baseline(run_dir: Path, recipe: Recipe) -> dict[str, Mapping[str, Any]] | None:
     """The PS-MAP run of ``--compare`` (``../psmap``) beside this FS-EB run, if finished."""
     sibling = run_dir.parent / "psmap"
-    if recipe.fseb.reg_scale == 0 or sibling.resolve() == run_dir.resolve():
+    if recipe.fseb.is_ps_map or sibling.resolve() == run_dir.resolve():
         return None
     try:
         results = read_json(sibling / RESULTS_JSON)

@@ -119,7 +119,7 @@ def default_space(recipe: Recipe) -> dict[str, SweepParam]:
         "optim.lr": SweepParam(low=lr / 10, high=lr * 3, log=True),
         "fseb.prior_var": SweepParam(low=0.1, high=10.0, log=True),
     }
-    if recipe.fseb.reg_scale == 0:
+    if recipe.fseb.is_ps_map:
         return space
     if recipe.fseb.prior_std is not None:
         space["fseb.prior_std"] = SweepParam(low=0.1, high=100.0, log=True)
@@ -229,7 +229,7 @@ def compare_sweeps(
     Raises:
         ConfigError: the recipe's ``fseb.reg_scale`` is 0, so it has no FS-EB setting.
     """
-    if recipe.fseb.reg_scale == 0:
+    if recipe.fseb.is_ps_map:
         raise ConfigError(
             "fseb.reg_scale=0: --compare sweeps PS-MAP beside the recipe's FS-EB, so the recipe "
             "must set fseb.reg_scale > 0"

@@ -97,3 +97,18 @@ def test_renamed_context_key_still_works_with_a_warning_and_never_twice() -> Non
     assert "corrupt" not in dump_recipe(recipe).split("context:")[1].split("fseb:")[0]
     with pytest.raises(ConfigError, match=r"context.corrupt and context.perturb are the same key"):
         recipe_from_dict({**MINIMAL, "context": {"corrupt": False, "perturb": True}})
+
+
+@pytest.mark.parametrize(
+    ("overrides", "name", "ps_map"),
+    [
+        (["fseb.reg_scale=0"], "PS-MAP", True),
+        (["fseb.reg_scale=1"], "FS-EB", False),
+        (["fseb.reg_scale=1", "fseb.method=fsvi"], "FS-VI", False),
+    ],
+)
+def test_the_method_is_named_once_from_reg_scale_and_method(
+    overrides: list[str], name: str, ps_map: bool
+) -> None:
+    fseb = recipe_from_dict(apply_overrides(MINIMAL, overrides)).fseb
+    assert (fseb.method_name, fseb.is_ps_map) == (name, ps_map)

@@ -265,7 +265,9 @@ def test_temperature_scaling_rescales_the_corruptions_as_if_from_their_logits() 
     gen = torch.Generator().manual_seed(0)
     z = torch.randn(40, 3, generator=gen, dtype=torch.float64) * 3  # (N, K) test logits
     zc = torch.randn(20, 3, generator=gen, dtype=torch.float64) * 3  # (N_c, K) corrupted logits
-    labels = torch.randint(0, 3, (40,), generator=gen)
+    # Labels that mostly follow the logits: the fitted T is then finite and far from 1.
+    noise = torch.randint(0, 3, (40,), generator=gen)
+    labels = torch.where(torch.rand(40, generator=gen) < 0.7, z.argmax(-1), noise)  # (N,)
     labels_c = labels[:20]
     predictions = Predictions(
         test=(z.log_softmax(-1), labels),
@@ -279,6 +281,7 @@ def test_temperature_scaling_rescales_the_corruptions_as_if_from_their_logits() 
     torch.testing.assert_close(scaled.corruptions["fog"][2], (zc / 2.5).log_softmax(-1))
     assert scaled.corruption_labels is labels_c
     ts = temperature_scaled_results(predictions)
+    assert "note" not in ts and abs(ts["temperature"] - 1.0) > 0.2
     expected = evaluate_predictions(
         (z.log_softmax(-1), labels),
         corruptions={"fog": {2: (zc / ts["temperature"]).log_softmax(-1)}},
@@ -287,9 +290,16 @@ def test_temperature_scaling_rescales_the_corruptions_as_if_from_their_logits() 
     assert ts["corruptions"]["fog"]["2"]["nll"] == pytest.approx(
         expected["corruptions"]["fog"]["2"]["nll"]
     )
-    assert (
-        ts["corruption_summary"]["all"]["accuracy"]
-        == expected["corruptions"]["fog"]["2"]["accuracy"]
+    # The summary is rebuilt from the rescaled predictions too (accuracy would not show it).
+    assert ts["corruption_summary"]["all"]["ece"] == pytest.approx(
+        expected["corruptions"]["fog"]["2"]["ece"]
+    )
+    assert ts["corruption_summary"]["all"]["ece"] != pytest.approx(
+        evaluate_predictions(
+            (z.log_softmax(-1), labels),
+            corruptions={"fog": {2: zc.log_softmax(-1)}},
+            corruption_labels=labels_c,
+        )["corruption_summary"]["all"]["ece"]
     )
 
 

@@ -17,8 +17,10 @@ the maximum class probability after the run's temperature scaling, is below a th
 ``--coverage`` and ``--max-risk`` choose ``τ`` on the run's validation split, rebuilt from its
 recipe as training built it (:mod:`fseb_ft.selective`); the run then keeps it
 (``abstention.json``, the model folder's ``fseb.json`` and card), so a model folder exported
-from it, or pushed, abstains the same way. Without any of them the model's kept threshold is
-used, else a run chooses one for coverage 0.9, else nothing abstains.
+from it, or pushed, abstains the same way, and keeps the validation logits
+(``val_logits.safetensors``), so the next choice needs no second pass over validation. Without
+any of them the model's kept threshold is used, else a run chooses one for coverage 0.9, else
+nothing abstains.
 
 The predictions go to ``--out`` (CSV, or JSON Lines for ``.jsonl``) and what produced them —
 model, temperature, threshold, validation coverage and risk, files left out — to
@@ -60,7 +62,14 @@ from fseb_ft.predictor import (
     predict_logits,
     validation_split,
 )
-from fseb_ft.rundir import ABSTENTION_FILE, MODEL_DIR, RESULTS_JSON, write_json
+from fseb_ft.rundir import (
+    ABSTENTION_FILE,
+    MODEL_DIR,
+    RESULTS_JSON,
+    read_val_logits,
+    write_json,
+    write_val_logits,
+)
 from fseb_ft.selective import abstention_outcome, abstention_threshold, top_class_log_odds
 from fseb_ft.temperature import TEMPERATURE_RANGE, temperature_identified
 
@@ -133,7 +142,8 @@ def predict_images(
         batch_size, num_workers: the loader's.
         progress: show progress bars.
         keep: a threshold chosen on the validation split is kept with the run (its
-            ``abstention.json``, model card and ``fseb.json``).
+            ``abstention.json``, model card and ``fseb.json``), and the validation logits
+            it was chosen from (``val_logits.safetensors``).
 
     Returns:
         The rows and the meta record (:class:`ImagePredictions`).
@@ -158,7 +168,7 @@ def predict_images(
     loader_kw = {"batch_size": batch_size, "num_workers": num_workers, "progress": progress}
 
     inputs, names, labels, skipped = gather_inputs(loaded, images, dataset)
-    rule = _threshold(loaded, temp, coverage, max_risk, threshold, run_device, loader_kw)
+    rule = _threshold(loaded, temp, (coverage, max_risk, threshold), run_device, loader_kw, keep)
     logits, errors = predict_logits(net, inputs, loaded, run_device, "predict", **loader_kw)
     readable = [i for i, err in enumerate(errors) if not err]
     unreadable = [f"{names[i]}: {errors[i]}" for i in range(len(names)) if errors[i]]
@@ -207,13 +217,17 @@ def predict_images(
 def _threshold(
     loaded: LoadedModel,
     temperature: float | None,
-    coverage: float | None,
-    max_risk: float | None,
-    threshold: float | None,
+    asked: tuple[float | None, float | None, float | None],
     device: torch.device,
     loader_kw: dict[str, Any],
+    keep: bool,
 ) -> dict[str, Any]:
-    """The abstention rule: ``τ``, how it was chosen, and its validation coverage and risk."""
+    """The abstention rule: ``τ``, how it was chosen, and its validation coverage and risk.
+
+    ``asked`` is ``(coverage, max_risk, threshold)``, at most one given; ``keep`` keeps the
+    validation logits with the run for the next choice.
+    """
+    coverage, max_risk, threshold = asked
     # Confidence is the maximum probability of softmax(logits / T): τ holds for this T only.
     rule: dict[str, Any] = {"temperature": temperature}
     if coverage is None and max_risk is None and threshold is None:
@@ -237,7 +251,7 @@ def _threshold(
             )
         return {**rule, "validation": None}
     try:
-        confidence, correct = _validation(loaded, temperature, device, loader_kw)
+        confidence, correct = _validation(loaded, temperature, device, loader_kw, keep)
     except FsebError:
         if threshold is None:
             raise
@@ -263,17 +277,33 @@ def _threshold(
 
 
 def _validation(
-    loaded: LoadedModel, temperature: float | None, device: torch.device, loader_kw: dict[str, Any]
+    loaded: LoadedModel,
+    temperature: float | None,
+    device: torch.device,
+    loader_kw: dict[str, Any],
+    keep: bool,
 ) -> tuple[Tensor, Tensor]:
-    """Confidences (top-class log-odds, (N_v,)) and correctness (N_v,) on the validation split."""
-    val = validation_split(loaded.recipe, loaded.info)
-    logits, errors = predict_logits(
-        loaded.model, ImageInputs(None, val, loaded), loaded, device, "validation", **loader_kw
-    )
-    bad = [e for e in errors if e]
-    if bad:
-        raise ValueError(f"{len(bad)} validation image(s) cannot be read: {bad[0]}")
-    labels = torch.as_tensor(val.labels, dtype=torch.long)  # (N_v,)
+    """Confidences (top-class log-odds, (N_v,)) and correctness (N_v,) on the validation split.
+
+    The logits come from the run's :data:`~fseb_ft.rundir.VAL_LOGITS` when they are as new as
+    its weights; otherwise they are predicted (the whole validation split) and, with ``keep``,
+    kept there.
+    """
+    run_dir = loaded.run_dir
+    cached = read_val_logits(run_dir) if run_dir is not None else None
+    if cached is not None:
+        logits, labels = cached  # (N_v, K), (N_v,)
+    else:
+        val = validation_split(loaded.recipe, loaded.info)
+        logits, errors = predict_logits(
+            loaded.model, ImageInputs(None, val, loaded), loaded, device, "validation", **loader_kw
+        )
+        bad = [e for e in errors if e]
+        if bad:
+            raise ValueError(f"{len(bad)} validation image(s) cannot be read: {bad[0]}")
+        labels = torch.as_tensor(val.labels, dtype=torch.long)  # (N_v,)
+        if keep and run_dir is not None:
+            write_val_logits(run_dir, logits, labels)
     return top_class_log_odds(logits, temperature or 1.0), logits.argmax(dim=-1) == labels
 
 
@@ -517,7 +547,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     parser.add_argument(
         "--no-keep", action="store_true",
-        help="do not keep a threshold chosen on validation with the run (abstention.json, card)",
+        help="write nothing into the run: no threshold chosen on validation (abstention.json, "
+        "card), no validation logits",
     )  # fmt: skip
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="also show the libraries' INFO lines"

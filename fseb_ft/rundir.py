@@ -13,6 +13,8 @@ A run directory (``output.dir``) holds::
     model/variational.safetensors   VARIATIONAL_WEIGHTS: FS-VI's σ at the best epoch
     abstention.json                 ABSTENTION_FILE: the threshold `fseb-ft predict` chose on
                                     validation (:func:`read_abstention`)
+    val_logits.safetensors          VAL_LOGITS: the validation logits that threshold was
+                                    chosen from (:func:`read_val_logits`)
 
 Every writer here is atomic (:mod:`fseb_ft.atomic`): a reader sees the old file or the new one.
 """
@@ -25,10 +27,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from safetensors.torch import load_file, load_model
-from torch import nn
+from safetensors.torch import load_file, load_model, save_file
+from torch import Tensor, nn
 
-from fseb_ft.atomic import remove, write_text
+from fseb_ft.atomic import cleaned_on_failure, publish, remove, write_text
 from fseb_ft.config import Recipe, load_recipe
 from fseb_ft.models import InputSpec, create_model
 from fseb_ft.variational import MCPredictive, MeanFieldGaussian, variance_parameters
@@ -49,6 +51,7 @@ __all__ = [
     "RESULTS_MD",
     "RUN_INFO_FILE",
     "TRAINER_STATE",
+    "VAL_LOGITS",
     "VARIATIONAL_WEIGHTS",
     "RunInfo",
     "checkpoint_name",
@@ -58,8 +61,10 @@ __all__ = [
     "read_abstention",
     "read_json",
     "read_run",
+    "read_val_logits",
     "run_predictor",
     "write_json",
+    "write_val_logits",
 ]
 
 RECIPE_FILE = "recipe.yaml"
@@ -96,6 +101,9 @@ CORRUPTION_PLOT = "corruptions.png"
 ABSTENTION_FILE = "abstention.json"
 """The abstention threshold ``fseb-ft predict`` chose on the validation split, with its coverage
 and risk there (``fseb_ft.inference``); the model folder's ``fseb.json`` and card repeat it."""
+VAL_LOGITS = "val_logits.safetensors"
+"""The validation split's logits and labels as ``fseb-ft predict`` computed them to choose a
+threshold: a later ``--coverage`` or ``--max-risk`` (any temperature) reuses them."""
 
 _NOT_A_RUN = "{run_dir} is not a finished run: {missing} is missing"
 
@@ -190,13 +198,39 @@ def load_run_model(run_dir: Path, recipe: Recipe, info: RunInfo) -> nn.Module:
     return model
 
 
+def _current(path: Path, run_dir: Path) -> bool:
+    """``path`` exists and is not older than the run's best weights (not made for older ones)."""
+    weights = run_dir / MODEL_WEIGHTS
+    if not path.is_file():
+        return False
+    return not weights.is_file() or path.stat().st_mtime >= weights.stat().st_mtime
+
+
 def read_abstention(run_dir: Path) -> dict[str, Any] | None:
     """The run's :data:`ABSTENTION_FILE`, or ``None`` when it has none or it is older than the
     best weights (chosen for weights that have since been replaced)."""
-    path, weights = run_dir / ABSTENTION_FILE, run_dir / MODEL_WEIGHTS
-    if not path.is_file() or (weights.is_file() and path.stat().st_mtime < weights.stat().st_mtime):
+    path = run_dir / ABSTENTION_FILE
+    return read_json(path) if _current(path, run_dir) else None
+
+
+def read_val_logits(run_dir: Path) -> tuple[Tensor, Tensor] | None:
+    """The run's :data:`VAL_LOGITS` as ``(logits (N_v, K), labels (N_v,))``, or ``None`` when it
+    has none or they are older than the best weights."""
+    path = run_dir / VAL_LOGITS
+    if not _current(path, run_dir):
         return None
-    return read_json(path)
+    tensors = load_file(str(path))
+    return tensors["logits"], tensors["labels"]
+
+
+def write_val_logits(run_dir: Path, logits: Tensor, labels: Tensor) -> None:
+    """Keep the validation logits ``(N_v, K)`` and labels ``(N_v,)`` with the run, atomically."""
+    path = run_dir / VAL_LOGITS
+    tmp = path.with_name(f".{path.name}.tmp")
+    with cleaned_on_failure(tmp, what="the validation logits"):
+        save_file({"logits": logits.detach().cpu().contiguous(),
+                   "labels": labels.detach().cpu().contiguous()}, str(tmp))  # fmt: skip
+    publish(tmp, path)
 
 
 def run_predictor(run_dir: Path, recipe: Recipe, model: nn.Module) -> nn.Module:
@@ -252,6 +286,7 @@ def clear_run(run_dir: Path) -> list[str]:
         run_dir / MODEL_DIR,
         run_dir / RUN_INFO_FILE,
         run_dir / ABSTENTION_FILE,
+        run_dir / VAL_LOGITS,
     ]
     old += [run_dir / RESULTS_JSON, run_dir / RESULTS_MD, *sorted(run_dir.glob("*.png"))]
     found = [path for path in old if path.exists()]

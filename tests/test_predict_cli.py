@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -15,12 +16,12 @@ import torch
 from PIL import Image
 
 import fseb_ft
-from fseb_ft import api, cli, predictor
+from fseb_ft import api, cli, inference, predictor
 from fseb_ft.config import recipe_from_dict
 from fseb_ft.finetune import run
 from fseb_ft.predict import eval_loader
 from fseb_ft.predictor import load_model
-from fseb_ft.rundir import load_run_model, read_json, read_run
+from fseb_ft.rundir import VAL_LOGITS, load_run_model, read_json, read_run, read_val_logits
 from fseb_ft.selective import top_class_log_odds
 from fseb_ft.sources import build_splits, load_sklearn_digits
 from fseb_ft.transforms import eval_transform
@@ -194,6 +195,30 @@ def test_max_risk_is_kept_with_the_run_and_its_model_folder_abstains_alike(
     for a, b in zip(lines, (json.loads(x) for x in again.read_text().splitlines()), strict=True):
         assert a["abstain"] == b["abstain"] and a["prediction"] == b["prediction"]
         assert a["probability"] == pytest.approx(b["probability"], rel=1e-5)
+
+
+def test_a_second_choice_reuses_the_kept_validation_logits_until_the_weights_change(
+    run_dir: Path, images: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copy = shutil.copytree(run_dir, tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints"))
+    (copy / VAL_LOGITS).unlink(missing_ok=True)
+    first = api.predict_images(copy, images, coverage=0.8, progress=False)
+    logits, labels = read_val_logits(copy)  # (N_v, K), (N_v,)
+    recipe = read_run(copy)[0]
+    assert labels.tolist() == build_splits(recipe.data, recipe.train.seed).val.labels.tolist()
+
+    def no_second_pass(*args: object) -> None:
+        raise AssertionError("the validation split was predicted again")
+
+    monkeypatch.setattr(inference, "validation_split", no_second_pass)
+    again = api.predict_images(copy, images, coverage=0.5, temperature=1.0, progress=False)
+    rule, temperature = again.meta["abstention"], first.meta["temperature"]
+    confidence = top_class_log_odds(logits, 1.0)  # (N_v,)
+    assert rule["validation"]["accepted"] == int((confidence >= rule["log_odds_threshold"]).sum())
+    assert abs(rule["validation"]["accepted"] - 0.5 * len(labels)) <= 1 and temperature != 1.0
+    later = (copy / VAL_LOGITS).stat().st_mtime + 10
+    os.utime(copy / "model" / "model.safetensors", (later, later))  # new best weights
+    assert read_val_logits(copy) is None  # the logits are stale
 
 
 def test_a_model_folder_takes_a_threshold_but_has_no_validation_split(

@@ -3,7 +3,10 @@
     python -m benchmarks.paper_cifar10 --protocol far  [--epochs 3] [--seeds 0 1 2]
     python -m benchmarks.paper_cifar10 --protocol near [--epochs 3] [--seeds 0 1 2]
     python -m benchmarks.paper_cifar10 --protocol context --methods 'PS-MAP' \
-        'FS-EB (cifar100)' 'FS-EB (tiny-imagenet)'
+        'FS-EB (cifar100)' 'FS-EB (cifar100, d=1)' 'FS-EB (tiny-imagenet)' \
+        'FS-EB (tiny-imagenet, d=1)'
+    python -m benchmarks.paper_cifar10 --protocol context --fraction 0.1 --epochs 10 \
+        --methods 'PS-MAP' 'FS-EB (cifar100, d=1)' --section cifar10-frac10
 
 Fine-tunes the ImageNet-pretrained EfficientNet-Lite0 in ``../shared/weights`` (φ0 and the
 starting weights) on the real CIFAR-10 image folder in ``../shared``, with the reference

@@ -27,12 +27,13 @@ The CPU budget sets the scale: a seeded random subset of the training images
 (``--train-images``, 10 % of it held out for validation), a reduced resolution
 (``--input-size``) and a few epochs; the table states them. ``--fraction`` instead keeps a
 seeded, stratified share of every class (``data.train.fraction``), for the paper's
-training-set-fraction table. FS-EB's context is the corrupted
-training inputs, except for the ``context`` protocol's methods. Model
-selection uses the validation split, never the test split. Each protocol writes its table into
-``docs/results.md`` between ``<!-- cifar10-PROTOCOL:begin -->`` and ``<!-- ...:end -->``
-(``--section NAME`` writes another); the tables end with the paper's rows of the section's
-pairing in ``benchmarks.paper_rows`` (Table 4 for the far and context protocols).
+training-set-fraction table. FS-EB's context is the corrupted training inputs, except for the
+``context`` protocol's methods. Model selection uses the validation split, never the test
+split. Each protocol writes its table into ``docs/results.md`` between
+``<!-- cifar10-PROTOCOL:begin -->`` and ``<!-- ...:end -->`` and its runs into
+``OUT/PROTOCOL/``; ``--section NAME`` writes another section, with runs in ``OUT/NAME/``. The
+tables end with the paper's rows of the section's pairing in ``benchmarks.paper_rows`` (Table 4
+for the far and context protocols).
 """
 
 from __future__ import annotations
@@ -273,6 +274,7 @@ def main() -> None:
         raise SystemExit(f"{WEIGHTS} not found: this benchmark needs ../shared")
     classes = len(IN_CLASSES) if args.protocol == "near" else 10
     section = args.section or f"cifar10-{args.protocol}"
+    folder = args.section or args.protocol  # another section's runs never share a protocol's
     cache = args.out / "cache"
     if args.fraction:
         subset, n_images = f"fraction: {args.fraction}", round(args.fraction * PER_CLASS) * classes
@@ -303,7 +305,7 @@ def main() -> None:
     for seed in args.seeds:  # seed-major: an interrupted sweep still has paired runs
         for name, overrides in chosen.items():
             slug = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
-            out = args.out / args.protocol / slug / f"seed{seed}"
+            out = args.out / folder / slug / f"seed{seed}"
             recipe = load_recipe(
                 RECIPE,
                 [*base, *overrides, f"train.seed={seed}", f"output.dir={out}", *args.override],
@@ -359,7 +361,7 @@ def main() -> None:
         print(shift)
         write_section(args.results, shift, ("<!-- cifar10-shift:begin -->",
                                             "<!-- cifar10-shift:end -->"))  # fmt: skip
-    out_json = args.out / args.protocol / "results.json"
+    out_json = args.out / folder / "results.json"
     out_json.write_text(json.dumps(all_results, indent=1))
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from accelerate import Accelerator, PartialState
 from accelerate.utils import set_seed
-from safetensors.torch import load_file, load_model, save_file, save_model
+from safetensors.torch import load_file, load_model, save_model
 from torch import nn
 
 from fseb_ft.allocator import keep_freed_memory
@@ -66,6 +66,7 @@ from fseb_ft.rundir import (
     clear_run,
     latest_checkpoint,
     write_json,
+    write_tensors,
 )
 from fseb_ft.schema import plain_tree, set_key
 from fseb_ft.sources import build_splits, load_split
@@ -308,12 +309,8 @@ def _save_best(model: nn.Module, objective: FSEBObjective, run_dir: Path) -> Non
     """The best weights (FS-VI: μ), and FS-VI's σ beside them."""
     _save_weights(model, run_dir / MODEL_WEIGHTS)
     if objective.variational is not None:
-        stds = {n: s.detach().cpu().contiguous() for n, s in objective.variational.stds().items()}
-        path = run_dir / VARIATIONAL_WEIGHTS
-        tmp = path.with_suffix(".tmp")
-        with cleaned_on_failure(tmp, what="FS-VI's standard deviations"):
-            save_file(stds, str(tmp))
-        publish(tmp, path)
+        stds = objective.variational.stds()
+        write_tensors(run_dir / VARIATIONAL_WEIGHTS, stds, "FS-VI's standard deviations")
 
 
 def _save_weights(model: nn.Module, path: Path) -> None:

@@ -442,7 +442,7 @@ def _write_docs(
         "fseb": dataclasses.asdict(recipe.fseb),
         "context": run_info.context,
         "prior": run_info.prior,
-        "context_config": (None if recipe.fseb.is_ps_map else dataclasses.asdict(recipe.context)),
+        "context_config": None if recipe.fseb.is_ps_map else dataclasses.asdict(recipe.context),
         "data": run_info.data,
         "source_model": dict(source),
         "num_classes": run_info.num_classes,

@@ -168,7 +168,7 @@ def predict_images(
     loader_kw = {"batch_size": batch_size, "num_workers": num_workers, "progress": progress}
 
     inputs, names, labels, skipped = gather_inputs(loaded, images, dataset)
-    rule = _threshold(loaded, temp, (coverage, max_risk, threshold), run_device, loader_kw, keep)
+    rule = _threshold(loaded, temp, coverage, max_risk, threshold, run_device, loader_kw, keep)
     logits, errors = predict_logits(net, inputs, loaded, run_device, "predict", **loader_kw)
     readable = [i for i, err in enumerate(errors) if not err]
     unreadable = [f"{names[i]}: {errors[i]}" for i in range(len(names)) if errors[i]]
@@ -217,17 +217,18 @@ def predict_images(
 def _threshold(
     loaded: LoadedModel,
     temperature: float | None,
-    asked: tuple[float | None, float | None, float | None],
+    coverage: float | None,
+    max_risk: float | None,
+    threshold: float | None,
     device: torch.device,
     loader_kw: dict[str, Any],
     keep: bool,
 ) -> dict[str, Any]:
     """The abstention rule: ``τ``, how it was chosen, and its validation coverage and risk.
 
-    ``asked`` is ``(coverage, max_risk, threshold)``, at most one given; ``keep`` keeps the
+    At most one of ``coverage``, ``max_risk`` and ``threshold`` is given; ``keep`` keeps the
     validation logits with the run for the next choice.
     """
-    coverage, max_risk, threshold = asked
     # Confidence is the maximum probability of softmax(logits / T): τ holds for this T only.
     rule: dict[str, Any] = {"temperature": temperature}
     if coverage is None and max_risk is None and threshold is None:
@@ -251,7 +252,9 @@ def _threshold(
             )
         return {**rule, "validation": None}
     try:
-        confidence, correct = _validation(loaded, temperature, device, loader_kw, keep)
+        confidence, correct = _validation(
+            loaded, loaded.run_dir, temperature, device, loader_kw, keep
+        )
     except FsebError:
         if threshold is None:
             raise
@@ -278,6 +281,7 @@ def _threshold(
 
 def _validation(
     loaded: LoadedModel,
+    run_dir: Path,
     temperature: float | None,
     device: torch.device,
     loader_kw: dict[str, Any],
@@ -285,12 +289,11 @@ def _validation(
 ) -> tuple[Tensor, Tensor]:
     """Confidences (top-class log-odds, (N_v,)) and correctness (N_v,) on the validation split.
 
-    The logits come from the run's :data:`~fseb_ft.rundir.VAL_LOGITS` when they are as new as
-    its weights; otherwise they are predicted (the whole validation split) and, with ``keep``,
-    kept there.
+    The logits come from the run's (``run_dir``) :data:`~fseb_ft.rundir.VAL_LOGITS` when they
+    are as new as its weights; otherwise they are predicted (the whole validation split) and,
+    with ``keep``, kept there.
     """
-    run_dir = loaded.run_dir
-    cached = read_val_logits(run_dir) if run_dir is not None else None
+    cached = read_val_logits(run_dir)
     if cached is not None:
         logits, labels = cached  # (N_v, K), (N_v,)
     else:
@@ -302,7 +305,7 @@ def _validation(
         if bad:
             raise ValueError(f"{len(bad)} validation image(s) cannot be read: {bad[0]}")
         labels = torch.as_tensor(val.labels, dtype=torch.long)  # (N_v,)
-        if keep and run_dir is not None:
+        if keep:
             write_val_logits(run_dir, logits, labels)
     return top_class_log_odds(logits, temperature or 1.0), logits.argmax(dim=-1) == labels
 

@@ -64,6 +64,7 @@ __all__ = [
     "read_val_logits",
     "run_predictor",
     "write_json",
+    "write_tensors",
     "write_val_logits",
 ]
 
@@ -223,14 +224,19 @@ def read_val_logits(run_dir: Path) -> tuple[Tensor, Tensor] | None:
     return tensors["logits"], tensors["labels"]
 
 
+def write_tensors(path: Path, tensors: Mapping[str, Tensor], what: str) -> None:
+    """Write named tensors to a safetensors file atomically (``what`` names them in errors)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with cleaned_on_failure(tmp, what=what):
+        save_file({name: t.detach().cpu().contiguous() for name, t in tensors.items()}, str(tmp))
+    publish(tmp, path)
+
+
 def write_val_logits(run_dir: Path, logits: Tensor, labels: Tensor) -> None:
     """Keep the validation logits ``(N_v, K)`` and labels ``(N_v,)`` with the run, atomically."""
-    path = run_dir / VAL_LOGITS
-    tmp = path.with_name(f".{path.name}.tmp")
-    with cleaned_on_failure(tmp, what="the validation logits"):
-        save_file({"logits": logits.detach().cpu().contiguous(),
-                   "labels": labels.detach().cpu().contiguous()}, str(tmp))  # fmt: skip
-    publish(tmp, path)
+    write_tensors(
+        run_dir / VAL_LOGITS, {"logits": logits, "labels": labels}, "the validation logits"
+    )
 
 
 def run_predictor(run_dir: Path, recipe: Recipe, model: nn.Module) -> nn.Module:

@@ -36,6 +36,12 @@ __all__ = [
 
 _MAX_JITTER_TRIES = 8
 _DEVICE_FALLBACK_JITTER = 1e-6
+SINGULAR_RTOL = 1e-10
+"""A factor whose smallest pivot ``L_ii²`` is below this share of ``A``'s mean diagonal counts as
+failed: ``A`` is numerically singular. A Cholesky of a singular matrix may "succeed" or fail
+depending on how the CPU's BLAS rounds (its last pivots are rounding residue, ~1e-16 of the
+diagonal, of either sign); this threshold, six orders above that residue, gives one verdict on
+every machine. The numerical rank in the warning uses the same tolerance."""
 
 
 class CholeskyJitterWarning(RuntimeWarning):
@@ -258,14 +264,18 @@ def cholesky_with_jitter(
 ) -> Tensor:
     """Lower Cholesky factor of ``A``, adding ``jitter · mean(diag A) · 10^i`` until it succeeds.
 
-    ``advice`` (the remedy) and ``rows`` (what a row of ``A`` stands for, if anything; its
-    duplicates are counted) go into the warning, which also gives ``A``'s spectrum. On an
-    accelerator this defers to :func:`_cholesky_on_device`, which never syncs the host.
+    A factorisation counts as failed when it fails outright or when its smallest pivot is below
+    :data:`SINGULAR_RTOL` of the mean diagonal (:func:`_well_conditioned`), so a numerically
+    singular ``A`` takes the jitter path, with its warning, on every CPU alike. ``advice`` (the
+    remedy) and ``rows`` (what a row of ``A`` stands for, if anything; its duplicates are
+    counted) go into the warning, which also gives ``A``'s spectrum. On an accelerator this
+    defers to :func:`_cholesky_on_device`, which never syncs the host.
     """
     if A.device.type != "cpu":
         return _cholesky_on_device(A)
+    level = A.diagonal().abs().mean().clamp_min(torch.finfo(A.dtype).tiny)  # ()
     L, info = torch.linalg.cholesky_ex(A)
-    if not bool(info.any()):
+    if not bool(info.any()) and bool(_well_conditioned(L, level)):
         return L
     if not bool(torch.isfinite(A).all()):
         raise CholeskyError(
@@ -273,9 +283,9 @@ def cholesky_with_jitter(
             "of the context batch (inputs, normalisation) and the prior hyper-parameters."
         )
     eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
-    level = A.diagonal().abs().mean().clamp_min(torch.finfo(A.dtype).tiny)
     for i in range(_MAX_JITTER_TRIES):
         added = jitter * 10.0**i * level
+        # The jitter itself bounds every pivot from below, so success alone is the test here.
         L, info = torch.linalg.cholesky_ex(A + added * eye)
         if not bool(info.any()):
             warnings.warn(
@@ -293,6 +303,12 @@ def cholesky_with_jitter(
     )
 
 
+def _well_conditioned(L: Tensor, level: Tensor) -> Tensor:
+    """Whether the factor ``L`` (n, n) has every pivot ``L_ii²`` above :data:`SINGULAR_RTOL` ×
+    ``level`` (the mean diagonal of the factorised matrix): a 0-dim bool tensor, no host sync."""
+    return L.diagonal().pow(2).min() > SINGULAR_RTOL * level
+
+
 def _diagnosis(A: Tensor, rows: str | None) -> str:
     """The facts behind a failed factorisation of the symmetric ``A``: spectrum, rank, repeats.
 
@@ -301,7 +317,7 @@ def _diagnosis(A: Tensor, rows: str | None) -> str:
     eig = torch.linalg.eigvalsh(A)  # (n,) ascending
     n = A.shape[-1]
     top = eig[-1].abs().clamp_min(torch.finfo(A.dtype).tiny)
-    rank = int((eig > n * torch.finfo(A.dtype).eps * top).sum())
+    rank = int((eig > SINGULAR_RTOL * top).sum())
     text = (
         f"eigenvalues from {float(eig[0]):.3g} to {float(eig[-1]):.3g}, numerical rank "
         f"{rank} of {n}"
@@ -338,14 +354,15 @@ def _cholesky_on_device(A: Tensor) -> Tensor:
     """Sync-free factorisation for accelerators: both candidates run there, one is selected there.
 
     Reading ``info`` on the host would stall the device once per training step, so the factor
-    of ``A + 1e-6 · mean(diag A) · I`` replaces a failed one by ``torch.where``, without the
-    escalation or the warning of the CPU path (both need the host to look). If that fails too,
-    the factor is NaN: the training loop's periodic finiteness check then stops the run.
+    of ``A + 1e-6 · mean(diag A) · I`` replaces a failed or numerically singular one
+    (:func:`_well_conditioned`, as on the CPU) by ``torch.where``, without the escalation or the
+    warning of the CPU path (both need the host to look). If that fails too, the factor is NaN:
+    the training loop's periodic finiteness check then stops the run.
     """
     L, info = torch.linalg.cholesky_ex(A)  # (P, P), ()
     eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
     level = A.diagonal().abs().mean()
     L_jit, info_jit = torch.linalg.cholesky_ex(A + _DEVICE_FALLBACK_JITTER * level * eye)
-    ok = info == 0
+    ok = (info == 0) & _well_conditioned(L, level)
     chosen = torch.where(ok, L, L_jit)  # (P, P)
     return torch.where(ok | (info_jit == 0), chosen, torch.full_like(chosen, float("nan")))

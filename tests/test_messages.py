@@ -117,11 +117,18 @@ def test_pretrained_weights_offline_point_to_hf_hub_offline_and_local_dir(
         assert "Set HF_HUB_OFFLINE=1" in message and "Name or service not known" in message
 
 
-def test_jitter_warning_on_singular_kc_without_duplicates_says_what_happened() -> None:
+def _exactly_rank_6_features() -> torch.Tensor:
+    """16 distinct context points whose features span exactly 6 directions: integer products in
+    float64 are exact, so ``Kc = H Hᵀ + 1 1ᵀ`` has rank 7 on every machine, not to rounding."""
     g = torch.Generator().manual_seed(0)
-    # 16 distinct context points, D = 1280, whose features span only 6 directions.
-    H = torch.randn(16, 6, generator=g) @ torch.randn(6, 1280, generator=g)  # (16, 1280)
-    F = torch.randn(16, 10, generator=g)  # (16, 10)
+    A = torch.randint(-3, 4, (16, 6), generator=g).double()  # (16, 6)
+    B = torch.randint(-3, 4, (6, 40), generator=g).double()  # (6, 40)
+    return A @ B  # (16, 40)
+
+
+def test_jitter_warning_on_singular_kc_without_duplicates_says_what_happened() -> None:
+    H = _exactly_rank_6_features()
+    F = torch.randn(16, 10, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         function_space_term(F, H, 1.0, 0.0)
@@ -130,6 +137,30 @@ def test_jitter_warning_on_singular_kc_without_duplicates_says_what_happened() -
     assert "numerical rank 7 of 16" in message and "no two context points are identical" in message
     assert "uplicate context points" not in message and "prior_cov_diag = 0" in message
     assert "Raise fseb.prior_cov_diag" in message
+
+
+def test_jitter_warning_when_the_blas_factorises_a_singular_kc(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Some CPUs' BLAS round a singular Kc's last pivots to tiny positive numbers, and the plain
+    Cholesky "succeeds": simulated here, so the verdict must come from the pivots, not the BLAS."""
+    real = torch.linalg.cholesky_ex
+    calls: list[int] = []
+
+    def rounds_to_success(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        calls.append(1)
+        if len(calls) == 1:  # the plain factorisation: succeeds with pivots ~1e-14 of the diagonal
+            level = A.diagonal().mean()
+            return real(A + 1e-14 * level * torch.eye(A.shape[0], dtype=A.dtype))
+        return real(A)
+
+    monkeypatch.setattr(torch.linalg, "cholesky_ex", rounds_to_success)
+    H = _exactly_rank_6_features()
+    F = torch.randn(16, 10, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    with pytest.warns(CholeskyJitterWarning, match="numerical rank 7 of 16"):
+        out = function_space_term(F, H, 1.0, 0.0)
+    # The jittered Kc bounds R_f: without it, the 1e-14 pivots put it beyond 1e10.
+    assert len(calls) >= 2 and 0 < float(out) < 1e12
 
 
 def test_jitter_warning_counts_duplicate_context_points() -> None:

@@ -184,3 +184,33 @@ def test_device_path_selects_the_jittered_factor_without_host_sync() -> None:
     broken = good.clone()
     broken[0, 0] = float("nan")
     assert torch.isnan(_cholesky_on_device(broken)).all()
+
+
+def test_device_path_treats_a_tiny_pivot_as_singular(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A singular matrix that the BLAS factorises with a pivot of rounding size (as some CPUs'
+    do) gets the jittered factor on the device path too."""
+    from fseb_ft.regularizer import _DEVICE_FALLBACK_JITTER, _cholesky_on_device
+
+    H = torch.tensor([[1.0, 2.0], [1.0, 2.0], [0.0, 1.0]], dtype=torch.float64)  # rows 0 = 1
+    singular = prior_covariance(H, 1.0, 0.0)  # (3, 3), exactly rank 2
+    eye = torch.eye(3, dtype=torch.float64)
+    level = singular.diagonal().mean()
+    real = torch.linalg.cholesky_ex
+    rounded = real(singular + 1e-15 * level * eye)  # what a "successful" BLAS returns
+    monkeypatch.setattr(
+        torch.linalg,
+        "cholesky_ex",
+        lambda A: rounded if torch.equal(A, singular) else real(A),
+    )
+    expected = real(singular + _DEVICE_FALLBACK_JITTER * level * eye)[0]
+    torch.testing.assert_close(_cholesky_on_device(singular), expected)
+
+
+def test_pivot_threshold_accepts_well_conditioned_and_rejects_rank_deficient() -> None:
+    from fseb_ft.regularizer import _well_conditioned
+
+    exact = torch.tensor([[4.0, 2.0], [2.0, 2.0]], dtype=torch.float64)  # L = [[2, 0], [1, 1]]
+    L = torch.linalg.cholesky(exact)
+    assert bool(_well_conditioned(L, exact.diagonal().mean()))
+    tiny = torch.tensor([[2.0, 0.0], [1.0, 1e-7]], dtype=torch.float64)  # last pivot 1e-14
+    assert not bool(_well_conditioned(tiny, torch.tensor(3.0, dtype=torch.float64)))

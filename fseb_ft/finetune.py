@@ -20,6 +20,7 @@ import argparse
 import copy
 import dataclasses
 import inspect
+import json
 import logging
 import math
 import os
@@ -38,6 +39,7 @@ from fseb_ft.atomic import DiskFullError, cleaned_on_failure, publish, remove_or
 from fseb_ft.config import (
     ConfigError,
     Recipe,
+    TrainConfig,
     dump_recipe,
     load_recipe,
     override_path,
@@ -65,6 +67,7 @@ from fseb_ft.rundir import (
     RunInfo,
     clear_run,
     latest_checkpoint,
+    read_json,
     write_json,
     write_tensors,
 )
@@ -189,6 +192,7 @@ def run(
         prior=prior,
         bad_images=dropped or None,
     )
+    _check_same_data(recipe.train, run_dir, run_info)
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_text(run_dir / RECIPE_FILE, dump_recipe(recipe))
@@ -278,6 +282,55 @@ def _check_resumable(recipe: Recipe, run_dir: Path) -> None:
             " resuming would mix the two. Use another output.dir, or train.resume=never to "
             "start over in this one."
         )
+
+
+# What a resumed run must find as it was: the classes, the images of every split and the context.
+_DATA_FACTS = ("num_classes", "class_names", "num_train", "data", "context")
+
+
+def _check_same_data(train: TrainConfig, run_dir: Path, info: RunInfo) -> None:
+    """Refuse to resume a run directory whose run was trained on other data than ``info`` says.
+
+    Called before anything is written: resuming would load weights trained on the old images
+    (or fail on a head of another size) and then describe them by the new data, so the model's
+    ``label_names`` would name classes it never saw. Compared: the class names and count, the
+    training-set size, every split's identity (image folders: names, sizes and times of their
+    files) and the context pool's.
+    """
+    saved = run_dir / RUN_INFO_FILE
+    if train.resume != "auto" or latest_checkpoint(run_dir) is None or not saved.is_file():
+        return
+    old = read_json(saved)
+    new = json.loads(json.dumps(info.to_json()))  # as run.json would hold it: lists, not tuples
+    changed = [f"{key}: {_short(a)} → {_short(b)}" for key, a, b in _changes(old, new, _DATA_FACTS)]
+    if changed:
+        raise RecipeMismatchError(
+            f"{run_dir} holds checkpoints of a run trained on other data ({'; '.join(changed)});"
+            " resuming would describe its weights by the new data. Use another output.dir, or "
+            "train.resume=never to start over in this one."
+        )
+
+
+def _changes(
+    old: Mapping[str, Any], new: Mapping[str, Any], keys: Sequence[str]
+) -> list[tuple[str, Any, Any]]:
+    """``(dotted key, old value, new value)`` of what differs under ``keys``, nested mappings
+    followed down to the values that differ."""
+    out = []
+    for key in keys:
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            sub = _changes(a, b, sorted(set(a) | set(b)))
+            out += [(f"{key}.{child}", x, y) for child, x, y in sub]
+        elif a != b:
+            out.append((key, a, b))
+    return out
+
+
+def _short(value: Any, width: int = 80) -> str:
+    """``repr(value)``, cut in the middle to ``width`` characters for a one-line message."""
+    text = repr(value)
+    return text if len(text) <= width else f"{text[: width // 2 - 2]}…{text[-(width // 2 - 1) :]}"
 
 
 def _identities(key: str, sets: Mapping[str, Any]) -> dict[str, Any]:

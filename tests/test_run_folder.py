@@ -85,3 +85,46 @@ def test_a_run_killed_before_its_results_file_has_already_recorded_its_training(
     assert not (out / "results.json").exists()
     training = json.loads((out / "run.json").read_text())["training"]
     assert (training["epochs"], training["best_epoch"]) == (1, 1)
+
+
+def _snapshot(run_dir: Path) -> dict[str, bytes]:
+    """Every file of a run folder, by relative path: what a refused rerun must leave alone."""
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+
+
+def test_a_rerun_on_changed_data_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    _write_folder(data, "train", {"airplane": 6, "cat": 6, "ship": 6})
+    _write_folder(data, "test", {"airplane": 2, "cat": 2, "ship": 2})
+    out = tmp_path / "run"
+    raw = _recipe_dict({"ind": data, "ood": data}, out, epochs=1)
+    raw["data"]["ood"] = {}
+    raw["fseb"]["reg_scale"] = 0.0  # PS-MAP: no context pool, a faster run
+    run(recipe_from_dict(raw))
+    finished = _snapshot(out)
+
+    def refused(match: str) -> None:
+        with pytest.raises(finetune_module.RecipeMismatchError, match=match) as err:
+            run(recipe_from_dict(raw))
+        assert "\n" not in str(err.value) and "train.resume=never" in str(err.value)
+        assert _snapshot(out) == finished  # run.json, model/config.json: as trained
+
+    (data / "train" / "ship").rename(data / "train" / "deer")
+    (data / "test" / "ship").rename(data / "test" / "deer")
+    refused(r"class_names: \['airplane', 'cat', 'ship'\] → \['airplane', 'cat', 'deer'\]")
+    (data / "train" / "deer").rename(data / "train" / "ship")
+    (data / "test" / "deer").rename(data / "test" / "ship")
+    run(recipe_from_dict(raw))  # the same data again: resumes (a finished run: nothing to train)
+
+    _write_folder(data, "train", {"dog": 6})
+    _write_folder(data, "test", {"dog": 2})
+    refused(r"num_classes: 3 → 4")
+    for split in ("train", "test"):
+        for image in (data / split / "dog").iterdir():
+            image.unlink()
+        (data / split / "dog").rmdir()
+
+    _write_folder(tmp_path / "more", "train", {"cat": 3})
+    for i, image in enumerate(sorted((tmp_path / "more" / "train" / "cat").iterdir())):
+        image.rename(data / "train" / "cat" / f"new{i}.png")
+    refused(r"num_train: 14 → 16; data\.train: 'imagefolder:")

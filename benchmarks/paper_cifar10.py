@@ -49,8 +49,10 @@ from benchmarks import paper_fmnist, paper_rows
 from benchmarks.paper_fmnist import (
     SHARED,
     cifar_folder,
+    corruption_delta_table,
     corruption_table,
     finished_results,
+    shift_delta_table,
     training_record,
     write_section,
 )
@@ -206,6 +208,26 @@ def table(all_results: dict[str, list[dict]], protocol: str, section: str) -> st
     return paper_fmnist.table(all_results, TEST_COLUMNS + ood_columns(protocol), paper=paper)
 
 
+def shift_deltas(
+    all_results: dict[str, list[dict]], severities: list[int], baseline: str = "PS-MAP"
+) -> str:
+    """For each method other than ``baseline``: its paired Δ under shift (accuracy, NLL, ECE per
+    severity) and per corruption (accuracy, ECE), as Markdown with a heading line each."""
+    base = all_results.get(baseline)
+    out = ""
+    for method, runs in all_results.items():
+        if method == baseline or not base or len(runs) != len(base):
+            continue
+        title = f"Δ {method} − {baseline}"
+        out += (
+            f"\n**{title}**, mean over corruptions (accuracy and ECE in points):\n\n"
+            + shift_delta_table(runs, base, severities, "test split")
+            + f"\n**{title}** per corruption, Δ accuracy / Δ ECE in points:\n\n"
+            + corruption_delta_table(runs, base, severities, "corruption")
+        )
+    return out
+
+
 def main() -> None:
     """CLI: train every method and seed of one protocol, print and write the tables."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -355,8 +377,10 @@ def main() -> None:
         shift = (
             f"CIFAR-10 test, a stratified {args.corruption_limit:,}-image subset under "
             f"{', '.join(args.corruptions)} corruptions (`fseb_ft.corruptions`), accuracy / ECE "
-            f"averaged over corruptions; the runs above.\n\n"
+            f"averaged over corruptions; the runs above. Δ rows: FS-EB − PS-MAP paired by seed "
+            f"(mean ± standard error of the per-seed differences), in points.\n\n"
             + corruption_table(all_results, args.severities)
+            + shift_deltas(all_results, args.severities)
         )
         print(shift)
         write_section(args.results, shift, ("<!-- cifar10-shift:begin -->",

@@ -31,13 +31,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import statistics
 import tarfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks import paper_rows
+from benchmarks.seeds import cell
 from fseb_ft.config import load_recipe
 from fseb_ft.finetune import run
 from fseb_ft.plots import learning_curves
@@ -125,12 +124,6 @@ def _has(results: dict, path: Sequence[str]) -> bool:
     return True
 
 
-def _mean_se(values: list[float]) -> tuple[float, float]:
-    mean = statistics.fmean(values)
-    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
-    return mean, se
-
-
 Column = tuple[str, tuple[str, ...], float]  # (title, path in results.json, scale)
 
 
@@ -164,31 +157,99 @@ def table(
                 values = [_get(r, path) * scale for r in members]
                 if ref is not None:
                     values = [v - _get(b, path) * scale for v, b in zip(values, ref, strict=True)]
-                mean, se = _mean_se(values)
-                digits = 2 if scale != 1.0 else 4
-                sign = "+" if ref is not None else ""
-                cells.append(f"{mean:{sign}.{digits}f} ± {se:.{digits}f}")
+                cells.append(cell(values, 2 if scale != 1.0 else 4, signed=ref is not None))
             lines.append("| " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
     return paper_rows.extend(text, paper) if paper else text
 
 
-def corruption_table(all_results: dict[str, list[dict]], severities: Sequence[int]) -> str:
-    """Markdown: accuracy and ECE per severity (mean over corruptions), mean ± SE over seeds."""
+def corruption_table(
+    all_results: dict[str, list[dict]], severities: Sequence[int], baseline: str = "PS-MAP"
+) -> str:
+    """Markdown: accuracy and ECE per severity (mean over corruptions), mean ± SE over seeds.
+
+    Each other method also gets a paired "Δ" row against ``baseline`` (per-seed differences,
+    as :func:`table`), in points.
+    """
     header = ["Method", "clean Acc. / ECE (%)"]
     header += [f"severity {s} Acc. / ECE (%)" for s in severities]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    base = all_results.get(baseline)
     for method, runs in all_results.items():
-        cells = [method, _pair([r["test"] for r in runs])]
-        cells += [_pair([r["corruption_summary"][str(s)] for r in runs]) for s in severities]
-        lines.append("| " + " | ".join(cells) + " |")
+        rows = [(method, runs, None)]
+        if base and method != baseline and len(base) == len(runs):
+            rows.append((f"Δ {method} − {baseline}", runs, base))
+        for label, members, ref in rows:
+            cells = [label, _pair(members, ref, ("test",))]
+            cells += [_pair(members, ref, ("corruption_summary", str(s))) for s in severities]
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def _pair(metrics: list[dict]) -> str:
-    acc = _mean_se([100 * m["accuracy"] for m in metrics])
-    ece = _mean_se([100 * m["ece"] for m in metrics])
-    return f"{acc[0]:.1f} ± {acc[1]:.1f} / {ece[0]:.1f} ± {ece[1]:.1f}"
+def shift_delta_table(
+    runs: list[dict], base: list[dict], severities: Sequence[int], title: str
+) -> str:
+    """Markdown: the paired Δ (``runs`` − ``base``, seed by seed) under covariate shift.
+
+    One row per severity (clean first), each the mean over the corruptions: accuracy, NLL and
+    ECE, so calibration under shift reads apart from accuracy under shift. A cell is the mean
+    ± standard error of the per-seed differences; accuracy and ECE in points.
+    """
+    lines = [
+        f"| {title} | Δ Acc. (points) | Δ NLL | Δ ECE (points) |",
+        "|---|---|---|---|",
+    ]
+    for name, path in [("clean", ("test",))] + [
+        (f"severity {s}", ("corruption_summary", str(s))) for s in severities
+    ]:
+        cells = [_delta(runs, base, (*path, key), scale) for key, scale in _SHIFT_METRICS]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def corruption_delta_table(
+    runs: list[dict], base: list[dict], severities: Sequence[int], title: str
+) -> str:
+    """Markdown: the paired Δ accuracy / Δ ECE (points) per corruption and severity.
+
+    Shows which corruptions carry a difference in the mean over the suite. The last row is that
+    mean (as :func:`shift_delta_table`).
+    """
+    header = [title, *(f"severity {s} Δ Acc. / Δ ECE" for s in severities)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    names = list(runs[0]["corruptions"])
+    rows = [(name, ("corruptions", name)) for name in names]
+    rows.append(("mean over corruptions", ("corruption_summary",)))
+    for name, path in rows:
+        cells = [
+            f"{_delta(runs, base, (*path, str(s), 'accuracy'), 100.0)} / "
+            f"{_delta(runs, base, (*path, str(s), 'ece'), 100.0)}"
+            for s in severities
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+_SHIFT_METRICS = (("accuracy", 100.0), ("nll", 1.0), ("ece", 100.0))
+
+
+def _delta(
+    runs: list[dict], base: list[dict], path: Sequence[str], scale: float, digits: int = 0
+) -> str:
+    """Mean ± SE of the per-seed differences at ``path`` (paired by position: by seed), at
+    ``digits`` decimals (0: 2 for percentages, 3 otherwise)."""
+    values = [(_get(r, path) - _get(b, path)) * scale for r, b in zip(runs, base, strict=True)]
+    return cell(values, digits or (2 if scale != 1.0 else 3), signed=True)
+
+
+def _pair(members: list[dict], ref: list[dict] | None, path: Sequence[str]) -> str:
+    """``accuracy / ECE`` (%) at ``path``: mean ± SE over seeds, or the paired Δ to ``ref``."""
+    if ref is not None:
+        acc, ece = (_delta(members, ref, (*path, key), 100.0, 1) for key in ("accuracy", "ece"))
+        return f"{acc} / {ece}"
+    acc = cell([100 * _get(m, (*path, "accuracy")) for m in members], 1)
+    ece = cell([100 * _get(m, (*path, "ece")) for m in members], 1)
+    return f"{acc} / {ece}"
 
 
 def finished_results(run_dir: Path) -> dict:

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import statistics
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -29,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import paper_rows
+from benchmarks.seeds import cell
 from fseb_ft.rundir import RUN_INFO_FILE, TRAINER_STATE, latest_checkpoint
 
 ARMS = ("psmap", "fseb")
@@ -80,12 +79,10 @@ def _value(results: dict[str, Any], key: str, ood: str | None, scaled: bool) -> 
 
 
 def _cell(values: Sequence[float], scale: float, signed: bool = False) -> str:
-    """Mean ± standard error; a difference (``signed``) carries its sign, + or −."""
-    mean = statistics.fmean(values) * scale
-    se = statistics.stdev(values) * scale / math.sqrt(len(values)) if len(values) > 1 else 0.0
+    """Mean ± standard error (none for one seed); a difference (``signed``) carries its sign,
+    + or −."""
     digits = 2 if scale != 1.0 else 4
-    text = f"{mean:{'+' if signed else ''}.{digits}f}".replace("-", "−")
-    return f"{text} ± {se:.{digits}f}"
+    return cell([v * scale for v in values], digits, signed).replace("-", "−")
 
 
 def table(out: Path, seeds: Sequence[int], paper: str | None = None) -> str:

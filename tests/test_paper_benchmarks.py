@@ -183,3 +183,43 @@ def test_context_table_ends_with_table_4_and_leaves_a_rows_own_context_blank() -
     assert "| 96.3 ± 0.7 (SVHN) | — | — | — |" in paper[0]
     assert lines[-1].startswith("Paper rows: Rudner et al. (ICML 2023), Table 4")
     assert "Context: paper CIFAR-100; here each FS-EB row's label" in lines[-1]
+
+
+def _shifted(acc: float, ece: float, nll: float) -> dict:
+    """A run's results with two corruptions at severities 1 and 3 (noise loses 10 points more)."""
+    per = {
+        "noise": {str(s): {"accuracy": acc - 0.1 * s, "ece": ece, "nll": nll} for s in (1, 3)},
+        "blur": {str(s): {"accuracy": acc, "ece": ece + 0.01 * s, "nll": nll} for s in (1, 3)},
+    }
+    summary = {
+        str(s): {
+            k: (per["noise"][str(s)][k] + per["blur"][str(s)][k]) / 2 for k in per["noise"]["1"]
+        }
+        for s in (1, 3)
+    }
+    test = {"accuracy": acc, "ece": ece, "nll": nll}
+    return {"test": test, "corruptions": per, "corruption_summary": summary}
+
+
+def test_one_seed_tables_print_no_nan() -> None:
+    one = {"PS-MAP": [_results(0.8, 0.5, 0.7)], "FS-EB": [_results(0.9, 0.4, 0.8)]}
+    table = paper_cifar10.table(one, "near", "cifar10-near")
+    assert "nan" not in table and "| PS-MAP | 1 | 0.5100 | 80.00 | 0.5000 |" in table
+    shift = {"PS-MAP": [_shifted(0.8, 0.02, 0.5)], "FS-EB": [_shifted(0.9, 0.01, 0.4)]}
+    text = paper_fmnist.corruption_table(shift, [1, 3]) + paper_cifar10.shift_deltas(shift, [1, 3])
+    assert "nan" not in text and "| Δ FS-EB − PS-MAP | +10.0 / -1.0 |" in text
+
+
+def test_shift_deltas_pair_the_seeds_per_corruption_and_severity() -> None:
+    runs = {
+        "PS-MAP": [_shifted(0.80, 0.05, 0.6), _shifted(0.70, 0.05, 0.8)],
+        "FS-EB": [_shifted(0.82, 0.03, 0.5), _shifted(0.76, 0.02, 0.6)],
+    }
+    text = paper_cifar10.shift_deltas(runs, [1, 3])
+    # Per-seed differences: accuracy +2 and +6 points everywhere, ECE −2 and −3, NLL −0.1, −0.2.
+    assert "| clean | +4.00 ± 2.00 | -0.150 ± 0.050 | -2.50 ± 0.50 |" in text
+    assert "| severity 3 | +4.00 ± 2.00 | -0.150 ± 0.050 | -2.50 ± 0.50 |" in text
+    assert "| noise | +4.00 ± 2.00 / -2.50 ± 0.50 | +4.00 ± 2.00 / -2.50 ± 0.50 |" in text
+    assert "| mean over corruptions | +4.00 ± 2.00 / -2.50 ± 0.50 |" in text
+    summary = paper_fmnist.corruption_table(runs, [1, 3]).splitlines()
+    assert summary[-1] == "| Δ FS-EB − PS-MAP |" + " +4.0 ± 2.0 / -2.5 ± 0.5 |" * 3

@@ -349,7 +349,7 @@ def write_plots(
     test split, or validation without one; 15 bins, as the ECE column).
     ``selective_prediction.png``: accuracy–coverage curve, plus one curve per entry of
     ``others`` (e.g. an ensemble's members), drawn first. ``entropy_ood.png``: predictive
-    entropy of the test split vs each OOD set (skipped when there is none). With
+    entropy of that split vs each OOD set (skipped when there is none). With
     ``strict=False`` a figure that fails is logged as a warning and skipped: figures are a
     by-product and must not fail a finished run.
     """

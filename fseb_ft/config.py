@@ -326,12 +326,12 @@ class EvalConfig:
     batch_size: int = 256
     """Evaluation batch size per process (validation, test and OOD sets)."""
     corruptions: tuple[str, ...] | str = ()
-    """Covariate shift: also evaluate the test split under these common corruptions
-    (Hendrycks & Dietterich 2019, CIFAR-10-C parameters), each at every severity of
-    ``severities``; ``all`` (alone or in the list) stands for the 14 benchmark corruptions,
-    saved expanded in the run's ``recipe.yaml``. Names are those of
-    ``fseb_ft.corruptions.CORRUPTIONS``; results go to ``corruptions`` in ``results.json``,
-    a table in ``results.md`` and ``corruptions.png``. ``[]``: none."""
+    """Covariate shift: also evaluate the test split (the validation split when there is no
+    ``data.test``) under these common corruptions (Hendrycks & Dietterich 2019, CIFAR-10-C
+    parameters), each at every severity of ``severities``; ``all`` (alone or in the list)
+    stands for the 14 benchmark corruptions, saved expanded in the run's ``recipe.yaml``. Names
+    are those of ``fseb_ft.corruptions.CORRUPTIONS``; results go to ``corruptions`` in
+    ``results.json``, a table in ``results.md`` and ``corruptions.png``. ``[]``: none."""
     severities: tuple[int, ...] = (1, 2, 3, 4, 5)
     """Corruption severities to evaluate, each in 1–5."""
     corruption_seed: int = 0

@@ -84,9 +84,13 @@ class DataConfig:
     """Validation split for model selection; ``null`` holds out ``val_fraction`` of ``train``
     (stratified, seeded) — the test split is never used for selection."""
     test: DatasetSpec | None = None
-    """The in-distribution test split reported at the end."""
+    """The in-distribution test split reported at the end. ``null`` (no test labels, as on
+    Kaggle): the run reports its validation split instead (``"split": "validation"`` in
+    ``results.json``, labelled so in ``results.md`` and the model card); those are the numbers
+    model selection saw, so they are optimistic."""
     ood: dict[str, DatasetSpec] = field(default_factory=dict)
-    """Named semantic-shift (OOD) sets, scored against ``test``."""
+    """Named semantic-shift (OOD) sets, scored against ``test`` (the validation split without
+    one)."""
     val_ood: dict[str, DatasetSpec] = field(default_factory=dict)
     """Named OOD sets for validation, scored against the validation split after every epoch:
     ``val_ood_<name>_auroc`` in the history, by the first score of ``eval.ood_scores``, and

@@ -11,6 +11,7 @@ test split's metrics and ``corruptions.png``). The second loads every run's best
 predicts the test split and OOD sets they share, averages the members' probabilities and writes
 the ensemble's results and plots, with every member as a row of the table, to ``--out``
 (default: ``ensemble/`` beside the runs when they share a parent folder, else ``./ensemble``).
+A run without ``data.test`` is evaluated on its validation split instead, as it was trained.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from fseb_ft.report import (
     eval_results,
     markdown_table,
     method_title,
+    split_note,
+    split_suffix,
     write_corruption_plot,
     write_plots,
     write_results,
@@ -149,20 +152,23 @@ def evaluate_ensemble(
         },
         corruption_labels=member_preds[0].corruption_labels,
         val=_ensemble_val(runs, member_preds),
+        split=member_preds[0].split,
     )
     results = eval_results(ensemble, runs[0][1].eval.ood_scores)
     results["members"] = {label: dict(m) for label, m in members.items()}
     results["runs"] = [str(d) for d in run_dirs]
     if accelerator.is_main_process:
         title = f"Ensemble of {len(runs)}"
+        heading = f"{title}{split_suffix(results)}"
         out.mkdir(parents=True, exist_ok=True)
         write_json(out / RESULTS_JSON, results)
         table = markdown_table({**members, title: results})
         listing = "".join(f"- {label}: `{d}`\n" for label, d in zip(labels, run_dirs, strict=True))
         shift = "\n" + corruption_markdown(results) if results.get("corruptions") else ""
-        write_text(out / RESULTS_MD, f"# {title}\n\n{table}\nMembers:\n\n{listing}{shift}")
+        md = f"# {heading}\n\n{split_note(results)}{table}\nMembers:\n\n{listing}{shift}"
+        write_text(out / RESULTS_MD, md)
         others = {label: m.predictions for label, m in members.items()}
-        write_plots(out, ensemble, title, others, strict=False)
+        write_plots(out, ensemble, heading, others, strict=False)
         write_corruption_plot(out, results, title)
     return results
 
@@ -347,13 +353,15 @@ def _predict_run(
 
 
 def _check_same_data(runs: Sequence[tuple[Path, Recipe, RunInfo]]) -> None:
-    """Members of an ensemble must agree on classes and on test and OOD data identities."""
+    """Members of an ensemble must agree on classes and on test and OOD data identities (on
+    validation data too when they have no test split: that is the split they report on)."""
     first_dir, _, first = runs[0]
     for run_dir, _, info in runs[1:]:
         for what, get in (
             ("classes", lambda i: i.class_names or i.num_classes),
             ("test data", lambda i: (i.data or {}).get("test")),
             ("OOD sets", lambda i: (i.data or {}).get("ood") or {}),
+            ("validation data (reported on without a test split)", _reported_val),
         ):
             a, b = get(first), get(info)
             if a != b:
@@ -364,12 +372,19 @@ def _check_same_data(runs: Sequence[tuple[Path, Recipe, RunInfo]]) -> None:
                 )
 
 
+def _reported_val(info: RunInfo) -> Any:
+    """The validation data's identity when a run reports on it (no test split), else ``None``."""
+    data = info.data or {}
+    return data.get("val") if data.get("test") is None else None
+
+
 def _check_same_predictions(first: Predictions, other: Predictions, run_dir: Path) -> None:
     labels_a, labels_b = first.test[1], other.test[1]
     if labels_a.shape != labels_b.shape or not torch.equal(labels_a, labels_b):
         raise ValueError(
-            f"{run_dir} loads a different test split ({len(labels_b)} samples) from the first "
-            f"member ({len(labels_a)} samples, or other labels): the data changed since training"
+            f"{run_dir} loads a different {first.split} split ({len(labels_b)} samples) from the "
+            f"first member ({len(labels_a)} samples, or other labels): the data changed since "
+            "training"
         )
     for name, lp in first.ood.items():
         if other.ood[name].shape != lp.shape:

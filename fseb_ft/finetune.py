@@ -56,7 +56,7 @@ from fseb_ft.logs import configure_logging
 from fseb_ft.models import create_model, input_spec
 from fseb_ft.objective import FSEBObjective
 from fseb_ft.predict import eval_loader, predict_splits
-from fseb_ft.report import eval_results, markdown_table, method_title, write_results
+from fseb_ft.report import eval_results, markdown_table, method_title, split_note, write_results
 from fseb_ft.rundir import (
     COMPARISON_JSON,
     COMPARISON_MD,
@@ -101,9 +101,11 @@ def run(
 
     ``splits`` replaces the datasets named in ``recipe.data`` (the Python API passes its own).
     ``on_epoch_end`` is called with each epoch's record after its validation and checkpoint (a
-    sweep reports to its pruner there). ``evaluate_test=False`` stops after training (recipe,
-    ``run.json`` with the history, checkpoints and best weights): no test, OOD or corruption
-    predictions, results files or model folder; the results dict holds only ``training``.
+    sweep reports to its pruner there). Without ``data.test`` the results are the validation
+    split's (``results.json``: ``"split": "validation"``). ``evaluate_test=False`` stops after
+    training (recipe, ``run.json`` with the history, checkpoints and best weights): no test, OOD
+    or corruption predictions, results files or model folder; the results dict holds only
+    ``training``.
     """
     run_dir = Path(recipe.output.dir)
     _check_resumable(recipe, run_dir)
@@ -461,7 +463,8 @@ def compare(recipe: Recipe | str | Path, overrides: Sequence[str] = ()) -> dict[
         table = markdown_table(results)
         seconds = {k: round(v["training"]["seconds"], 1) for k, v in results.items()}
         title = f"{recipe.model.name}: PS-MAP vs {recipe.fseb.method_name}"
-        write_text(out / COMPARISON_MD, f"# {title}\n\n{table}")
+        note = split_note(results["PS-MAP"])  # both runs report on the same split
+        write_text(out / COMPARISON_MD, f"# {title}\n\n{note}{table}")
         write_json(out / COMPARISON_JSON, results)
         from fseb_ft.report import write_comparison_plots
 
@@ -506,7 +509,9 @@ def finetune(
             :class:`fseb_ft.images.LabeledImages`.
         val: validation data for model selection; ``None`` holds out a stratified, seeded
             ``data.val_fraction`` of ``train``.
-        test: the in-distribution test data the results are reported on (required).
+        test: the in-distribution test data the results are reported on; ``None``: they are
+            reported on the validation data, which selected the checkpoint, so they are
+            optimistic (``results.json`` says ``"split": "validation"``).
         ood: named semantic-shift sets scored against ``test`` (labels are not used).
         class_names: class names, index = label; default: the ``ClassLabel`` names, the
             dataset's ``classes`` attribute, else ``"0" .. "K-1"``.
@@ -528,12 +533,9 @@ def finetune(
     """
     if train is None:
         raise TypeError("finetune() needs train=: the training dataset")
-    if test is None:
-        raise TypeError(
-            "finetune() needs test=: the results are reported on the test split (the "
-            "validation data only selects the checkpoint and is never reported)"
-        )
-    resolved = resolve_recipe(recipe, overrides, has_val=val is not None, ood_names=ood or {})
+    resolved = resolve_recipe(
+        recipe, overrides, has_val=val is not None, ood_names=ood or {}, has_test=test is not None
+    )
     wrap = {
         "class_names": class_names,
         "channels": resolved.data.channels,
@@ -543,7 +545,7 @@ def finetune(
     splits = Splits(
         train=as_labeled_images(train, **wrap),
         val=None,  # set below
-        test=as_labeled_images(test, **wrap),
+        test=None if test is None else as_labeled_images(test, **wrap),
         ood={name: as_labeled_images(data, **wrap) for name, data in (ood or {}).items()},
     )
     if val is None:
@@ -558,11 +560,12 @@ def resolve_recipe(
     overrides: Mapping[str, Any] | None = None,
     has_val: bool = False,
     ood_names: Sequence[str] | Mapping[str, Any] = (),
+    has_test: bool = True,
 ) -> Recipe:
     """The validated recipe ``finetune`` runs: ``recipe`` plus ``overrides``, data in memory.
 
-    ``data.train``, ``data.test`` (and ``data.val`` when ``has_val``, ``data.ood`` for
-    ``ood_names``) become ``in-memory:<name>`` placeholders: the datasets passed to
+    ``data.train`` (``data.test`` when ``has_test``, ``data.val`` when ``has_val``, ``data.ood``
+    for ``ood_names``) become ``in-memory:<name>`` placeholders: the datasets passed to
     :func:`finetune` replace them.
     """
     raw = _raw_recipe(recipe)
@@ -573,7 +576,7 @@ def resolve_recipe(
         raise ConfigError(f"data must be a mapping of keys, got {data!r}")
     data["train"] = _placeholder("train")
     data["val"] = _placeholder("val") if has_val else None
-    data["test"] = _placeholder("test")
+    data["test"] = _placeholder("test") if has_test else None
     data["ood"] = {str(name): _placeholder(f"ood/{name}") for name in ood_names}
     return recipe_from_dict(raw)
 

@@ -48,12 +48,14 @@ from fseb_ft.rundir import (
     MODEL_WEIGHTS,
     RECIPE_FILE,
     RESULTS_JSON,
+    RESULTS_SPLIT,
     RUN_INFO_FILE,
     RunInfo,
     load_run_model,
     read_abstention,
     read_json,
     read_run,
+    results_split,
 )
 
 __all__ = [
@@ -449,7 +451,9 @@ def _write_docs(
         "class_names": run_info.class_names,
         "input": dataclasses.asdict(run_info.input),
         "selection": selection(recipe, results),
-        "results": {k: results[k] for k in ("test", "ood", "temperature_scaled") if k in results},
+        # RESULTS_SPLIT: the split the numbers under "test" come from (validation without one).
+        "results": {RESULTS_SPLIT: results_split(results)}
+        | {k: results[k] for k in ("test", "ood", "temperature_scaled") if k in results},
     }
     if results.get("temperature_scaled"):
         # The weights stay a plain timm model's; calibrated probabilities are softmax(logits / T).

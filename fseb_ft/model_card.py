@@ -16,21 +16,23 @@ from fseb_ft.config import Recipe, dump_recipe
 from fseb_ft.report import (
     OOD_SCORE_TITLES,
     TS_SUFFIX,
+    VALIDATION_NOTE,
     markdown_table,
     method_title,
     ood_scores_in,
     warnings_markdown,
 )
-from fseb_ft.rundir import PLOTS, RunInfo
+from fseb_ft.rundir import PLOTS, TEST_SPLIT, VALIDATION_SPLIT, RunInfo, results_split
 
 __all__ = ["PLOT_CAPTIONS", "model_card", "plot_caption", "selection"]
 
 PLOT_CAPTIONS = {
-    PLOTS[0]: "Reliability diagram (test split)",
+    PLOTS[0]: "Reliability diagram ({split} split)",
     PLOTS[1]: "Selective prediction: accuracy of the most confident fraction",
-    PLOTS[2]: "Predictive entropy on the test split and the OOD sets",
+    PLOTS[2]: "Predictive entropy on the {split} split and the OOD sets",
 }
-"""Known plots, in card order, with their captions; other PNGs follow under their file name."""
+"""Known plots, in card order, with their captions (``{split}``: the split the results are on);
+other PNGs follow under their file name."""
 _CARD_TAGS = ["image-classification", "timm", "fseb-ft"]
 _MAX_FILES_SHOWN = 10
 _MAX_CLASSES_SHOWN = 20
@@ -80,7 +82,8 @@ def model_card(
     parts.append(_method_section(recipe, run_info, method))
     parts.append(_results_section(recipe, run_info, results, title, baseline))
     if plots:
-        shown = "\n\n".join(f"![{plot_caption(p)}]({p})" for p in plots)
+        split = results_split(results)
+        shown = "\n\n".join(f"![{plot_caption(p, split)}]({p})" for p in plots)
         parts.append(f"## Plots\n\n{shown}\n")
     parts.append(_usage_section(run_info, recipe, results, source, repo_id, local_dir))
     parts.append(_predict_section(repo_id, abstention))
@@ -210,7 +213,13 @@ def _results_section(
     test = results.get("test", {})
     data = run_info.data or {}
     lines = ["## Results\n", markdown_table(rows)]
-    notes = [f"Test split `{data.get('test', '?')}` (n={test.get('n', '?')})."]
+    n = test.get("n", "?")
+    on_val = results_split(results) == VALIDATION_SPLIT
+    notes = [
+        f"Validation split `{data.get('val', '?')}` (n={n}): {VALIDATION_NOTE}."
+        if on_val
+        else f"Test split `{data.get('test', '?')}` (n={n})."
+    ]
     for name, scores in (results.get("ood") or {}).items():
         ident = (data.get("ood") or {}).get(name, "?")
         notes.append(f"OOD set {name}: `{ident}` (n={scores.get('n', '?')}).")
@@ -232,7 +241,8 @@ def _results_section(
     if sel.get("best_epoch") is not None:
         notes.append(
             f"Weights from epoch {sel['best_epoch']} of {sel['epochs']}, selected on validation "
-            f"{sel['metric']} (the test split is never used for selection)."
+            f"{sel['metric']}"
+            + ("." if on_val else " (the test split is never used for selection).")
         )
     if len(rows) > 1:
         notes.append(
@@ -323,8 +333,12 @@ def selection(recipe: Recipe, results: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def plot_caption(name: str) -> str:
-    return PLOT_CAPTIONS.get(name) or Path(name).stem.replace("_", " ").capitalize()
+def plot_caption(name: str, split: str = TEST_SPLIT) -> str:
+    """The card's caption of the plot file ``name``, whose figure shows ``split``."""
+    caption = PLOT_CAPTIONS.get(name)
+    return (
+        caption.format(split=split) if caption else Path(name).stem.replace("_", " ").capitalize()
+    )
 
 
 def _data_specs(recipe: Recipe) -> list[Any]:

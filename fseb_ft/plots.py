@@ -176,7 +176,7 @@ def selective_prediction_plot(
     pad = max(0.01, 0.05 * (1.0 - y_lo))
     ax.set_xlim(0, 100)
     ax.set_ylim(100 * max(0.0, y_lo - pad), 100 * (1.0 + pad / 2))
-    ax.set_xlabel("Coverage (%): most confident fraction of the test set kept")
+    ax.set_xlabel("Coverage (%): most confident fraction of the images kept")
     ax.set_ylabel("Accuracy on kept samples (%)")
     ax.set_title(title)
     ax.grid(alpha=0.3)

@@ -1,5 +1,6 @@
-"""Predictions of a model on the evaluation sets: the test split, the OOD sets and the corrupted
-test split of ``eval.corruptions``, each sample counted once across processes.
+"""Predictions of a model on the evaluation sets: the test split (the validation split when the
+recipe has no ``data.test``), the OOD sets and that split corrupted by ``eval.corruptions``,
+each sample counted once across processes.
 
 The metrics and files made from them are :mod:`fseb_ft.report`'s.
 """
@@ -19,6 +20,7 @@ from fseb_ft.config import EvalConfig
 from fseb_ft.images import IndexedImages, LabeledImages
 from fseb_ft.imagesplits import Splits, stratified_split
 from fseb_ft.models import InputSpec
+from fseb_ft.rundir import TEST_SPLIT, VALIDATION_SPLIT
 from fseb_ft.transforms import TransformedImages, eval_transform, make_loader
 
 __all__ = [
@@ -37,7 +39,8 @@ class Predictions:
     """One model's (or ensemble's) predictions on the evaluation sets, on CPU."""
 
     test: tuple[Tensor, Tensor]
-    """(log-probabilities (N, K), labels (N,)) on the in-distribution test split."""
+    """(log-probabilities (N, K), labels (N,)) on the in-distribution split reported on: the
+    test split, or the validation split when there is none (``split`` names it)."""
     ood: dict[str, Tensor] = dataclasses.field(default_factory=dict)
     """OOD set name → log-probabilities (N_o, K)."""
     corruptions: dict[str, dict[int, Tensor]] = dataclasses.field(default_factory=dict)
@@ -54,6 +57,8 @@ class Predictions:
     """(logits (N_v, K), labels (N_v,)) on the validation split, for ``eval.temperature_scaling``
     (an ensemble's: its log-probabilities, which softmax treats alike); ``None`` when it is
     off."""
+    split: str = TEST_SPLIT
+    """The split behind ``test`` and the corruptions: ``TEST_SPLIT`` or ``VALIDATION_SPLIT``."""
 
     def scaled(self, temperature: float) -> Predictions:
         """The predictions of ``logits / temperature`` on the test split, the OOD sets and the
@@ -84,6 +89,7 @@ class Predictions:
             corruption_labels=self.corruption_labels,
             test_logits=test_logits,
             ood_logits=ood_logits,
+            split=self.split,
         )
 
 
@@ -129,33 +135,36 @@ def predict_splits(
     """Predict the test split, every OOD set and every corruption of ``cfg.corruptions`` (and
     the validation split's logits with ``cfg.temperature_scaling``).
 
+    Without a test split (``data.test`` unset) the validation split stands in for it, and the
+    predictions say so (``split``): its numbers are those model selection saw, so optimistic.
     ``num_workers`` and ``seed`` are the loaders' (``data.num_workers``, ``train.seed``).
     """
-    if splits.test is None:
-        raise ValueError("data.test is not set: there is no test split to evaluate")
+    split, reported = (
+        (TEST_SPLIT, splits.test) if splits.test is not None else (VALIDATION_SPLIT, splits.val)
+    )
 
     def loader(data: Any) -> DataLoader:
         return accelerator.prepare(eval_loader(data, spec, cfg.batch_size, num_workers, seed))
 
-    test_logits, test_labels = predict_logits(model, loader(splits.test), accelerator)
+    test_logits, test_labels = predict_logits(model, loader(reported), accelerator)
     ood_logits = {
         name: predict_logits(model, loader(data), accelerator)[0]
         for name, data in splits.ood.items()
     }
     val = None
-    if cfg.temperature_scaling and splits.val is not None:
+    if cfg.temperature_scaling and reported is splits.val:
+        val = (test_logits, test_labels)  # predicted already: the same images
+    elif cfg.temperature_scaling and splits.val is not None:
         val = predict_logits(model, loader(splits.val), accelerator)
-    corrupted = corruption_subset(splits.test, cfg.corruption_limit, cfg.corruption_seed)
+    corrupted = corruption_subset(reported, cfg.corruption_limit, cfg.corruption_seed)
     corruptions = predict_corruptions(model, corrupted, spec, cfg, accelerator, num_workers, seed)
-    labels = (
-        None if corrupted is splits.test else torch.as_tensor(corrupted.labels, dtype=torch.long)
-    )
+    labels = None if corrupted is reported else torch.as_tensor(corrupted.labels, dtype=torch.long)
     for name, by_severity in corruptions.items():
         for severity, lp in by_severity.items():
             if lp.shape[0] != len(corrupted):
                 raise RuntimeError(
                     f"{name} severity {severity}: {lp.shape[0]} predictions for "
-                    f"{len(corrupted)} corrupted test images"
+                    f"{len(corrupted)} corrupted {split} images"
                 )
     return Predictions(
         test=(torch.log_softmax(test_logits, -1), test_labels),
@@ -165,6 +174,7 @@ def predict_splits(
         test_logits=test_logits,
         ood_logits=ood_logits,
         val=val,
+        split=split,
     )
 
 

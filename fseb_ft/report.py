@@ -26,6 +26,9 @@ from fseb_ft.rundir import (
     PLOTS,
     RESULTS_JSON,
     RESULTS_MD,
+    RESULTS_SPLIT,
+    VALIDATION_SPLIT,
+    results_split,
     write_json,
 )
 from fseb_ft.temperature import fit_temperature, temperature_identified
@@ -43,6 +46,8 @@ __all__ = [
     "markdown_table",
     "method_title",
     "ood_scores_in",
+    "split_note",
+    "split_suffix",
     "temperature_scaled_results",
     "warnings_markdown",
     "write_comparison_plots",
@@ -95,6 +100,11 @@ OOD_SCORE_TITLES = {
 """How tables and the model card name each score of ``eval.ood_scores``."""
 TS_SUFFIX = " + TS"
 """Appended to a method's row title for its temperature-scaled results."""
+VALIDATION_NOTE = (
+    "no test split was given (`data.test`), so these are the validation split's numbers: model "
+    "selection saw them, so they are optimistic"
+)
+"""Why results on the validation split are reported, and how far to trust them."""
 
 
 def evaluate_predictions(
@@ -177,21 +187,23 @@ def _corruption_summary(
 
 
 def corruption_markdown(results: Mapping[str, Any]) -> str:
-    """Markdown tables of the corrupted test split (empty without ``corruptions``).
+    """Markdown tables of the corrupted test (or validation) split (empty without
+    ``corruptions``).
 
     The first gives, per severity, the mean over the corruptions of accuracy, NLL, ECE and
-    Sel. Pred. (the clean test split first, for reference), each row followed by its
+    Sel. Pred. (the clean split first, for reference), each row followed by its
     temperature-scaled one ("<severity> + TS") when ``results`` has a ``temperature_scaled``
     block; the second the accuracy and ECE of every corruption at every severity.
     """
     corruptions = results.get("corruptions") or {}
     if not corruptions:
         return ""
+    split = results_split(results)
     summary = results.get("corruption_summary") or _corruption_summary(corruptions)
     columns = [c for c in _COLUMNS if c[0] in ("accuracy", "nll", "ece", "sel_pred_auc")]
     header = ["Severity", *(title for _, title, _ in columns)]
     lines = [
-        f"## Covariate shift: corrupted test split\n\nMean over {len(corruptions)} "
+        f"## Covariate shift: corrupted {split} split\n\nMean over {len(corruptions)} "
         f"corruption(s): {', '.join(corruptions)}.\n",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
@@ -234,6 +246,18 @@ def warnings_markdown(results: Mapping[str, Any]) -> str:
     return "\n>\n".join(f"> **Warning:** {text}" for text in found) + "\n\n"
 
 
+def split_note(results: Mapping[str, Any]) -> str:
+    """A Markdown note for results on the validation split (empty for the test split)."""
+    if results_split(results) != VALIDATION_SPLIT:
+        return ""
+    return f"> **Validation split:** {VALIDATION_NOTE}.\n\n"
+
+
+def split_suffix(results: Mapping[str, Any]) -> str:
+    """``" (validation split)"`` for a table row of results on the validation split, else ``""``."""
+    return " (validation split)" if results_split(results) == VALIDATION_SPLIT else ""
+
+
 def markdown_table(results: Mapping[str, Mapping[str, Any]]) -> str:
     """A Markdown table of several runs' results, one row per method (e.g. PS-MAP, FS-EB).
 
@@ -241,6 +265,7 @@ def markdown_table(results: Mapping[str, Mapping[str, Any]]) -> str:
     AUROC, AUPR and FPR95 columns for every score found in the results (titles name the score
     unless entropy is the only one); a missing value (an ensemble's logit scores) shows "–". A
     result with a ``temperature_scaled`` block gets a second row, "<method> + TS", below its own.
+    Rows of results on the validation split (no test split) end in "(validation split)".
     """
     results = _with_ts_rows(results)
     ood_names = sorted({n for r in results.values() for n in r.get("ood", {})})
@@ -283,14 +308,16 @@ def write_results(
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json(run_dir / RESULTS_JSON, results)
-    md = f"# {title}\n\n" + warnings_markdown(results) + markdown_table({title: results})
+    heading = f"{title}{split_suffix(results)}"  # figures and heading name a validation split
+    md = f"# {heading}\n\n" + split_note(results) + warnings_markdown(results)
+    md += markdown_table({title: results})
     if results.get("corruptions"):
         md += "\n" + corruption_markdown(results)
     write_text(run_dir / RESULTS_MD, md)
     if predictions is None:
         predictions = getattr(results, "predictions", None)
     if predictions is not None:
-        write_plots(run_dir, predictions, title, strict=False)
+        write_plots(run_dir, predictions, heading, strict=False)
     write_corruption_plot(run_dir, results, title)
 
 
@@ -302,12 +329,9 @@ def write_corruption_plot(directory: Path, results: Mapping[str, Any], title: st
 
     path = Path(directory) / CORRUPTION_PLOT
     clean = results.get("test")
+    caption = f"{title}: corrupted {results_split(results)} split"
     _draw(
-        [
-            lambda: plots.corruption_plot(
-                results["corruptions"], path, clean=clean, title=f"{title}: corrupted test split"
-            )
-        ],
+        [lambda: plots.corruption_plot(results["corruptions"], path, clean=clean, title=caption)],
         strict=False,
     )
 
@@ -321,10 +345,11 @@ def write_plots(
 ) -> list[Path]:
     """Draw :data:`PLOTS` for ``predictions`` into ``directory``; return the files written.
 
-    ``reliability.png``: reliability diagram of the test split (15 bins, as the ECE column).
+    ``reliability.png``: reliability diagram of the reported split (``predictions.test``: the
+    test split, or validation without one; 15 bins, as the ECE column).
     ``selective_prediction.png``: accuracy–coverage curve, plus one curve per entry of
     ``others`` (e.g. an ensemble's members), drawn first. ``entropy_ood.png``: predictive
-    entropy of the test split vs each OOD set (skipped when there is none). With
+    entropy of that split vs each OOD set (skipped when there is none). With
     ``strict=False`` a figure that fails is logged as a warning and skipped: figures are a
     by-product and must not fail a finished run.
     """
@@ -374,10 +399,12 @@ def eval_results(predictions: Predictions, ood_scores: Sequence[str] = ("entropy
     """The metrics of ``predictions`` (:func:`evaluate_predictions`), carrying them.
 
     Predictions with validation logits (``eval.temperature_scaling``) also get
-    ``temperature_scaled`` (:func:`temperature_scaled_results`).
+    ``temperature_scaled`` (:func:`temperature_scaled_results`). ``RESULTS_SPLIT`` (first) names
+    the split the in-distribution metrics come from (``predictions.split``).
     """
     results = EvalResults(
-        evaluate_predictions(
+        {RESULTS_SPLIT: predictions.split}
+        | evaluate_predictions(
             predictions.test,
             predictions.ood,
             predictions.corruptions,
@@ -433,12 +460,14 @@ def ood_scores_in(results: Iterable[Mapping[str, Any]]) -> list[str]:
 
 
 def _with_ts_rows(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
-    """``results`` with each temperature-scaled block as a row "<method> + TS" after its own."""
+    """``results`` with each temperature-scaled block as a row "<method> + TS" after its own,
+    each row labelled with its split when that is not the test split (:func:`split_suffix`)."""
     rows: dict[str, Mapping[str, Any]] = {}
     for method, res in results.items():
-        rows[method] = res
+        suffix = split_suffix(res)
+        rows[f"{method}{suffix}"] = res
         if res.get("temperature_scaled"):
-            rows[f"{method}{TS_SUFFIX}"] = res["temperature_scaled"]
+            rows[f"{method}{TS_SUFFIX}{suffix}"] = res["temperature_scaled"]
     return rows
 
 

@@ -6,7 +6,8 @@ A run directory (``output.dir``) holds::
     recipe.yaml                     RECIPE_FILE: the resolved recipe (what makes a folder a run)
     run.json                        RUN_INFO_FILE: RunInfo (classes, input, data and context
                                     provenance, devices, warnings, training record)
-    results.json  results.md        RESULTS_JSON, RESULTS_MD: metrics of the best weights
+    results.json  results.md        RESULTS_JSON, RESULTS_MD: metrics of the best weights, on
+                                    the split RESULTS_SPLIT names (:func:`results_split`)
     *.png                           PLOTS, CORRUPTION_PLOT
     checkpoints/epoch-NNNN/         CHECKPOINTS: the last complete epoch, with TRAINER_STATE
     model/model.safetensors         MODEL_WEIGHTS: the best weights (MODEL_DIR: the Hub folder)
@@ -49,8 +50,11 @@ __all__ = [
     "RECIPE_FILE",
     "RESULTS_JSON",
     "RESULTS_MD",
+    "RESULTS_SPLIT",
     "RUN_INFO_FILE",
+    "TEST_SPLIT",
     "TRAINER_STATE",
+    "VALIDATION_SPLIT",
     "VAL_LOGITS",
     "VARIATIONAL_WEIGHTS",
     "RunInfo",
@@ -62,6 +66,7 @@ __all__ = [
     "read_json",
     "read_run",
     "read_val_logits",
+    "results_split",
     "run_predictor",
     "write_json",
     "write_tensors",
@@ -76,6 +81,14 @@ RESULTS_JSON = "results.json"
 """Metrics of the best weights (and the training record), for machines."""
 RESULTS_MD = "results.md"
 """The same results as Markdown tables, for people."""
+RESULTS_SPLIT = "split"
+"""The key of ``results.json`` naming the split its in-distribution metrics (``test``, the OOD
+sets' other side, the corruptions' clean images) come from: :data:`TEST_SPLIT`, or
+:data:`VALIDATION_SPLIT` for a recipe without ``data.test``."""
+TEST_SPLIT = "test"
+"""The split a run reports on when its recipe has ``data.test``."""
+VALIDATION_SPLIT = "validation"
+"""The split a run without ``data.test`` reports on: the one model selection saw (optimistic)."""
 MODEL_DIR = "model"
 """The model folder inside a run directory: timm's Hub format, with card (``fseb_ft.hub``)."""
 MODEL_WEIGHTS = Path(MODEL_DIR) / "model.safetensors"
@@ -268,6 +281,12 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     root = run_dir / CHECKPOINTS
     done = sorted(p for p in root.glob(f"{CHECKPOINT_PREFIX}*") if (p / TRAINER_STATE).is_file())
     return done[-1] if done else None
+
+
+def results_split(results: Mapping[str, Any]) -> str:
+    """The split ``results`` (a ``results.json`` mapping) were computed on; :data:`TEST_SPLIT`
+    for results written before :data:`RESULTS_SPLIT` existed, when every run had a test split."""
+    return results.get(RESULTS_SPLIT) or TEST_SPLIT
 
 
 def read_json(path: Path) -> Any:

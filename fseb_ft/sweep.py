@@ -6,7 +6,8 @@ Optuna's TPE sampler proposes values for the keys of ``sweep.space`` (a default 
 is empty); each trial is an ordinary run folder ``OUTPUT/trials/<hash of its values>``, trained
 with ``train.select_metric`` set to ``sweep.metric`` and reporting that validation metric every
 epoch to a Hyperband or successive-halving pruner. Trials never predict the test split: only the
-winner is evaluated (``results.json``) and exported (``model/``). The study lives in
+winner is evaluated (``results.json``; on the validation split when the recipe has no
+``data.test``, which the leaderboard says) and exported (``model/``). The study lives in
 ``sqlite:///OUTPUT/study.db`` unless ``--storage`` names another Optuna RDB URL, so rerunning
 the same command continues a killed sweep: finished trials count towards ``--trials``, and a
 trial that was interrupted is run again with its values, resuming in its folder.
@@ -46,13 +47,15 @@ from fseb_ft.hub import export_run
 from fseb_ft.logs import configure_logging
 from fseb_ft.options import CONTEXT_KINDS
 from fseb_ft.plots import sweep_plot
-from fseb_ft.report import markdown_table, method_title
+from fseb_ft.report import markdown_table, method_title, split_note
 from fseb_ft.rundir import (
     COMPARISON_JSON,
     COMPARISON_MD,
     RECIPE_FILE,
     RESULTS_JSON,
+    RESULTS_MD,
     read_json,
+    results_split,
     write_json,
 )
 from fseb_ft.schema import set_key
@@ -421,7 +424,7 @@ def _report(study: optuna.Study, recipe: Recipe, space: Mapping[str, SweepParam]
     write_json(out / LEADERBOARD_JSON, board)
     table = _leaderboard_table(rows, metric)
     title = f"# Sweep {study.study_name}: {method_title(recipe)}, validation {metric}\n\n"
-    write_text(out / LEADERBOARD_MD, title + table)
+    write_text(out / LEADERBOARD_MD, title + table + _winner_markdown(board["best"], recipe))
     scored = [r for r in rows if r["value"] is not None]
     if scored:
         ranges = {k: (p.low, p.high, p.log) for k, p in space.items() if not p.choices}
@@ -430,7 +433,9 @@ def _report(study: optuna.Study, recipe: Recipe, space: Mapping[str, SweepParam]
     if board["best"] is None:
         print(f"no trial completed yet; written to {out}")
     else:
-        print(f"winner: trial #{board['best']['number']} in {board['best']['dir']}")
+        results = board["best"]["results"]
+        split = f", evaluated on the {results_split(results)} split" if results else ""
+        print(f"winner: trial #{board['best']['number']} in {board['best']['dir']}{split}")
         print(f"its recipe: {out / BEST_RECIPE}; leaderboard: {out / LEADERBOARD_MD}")
     return board
 
@@ -471,8 +476,23 @@ def _leaderboard_table(rows: Sequence[Mapping[str, Any]], metric: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _winner_markdown(best: Mapping[str, Any] | None, recipe: Recipe) -> str:
+    """The leaderboard's section on the winner's results: the split they are on (validation
+    without a test split, with why that is optimistic) and their table; empty without them."""
+    if best is None or best["results"] is None:
+        return ""
+    results = best["results"]
+    where = Path(best["dir"]) / RESULTS_MD
+    return (
+        f"\n## Winner: trial #{best['number']}, evaluated once on the "
+        f"{results_split(results)} split\n\n{split_note(results)}"
+        f"{markdown_table({method_title(recipe): results})}\nIn `{where}`.\n"
+    )
+
+
 def _evaluate_winner(folder: Path, cpu: bool) -> dict[str, Any] | None:
-    """The winner's test (and OOD) results, predicted once; its model folder exported.
+    """The winner's test (and OOD) results, predicted once (on the validation split when the
+    recipe has no ``data.test``); its model folder exported.
 
     ``None`` when the winner's run folder is not on this machine (a study shared by several).
     """

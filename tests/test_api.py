@@ -131,9 +131,18 @@ def test_module_is_callable_and_still_runs_as_a_script() -> None:
     assert "RECIPE" in done.stdout.upper() and "--compare" in done.stdout
 
 
-def test_missing_train_or_test_and_bad_overrides_fail_clearly() -> None:
-    with pytest.raises(TypeError, match="needs test="):
-        fseb_ft.api.finetune(TINY, train=PairDataset(2, 0))
+def test_without_test_data_the_results_are_the_validation_splits(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    results = fseb_ft.finetune(
+        TINY | {"output": {"dir": str(out)}}, train=PairDataset(8, seed=0), fseb__reg_scale=0.0
+    )
+    assert results["split"] == "validation" and results["test"]["n"] == 6  # 25 % of 24
+    assert json.loads((out / "results.json").read_text())["split"] == "validation"
+    assert load_recipe(out / "recipe.yaml").data.test is None
+    assert (out / "model" / "README.md").is_file()
+
+
+def test_missing_train_and_bad_overrides_fail_clearly() -> None:
     with pytest.raises(TypeError, match="needs train="):
         fseb_ft.api.finetune(TINY, test=PairDataset(2, 0))
     with pytest.raises(ConfigError, match="unknown override 'epochs'"):

@@ -154,7 +154,8 @@ def test_temperature_scaling_and_ood_scores_end_to_end(
         assert {"entropy_auroc", "energy_auroc", "energy_fpr95"} <= set(res["ood"]["owls"])
         assert "msp_auroc" not in res["ood"]["owls"]
     saved = json.loads((out / "results.json").read_text())
-    assert list(saved)[:3] == ["test", "ood", "temperature_scaled"]
+    assert list(saved)[:4] == ["split", "test", "ood", "temperature_scaled"]
+    assert saved["split"] == "test"
     assert saved["temperature_scaled"]["temperature"] == ts["temperature"]
     table = (out / "results.md").read_text()
     assert "| PS-MAP · test_byobnet + TS |" in table and "owls energy AUROC (%)" in table

@@ -58,7 +58,7 @@ def test_temperature_scaled_block_and_row() -> None:
     assert ts["test"]["accuracy"] == results["test"]["accuracy"]
     assert ts["test"]["nll"] != results["test"]["nll"]
     assert {"entropy_auroc", "energy_auroc"} <= set(ts["ood"]["owls"])
-    assert list(results)[:3] == ["test", "ood", "temperature_scaled"]
+    assert list(results)[:4] == ["split", "test", "ood", "temperature_scaled"]
     rows = [line.split(" | ")[0] for line in markdown_table({"PS-MAP": results}).splitlines()]
     assert rows[2:] == ["| PS-MAP", "| PS-MAP + TS"]
 

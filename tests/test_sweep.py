@@ -160,6 +160,23 @@ def test_a_sweep_on_a_validation_ood_sets_auroc_maximises_it(
     assert load_recipe(out / "best_recipe.yaml").train.select_metric == "ood_owls_val_auroc"
 
 
+def test_a_sweep_without_a_test_split_reports_its_winner_on_validation(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "no-test"
+    board = main([str(_recipe_file(folders, out)), "--trials", "1", "data.test=null"])
+
+    results = board["best"]["results"]
+    assert results["split"] == "validation" and results["test"]["n"] == 4  # 25 % of 16
+    winner = Path(board["best"]["dir"])
+    assert (winner / "model" / "README.md").is_file()
+    saved = json.loads((out / "leaderboard.json").read_text())
+    assert saved["best"]["results"]["split"] == "validation"
+    board_md = (out / "leaderboard.md").read_text()
+    assert "evaluated once on the validation split" in board_md and "optimistic" in board_md
+    assert "| FS-EB · test_byobnet (validation split) |" in board_md
+
+
 MIXTURE = {
     "kind": "mixture",
     "datasets": [{"source": "sklearn_digits", "split": "test"}],

@@ -5,13 +5,16 @@ as torch tensors or numpy arrays) and a path, writes one PNG there and returns t
 number drawn comes from :mod:`fseb_ft.metrics` (the same bins, curves and areas as the results
 tables); nothing is re-derived here. Figures are drawn on matplotlib's Agg canvas without
 pyplot, so they need no display, leave any interactive backend alone and can be drawn from
-several threads. Files are written atomically (temporary file, then rename).
+several threads. Every text drawn passes through :func:`short_name`, so a model named by a long
+path or Hub id reads as its short name, and a figure grows until its titles and legends fit on
+it. Files are written atomically (temporary file, then rename).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
+from matplotlib.text import Text
 from matplotlib.ticker import MaxNLocator, NullFormatter
 from torch import Tensor
 
@@ -35,6 +39,7 @@ __all__ = [
     "reliability_comparison",
     "reliability_diagram",
     "selective_prediction_plot",
+    "short_name",
     "sweep_plot",
 ]
 
@@ -48,6 +53,35 @@ _GAP_FACE = (0.84, 0.15, 0.16, 0.12)  # _GAP_COLOR, faint
 _COUNT_COLOR = "#7f7f7f"
 # Coverage below which accuracy rests on a handful of samples; the y-axis ignores it.
 _MIN_COVERAGE_FOR_YLIM = 0.05
+# A `local-dir:` model is named by its folder, without the trailing slashes or the punctuation
+# that follows it in a title ("local-dir:/a/b/name: PS-MAP vs FS-EB").
+_LOCAL_DIR = re.compile(r"local-dir:(\S*?)[/\\]*(?=[,:;)]*(?:\s|$))")
+_HF_HUB = re.compile(r"hf-hub:(?=\S)")
+_NAME_WIDTH = 40  # characters of a name kept in a plot; longer ones lose their middle
+_MAX_FIT_PASSES = 3  # layouts tried while growing a figure to hold its texts
+
+
+def short_name(text: str, width: int = _NAME_WIDTH) -> str:
+    """``text`` as a plot shows it: model names shortened, over-long names cut in the middle.
+
+    ``local-dir:/long/path/efficientnet_lite0.in1k`` becomes ``efficientnet_lite0.in1k`` and
+    ``hf-hub:org/name`` becomes ``org/name``, wherever they occur in ``text``; then every word
+    (a run of non-space characters, such as a model name) longer than ``width`` characters
+    keeps its start and its end around "…", so long names that differ only at their ends
+    (``runs/…/seed-0``, ``runs/…/seed-1``) stay apart. Spaces and line breaks are kept.
+
+    Args:
+        text: a title, label or legend entry.
+        width: the longest word kept whole (at least 3).
+
+    Returns:
+        The shortened text.
+    """
+    text = _LOCAL_DIR.sub(lambda m: re.split(r"[/\\]", m[1])[-1] or m[0], text)
+    text = _HF_HUB.sub("", text)
+    head = (width - 1) // 2  # the end keeps the extra character: it tells names apart
+    tail = width - 1 - head
+    return re.sub(rf"\S{{{width + 1},}}", lambda m: f"{m[0][:head]}…{m[0][-tail:]}", text)
 
 
 def reliability_diagram(
@@ -141,8 +175,8 @@ def selective_prediction_plot(
     Samples are admitted in decreasing order of confidence (max probability); each curve is
     :func:`fseb_ft.metrics.selective_prediction` (tied confidences grouped) and its legend entry
     gives the area under it, the "Sel. Pred." column of the results table. The y-axis is fitted
-    to coverages of at least 5 %: below that the accuracy rests on a handful of samples and may
-    leave the axes.
+    to coverages of at least 5 % (below that the accuracy rests on a handful of samples and may
+    leave the axes) and ends at 100 %.
 
     Args:
         methods: method name → ``(probs (N, K), labels (N,))``; N may differ between methods.
@@ -175,7 +209,7 @@ def selective_prediction_plot(
         y_lo = min(y_lo, float(acc[settled].min()))
     pad = max(0.01, 0.05 * (1.0 - y_lo))
     ax.set_xlim(0, 100)
-    ax.set_ylim(100 * max(0.0, y_lo - pad), 100 * (1.0 + pad / 2))
+    ax.set_ylim(100 * max(0.0, y_lo - pad), 100)  # a percentage: never past 100
     ax.set_xlabel("Coverage (%): most confident fraction of the images kept")
     ax.set_ylabel("Accuracy on kept samples (%)")
     ax.set_title(title)
@@ -197,7 +231,7 @@ def entropy_histogram(
     ``log K`` (the uniform distribution); each bar height is the fraction of that set's
     samples, so sets of different sizes compare. Each OOD legend entry gives the entropy AUROC
     of :func:`fseb_ft.ood.ood_metrics` (OOD = positive), the "AUROC" column of the results
-    table.
+    table; a dotted line marks ``log K``, named in the legend.
 
     Args:
         probs_in: ``(N_in, K)`` class probabilities on in-distribution data.
@@ -226,15 +260,8 @@ def entropy_histogram(
         color = f"C{i}"
         ax.hist(h, bins=edges, weights=weights, color=color, alpha=0.3)
         ax.hist(h, bins=edges, weights=weights, color=color, histtype="step", lw=1.6, label=label)
-    ax.axvline(top, color="black", ls=":", lw=1)
-    ax.text(
-        top,
-        1.0,
-        f"log K = {top:.2f}",
-        transform=ax.get_xaxis_transform(),
-        ha="right",
-        va="bottom",
-    )
+    # In the legend, not beside the line, where it would meet the title or the bars.
+    ax.axvline(top, color="black", ls=":", lw=1, label=f"log K = {top:.2f} (uniform prediction)")
     ax.set_xlim(0, top * 1.01)
     ax.set_xlabel("Predictive entropy (nats)")
     ax.set_ylabel("Fraction of samples")
@@ -256,7 +283,7 @@ def corruption_plot(
     entry of ``results.json``, whose numbers :func:`fseb_ft.metrics.classification_metrics`
     computed. The bold line at each severity is the mean over the corruptions evaluated at it
     (``corruption_summary`` in ``results.json``). With ``clean`` (the ``test`` metrics) every
-    line starts from the uncorrupted test split at severity 0.
+    line starts from the uncorrupted test split at severity 0. Both axes stay within 0..100 %.
 
     Args:
         corruptions: corruption name → severity (``"1"``..``"5"`` or int) → metrics with at
@@ -295,6 +322,8 @@ def corruption_plot(
         ax.set_xlabel("Corruption severity")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
+        low, high = ax.get_ylim()
+        ax.set_ylim(max(low, 0.0), min(high, 100.0))  # the margins stop at 0 and 100 %
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=min(5, len(labels)))
     fig.suptitle(title)
@@ -389,8 +418,8 @@ def learning_curves(
     ax.set_xlabel("epoch")
     ax.set_ylabel(f"val {metric}")
     ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize="small")
     ax.set_title(title)
+    fig.legend(loc="outside lower center", ncol=1, fontsize="small")  # long names: below
     return _save(fig, path)
 
 
@@ -469,7 +498,31 @@ def _figure(figsize: tuple[float, float]) -> Figure:
     return fig
 
 
+def _fit_canvas(fig: Figure) -> None:
+    """Widen (or heighten) ``fig`` until everything it draws lies on it.
+
+    Constrained layout shrinks the axes to make room for their labels and for legends placed
+    outside, but never grows the figure: a title or legend wider than the figure would be cut
+    off on both sides. Growing the figure by twice the overhang re-centres it; a few layouts
+    settle it, as the axes widen with the figure too.
+    """
+    for _ in range(_MAX_FIT_PASSES):
+        fig.draw_without_rendering()
+        box = fig.get_tightbbox(fig.canvas.get_renderer())  # inches
+        width, height = fig.get_size_inches()
+        over_x = max(-box.x0, box.x1 - width, 0.0)
+        over_y = max(-box.y0, box.y1 - height, 0.0)
+        if over_x < 0.01 and over_y < 0.01:
+            fig.set_layout_engine("none")  # this layout fits: saving need not compute it again
+            return
+        fig.set_size_inches(width + 2 * over_x + 0.05, height + 2 * over_y + 0.05)
+
+
 def _save(fig: Figure, path: str | Path) -> Path:
+    """Shorten every text (:func:`short_name`), fit the figure to them, write ``path``."""
+    for text in fig.findobj(Text):
+        text.set_text(short_name(text.get_text()))
+    _fit_canvas(fig)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")

@@ -7,11 +7,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from matplotlib.backend_bases import RendererBase
+from matplotlib.figure import Figure
+from matplotlib.text import Text
+from matplotlib.transforms import Bbox
 from PIL import Image
 
 from fseb_ft import plots
 from fseb_ft.predict import Predictions
-from fseb_ft.report import write_comparison_plots, write_plots
+from fseb_ft.report import write_comparison_plots, write_corruption_plot, write_plots
 from fseb_ft.rundir import COMPARISON_PLOTS, PLOTS
 
 
@@ -126,3 +130,123 @@ def test_learning_curves_draw_each_method_and_reject_ragged_runs(tmp_path: Path)
         plots.learning_curves({"FS-EB": [[0.8, 0.5], [0.7]]}, "NLL", tmp_path / "bad.png")
     with pytest.raises(ValueError, match="at least one method"):
         plots.learning_curves({}, "NLL", tmp_path / "none.png")
+
+
+# A model in a deep local folder whose own name is long too: 120 characters, as users write
+# them in `model.name`.
+_FOLDER = "local-dir:/home/someone/experiments/2024-05/checkpoints/"
+LONG_NAME = _FOLDER + ("efficientnet_lite0_ra_in1k_finetuned_" * 4)[: 120 - len(_FOLDER)]
+
+
+def _figures(tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Figure]:
+    """Every figure fseb_ft writes, drawn as its callers draw it, for a model called ``name``."""
+    figures: dict[str, Figure] = {}
+    save = plots._save
+
+    def keep(fig: Figure, path: str | Path) -> Path:
+        figures[Path(path).relative_to(tmp_path).as_posix()] = fig
+        return save(fig, path)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    monkeypatch.setattr(plots, "_DPI", 30)  # the layout is in inches: small PNGs save time
+    probs, labels = _predictions(300, 10, seed=1, sharpness=3.0)  # 100 % at low coverage
+    ood, _ = _predictions(100, 10, seed=2, sharpness=0.3)
+    preds = Predictions(test=(probs.log(), labels), ood={"far": ood.log(), "near": ood[:50].log()})
+    title = f"FS-EB · {name}"
+    write_plots(tmp_path / "run", preds, title)
+    members = {f"{title} (seed-{i})": (probs, labels) for i in range(3)}  # evaluate's labels
+    plots.selective_prediction_plot(
+        {**members, "Ensemble of 3": (probs, labels)}, tmp_path / "ensemble.png", "Ensemble of 3"
+    )
+    write_comparison_plots(
+        tmp_path / "cmp", {"PS-MAP": preds, "FS-EB": preds}, f"{name}: PS-MAP vs FS-EB"
+    )
+    perfect = {"accuracy": 1.0, "ece": 0.0}
+    per = {c: {str(s): {"accuracy": 1 - 0.1 * s, "ece": 0.02 * s} for s in (1, 3, 5)}
+           for c in ("contrast", "fog", "gaussian_noise")}  # fmt: skip
+    write_corruption_plot(tmp_path / "run", {"test": perfect, "corruptions": per}, title)
+    trials = [
+        {"params": {"fseb.reg_scale": 10.0**-i, "optim.lr": 0.01 * i}, "value": 0.5 + 0.1 * i,
+         "state": "complete" if i % 3 else "pruned"}
+        for i in range(1, 7)
+    ]  # fmt: skip
+    plots.sweep_plot(trials, "nll", tmp_path / "sweep.png", {"fseb.reg_scale": (1e-7, 1, True)},
+                     title=f"Sweep study: {title}, validation nll")  # fmt: skip
+    curves = {f"PS-MAP · {name}": [[0.9, 0.5], [1.0, 0.6]], title: [[0.8, 0.5], [0.7, 0.4]]}
+    plots.learning_curves(curves, "NLL", tmp_path / "curve.png", title=name)
+    return figures
+
+
+def _inside(box: Bbox, canvas: Bbox, slack: float) -> bool:
+    return (
+        box.x0 >= canvas.x0 - slack
+        and box.y0 >= canvas.y0 - slack
+        and box.x1 <= canvas.x1 + slack
+        and box.y1 <= canvas.y1 + slack
+    )
+
+
+def _assert_on_canvas(fig: Figure, renderer: RendererBase, file: str) -> list[Text]:
+    """Everything drawn, each text and each legend lies within the figure; return the texts."""
+    assert _inside(fig.get_tightbbox(renderer), fig.bbox_inches, 0.01), file  # tick labels too
+    # An axis keeps labels for ticks outside its view that it does not draw: leave them out.
+    ticks = {id(t) for ax in fig.axes for axis in (ax.xaxis, ax.yaxis)
+             for t in axis.get_ticklabels(which="both")}  # fmt: skip
+    texts = [t for t in fig.findobj(Text)
+             if t.get_visible() and t.get_text() and id(t) not in ticks]  # fmt: skip
+    for text in texts:
+        box = text.get_window_extent(renderer)
+        assert _inside(box, fig.bbox, 1.0), (file, text.get_text(), box, fig.bbox)
+    for legend in fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend()]:
+        assert _inside(legend.get_window_extent(renderer), fig.bbox, 1.0), file
+        entries = [t.get_text() for t in legend.get_texts()]
+        assert len(set(entries)) == len(entries), (file, entries)  # the curves told apart
+    return texts
+
+
+def _assert_labels_apart(fig: Figure, renderer: RendererBase, file: str) -> None:
+    """Titles, axis labels and the texts in the axes (log K, bin counts) overlap no other."""
+    labels = list(fig.texts)
+    for ax in fig.axes:
+        labels += [ax.title, ax.xaxis.label, ax.yaxis.label, *ax.texts]
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in labels if t.get_text()]
+    for i, (a, box_a) in enumerate(boxes):
+        for b, box_b in boxes[i + 1 :]:
+            assert not box_a.overlaps(box_b), (file, a, b)
+
+
+def test_every_figure_keeps_a_long_model_name_on_the_canvas(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = LONG_NAME
+    assert len(name) == 120
+    figures = _figures(tmp_path, name, monkeypatch)
+    expected = [*(f"run/{p}" for p in PLOTS), "run/corruptions.png", "ensemble.png",
+                *(f"cmp/{p}" for p in COMPARISON_PLOTS), "sweep.png", "curve.png"]  # fmt: skip
+    assert sorted(figures) == sorted(expected)
+    for file, fig in figures.items():
+        fig.draw_without_rendering()  # lays the figure out at its own size and dpi
+        renderer = fig.canvas.get_renderer()
+        texts = _assert_on_canvas(fig, renderer, file)
+        _assert_labels_apart(fig, renderer, file)
+        for ax in fig.axes:  # a percentage axis stays within 0..100 %
+            for label, lim in ((ax.get_xlabel(), ax.get_xlim()), (ax.get_ylabel(), ax.get_ylim())):
+                if "%" in label:
+                    assert min(lim) >= 0 and max(lim) <= 100, (file, label, lim)
+        assert all(name not in t.get_text() for t in texts), file  # shortened everywhere
+
+
+def test_short_name_keeps_the_model_name_and_both_ends_of_a_long_one() -> None:
+    assert plots.short_name("FS-EB · local-dir:/long/path/efficientnet_lite0.in1k") == (
+        "FS-EB · efficientnet_lite0.in1k"
+    )
+    assert plots.short_name("local-dir:runs/a/model/: PS-MAP vs FS-EB") == "model: PS-MAP vs FS-EB"
+    assert plots.short_name("Sweep s: hf-hub:org/name, val nll") == "Sweep s: org/name, val nll"
+    assert plots.short_name("local-dir: hf-hub: x") == "local-dir: hf-hub: x"  # no name follows
+    # Over-long words lose their middle, so names that differ at the end stay apart; the
+    # spaces and line breaks around them are kept.
+    long = "a" * 30 + "b" * 30
+    first, second = (plots.short_name(f"FS-EB · {long}-{i}\nECE 1 %") for i in (0, 1))
+    assert first != second and first.endswith("-0\nECE 1 %") and first.startswith("FS-EB · aaa")
+    assert len(first.split()[2]) == 40 and "…" in first
+    assert plots.short_name(long, width=11) == "aaaaa…bbbbb"

@@ -449,7 +449,8 @@ def finetune(
         train: the training data: a ``datasets.Dataset`` (image and label columns found from
             their ``Image`` / ``ClassLabel`` features, else ``image``/``img`` and
             ``label``/``labels``), any map-style torch ``Dataset`` of ``(image, label)`` pairs
-            (image: PIL, numpy (H, W[, C]) uint8, or a (C, H, W) tensor in [0, 1] or uint8), or a
+            (image: PIL, numpy (H, W[, C]) or a (C, H, W) tensor, in uint8, uint16 (16-bit,
+            scaled ``>> 8``) or float in [0, 1]; :func:`fseb_ft.pixels.as_uint8`), or a
             :class:`fseb_ft.images.LabeledImages`.
         val: validation data for model selection; ``None`` holds out a stratified, seeded
             ``data.val_fraction`` of ``train``.

@@ -22,8 +22,15 @@ from PIL import Image
 
 from fseb_ft import sources as fdata
 from fseb_ft.config import DatasetSpec, recipe_from_dict
+from fseb_ft.errors import FsebError
 from fseb_ft.images import ArrayImages, HFImages, IndexedImages, as_labeled_images
-from fseb_ft.imagesplits import allocate, check_labels, stratified_split
+from fseb_ft.imagesplits import (
+    TooFewClassesError,
+    allocate,
+    check_labels,
+    require_two_classes,
+    stratified_split,
+)
 from fseb_ft.models import EVAL_RESIZE
 from fseb_ft.schema import ConfigError
 from fseb_ft.sources import (
@@ -489,6 +496,15 @@ def test_empty_training_class_folder_is_a_class_and_is_warned_about(tmp_path: Pa
     assert sorted(splits.test.labels.tolist()) == [0, 1, 2]
     (warning,) = splits.check_labels(3)
     assert "data.train" in warning and "no images of class(es) ['bee']" in warning
+
+
+def test_training_images_of_one_class_are_refused_saying_what_was_found(tmp_path: Path) -> None:
+    splits = _imagefolder_splits(tmp_path / "f", {"ant": 8, "bee": 0}, {"ant": 1, "bee": 1})
+    expected = r"^X has images of only 1 of its 2 classes \('ant'\): a classifier needs images of "
+    with pytest.raises(TooFewClassesError, match=expected + r"at least 2 classes\. Y$"):
+        require_two_classes(splits.train, "X", "Y")
+    assert isinstance(TooFewClassesError("x"), FsebError)  # fseb-ft prints it in one line
+    require_two_classes(splits.test, "X", "Y")  # two classes: nothing to say
 
 
 @pytest.mark.parametrize(

@@ -232,9 +232,9 @@ class TorchImages(LabeledImages):
     with ``image_key`` / ``label_key``. Images may be PIL images, numpy arrays (H, W), (H, W, C)
     or (C, H, W), or torch tensors (C, H, W) / (H, W): uint8, uint16 (16-bit, scaled ``>> 8``) or
     float in [0, 1] (as ``torchvision.transforms.ToTensor`` gives); :func:`fseb_ft.pixels.as_uint8`
-    has the rule. Give un-augmented, un-normalised images:
-    fseb_ft augments and normalises with the model's data config. The dataset should be
-    deterministic — a random transform inside it would leak into evaluation.
+    has the rule. Give un-augmented, un-normalised images: fseb_ft augments and normalises with
+    the model's data config. The dataset should be deterministic — a random transform inside it
+    would leak into evaluation.
 
     All labels are needed up front (stratified splits, class counts): they are read from a
     ``targets`` attribute when there is one (torchvision datasets, ``Subset`` of them), else by

@@ -38,6 +38,7 @@ from fseb_ft.allocator import keep_freed_memory
 from fseb_ft.atomic import DiskFullError, cleaned_on_failure, publish, remove_orphans, write_text
 from fseb_ft.config import (
     ConfigError,
+    DatasetSpec,
     Recipe,
     TrainConfig,
     dump_recipe,
@@ -50,8 +51,8 @@ from fseb_ft.context_setup import context_sets, context_stream, resolve_prior_on
 from fseb_ft.errors import FsebError
 from fseb_ft.hub import share_run
 from fseb_ft.imagecheck import screen_splits
-from fseb_ft.images import IndexedImages, as_labeled_images
-from fseb_ft.imagesplits import Splits, stratified_split
+from fseb_ft.images import IndexedImages, LabeledImages, as_labeled_images
+from fseb_ft.imagesplits import Splits, require_two_classes, stratified_split
 from fseb_ft.logs import configure_logging
 from fseb_ft.models import create_model, input_spec
 from fseb_ft.objective import FSEBObjective
@@ -109,6 +110,9 @@ def run(
     """
     run_dir = Path(recipe.output.dir)
     _check_resumable(recipe, run_dir)
+    if splits is None:  # the data first: a mistake in it stops the run before anything is written
+        splits = build_splits(recipe.data, recipe.train.seed)
+    _require_two_classes(recipe.data.train, splits.train)
     accelerator = make_accelerator(recipe.train, run_dir)
     if accelerator.is_main_process:
         for orphan in remove_orphans(run_dir):
@@ -123,8 +127,6 @@ def run(
     if accelerator.device.type == "cpu":
         keep_freed_memory()
     set_seed(recipe.train.seed)
-    if splits is None:
-        splits = build_splits(recipe.data, recipe.train.seed)
     fseb_run = not recipe.fseb.is_ps_map  # PS-MAP draws no context
     seed = recipe.train.seed
     splits, others, dropped = screen_splits(
@@ -348,6 +350,25 @@ def _warn(accelerator: Accelerator, messages: list[str]) -> list[str]:
     return messages
 
 
+def _require_two_classes(spec: DatasetSpec, train: LabeledImages) -> None:
+    """Stop a run whose training images are of fewer than two classes, naming where they are
+    from: an image folder pointed one level too high (its only class ``train_images``)."""
+    if spec.path.startswith(_IN_MEMORY.format("")):
+        require_two_classes(train, f"train= ({train.identity})", "Pass images of every class.")
+        return
+    where = ", ".join(
+        [f"{spec.source} {spec.path}".strip(), f"split {spec.split}"]
+        + ([f"classes {list(spec.classes)}"] if spec.classes is not None else [])
+    )
+    hint = (
+        "Point data.train.path at the folder whose sub-folders are the classes "
+        "(PATH/<split>/<class>/*.jpg or PATH/<class>/*.jpg)."
+        if spec.source == "imagefolder"
+        else "Check data.train's split, label column and classes."
+    )
+    require_two_classes(train, f"data.train ({where})", hint)
+
+
 def _num_classes(recipe: Recipe, splits: Splits) -> tuple[int, list[str]]:
     """The head's class count K, after checking the splits' labels; and the data warnings."""
     found = splits.train.num_classes
@@ -505,7 +526,8 @@ def finetune(
         train: the training data: a ``datasets.Dataset`` (image and label columns found from
             their ``Image`` / ``ClassLabel`` features, else ``image``/``img`` and
             ``label``/``labels``), any map-style torch ``Dataset`` of ``(image, label)`` pairs
-            (image: PIL, numpy (H, W[, C]) uint8, or a (C, H, W) tensor in [0, 1] or uint8), or a
+            (image: PIL, numpy (H, W[, C]) or a (C, H, W) tensor, in uint8, uint16 (16-bit,
+            scaled ``>> 8``) or float in [0, 1]; :func:`fseb_ft.pixels.as_uint8`), or a
             :class:`fseb_ft.images.LabeledImages`.
         val: validation data for model selection; ``None`` holds out a stratified, seeded
             ``data.val_fraction`` of ``train``.

@@ -11,7 +11,12 @@ read only the header, and PIL's ``verify()`` does nothing for JPEG, so neither f
 truncated JPEG. A JPEG is therefore decoded at 1/8 scale (``draft``), which still reads every
 byte of its compressed stream; other formats are decoded in full.
 
-Of fseb_ft this imports only :mod:`fseb_ft.errors` and :mod:`fseb_ft.images`.
+An image of more than 8 bits per pixel (16-bit, 32-bit integer, floating point) is also given
+to :func:`fseb_ft.pixels.as_uint8`, so pixels it refuses (a float TIFF outside [0, 1]) are found
+here too, not at a training step.
+
+Of fseb_ft this imports only :mod:`fseb_ft.errors`, :mod:`fseb_ft.images` and
+:mod:`fseb_ft.pixels`.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from tqdm.auto import tqdm
 from fseb_ft.errors import FsebError
 from fseb_ft.images import IndexedImages, LabeledImages
 from fseb_ft.imagesplits import Splits
+from fseb_ft.pixels import WIDE_MODES, as_uint8
 
 __all__ = [
     "SHOWN",
@@ -85,7 +91,8 @@ def check_image(source: str | bytes) -> str | None:
     """Why the image at ``source`` (a path or the encoded bytes) cannot be read; None if it can.
 
     Opens it, reads its size and decodes it: a JPEG at 1/8 scale (``draft``), which reads all
-    its data and so finds truncation at a fraction of a full decode's cost; others in full.
+    its data and so finds truncation at a fraction of a full decode's cost; others in full. Pixels
+    of more than 8 bits must be ones :func:`~fseb_ft.pixels.as_uint8` takes.
     """
     try:
         # One read, then PIL parses memory: cheaper than its many small reads of the file.
@@ -97,6 +104,8 @@ def check_image(source: str | bytes) -> str | None:
             if image.format == "JPEG":
                 image.draft(image.mode, (1, 1))
             image.load()
+            if image.mode in WIDE_MODES:
+                as_uint8(np.asarray(image), "it")
     except (OSError, ValueError, SyntaxError, PIL.Image.DecompressionBombError) as err:
         return str(err) or type(err).__name__
     return None

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from fseb_ft.pixels import any_image_to_array, decode_image, fit_channels
+from fseb_ft.pixels import any_image_to_array, as_uint8, decode_image, fit_channels
 
 __all__ = [
     "ArrayImages",
@@ -149,7 +149,12 @@ class HFImages(LabeledImages):
 
 
 class ArrayImages(LabeledImages):
-    """In-memory uint8 images (N, H, W) or (N, H, W, C) with integer labels (N,)."""
+    """In-memory images (N, H, W) or (N, H, W, C) with integer labels (N,).
+
+    The images are held as uint8, converted once at construction by
+    :func:`fseb_ft.pixels.as_uint8` (uint16 scaled by ``>> 8``, floats in [0, 1] by 255), so an
+    image type or range it refuses stops the load, not a training step.
+    """
 
     def __init__(
         self,
@@ -160,10 +165,8 @@ class ArrayImages(LabeledImages):
         channels: int = 3,
     ) -> None:
         """Validate and hold the arrays; ``identity`` defaults to a content hash."""
-        images = np.asarray(images)
+        images = as_uint8(images, f"the images of {identity or 'an array'}")
         labels = np.asarray(labels)
-        if images.dtype != np.uint8:
-            raise ValueError(f"images must be uint8, got {images.dtype}")
         if images.ndim not in (3, 4) or (images.ndim == 4 and images.shape[-1] not in (1, 3, 4)):
             raise ValueError(
                 f"images must have shape (N, H, W) or (N, H, W, C) with C in 1, 3, 4; "
@@ -227,10 +230,11 @@ class TorchImages(LabeledImages):
 
     ``dataset[i]`` may return a pair (or longer tuple: image first, label second) or a mapping
     with ``image_key`` / ``label_key``. Images may be PIL images, numpy arrays (H, W), (H, W, C)
-    or (C, H, W) in uint8, or torch tensors (C, H, W) / (H, W) in uint8 or float in [0, 1] (as
-    ``torchvision.transforms.ToTensor`` gives). Give un-augmented, un-normalised images:
-    fseb_ft augments and normalises with the model's data config. The dataset should be
-    deterministic — a random transform inside it would leak into evaluation.
+    or (C, H, W), or torch tensors (C, H, W) / (H, W): uint8, uint16 (16-bit, scaled ``>> 8``) or
+    float in [0, 1] (as ``torchvision.transforms.ToTensor`` gives); :func:`fseb_ft.pixels.as_uint8`
+    has the rule. Give un-augmented, un-normalised images: fseb_ft augments and normalises with
+    the model's data config. The dataset should be deterministic — a random transform inside it
+    would leak into evaluation.
 
     All labels are needed up front (stratified splits, class counts): they are read from a
     ``targets`` attribute when there is one (torchvision datasets, ``Subset`` of them), else by
@@ -290,7 +294,7 @@ class TorchImages(LabeledImages):
         return _to_int_label(self._split_item(self.dataset[index], index)[1], index)
 
     def _read(self, index: int) -> np.ndarray:
-        """The image of item ``index`` as a uint8 array (H, W) or (H, W, C)."""
+        """The image of item ``index`` as an array (H, W) or (H, W, C), made uint8 by the caller."""
         image = self._split_item(self.dataset[index], index)[0]
         return any_image_to_array(image, f"image {index} of {self.identity}")
 

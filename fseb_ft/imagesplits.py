@@ -13,9 +13,22 @@ from typing import Any
 
 import numpy as np
 
+from fseb_ft.errors import FsebError
 from fseb_ft.images import IndexedImages, LabeledImages
 
-__all__ = ["Splits", "allocate", "check_labels", "select_classes", "stratified_split"]
+__all__ = [
+    "Splits",
+    "TooFewClassesError",
+    "allocate",
+    "check_labels",
+    "require_two_classes",
+    "select_classes",
+    "stratified_split",
+]
+
+
+class TooFewClassesError(FsebError, ValueError):
+    """The training images are of fewer than two classes: a classifier has nothing to learn."""
 
 
 def stratified_split(
@@ -74,6 +87,25 @@ def check_labels(data: LabeledImages, num_classes: int) -> None:
         raise ValueError(
             f"{data.identity} has label values {shown} outside the allowed range [0, {num_classes})"
         )
+
+
+def require_two_classes(data: LabeledImages, described: str, hint: str) -> None:
+    """Raise :class:`TooFewClassesError` unless ``data`` has images of at least two classes.
+
+    A one-class classifier is right by construction (100 % accuracy, NLL 0) and learns nothing.
+    The message starts with ``described`` (which data), says what was found and ends with
+    ``hint`` (what to do).
+    """
+    present = np.unique(data.labels)  # (C,)
+    if len(present) >= 2:
+        return
+    names = [data.class_names[k] if k < len(data.class_names) else str(k) for k in present]
+    found = f"1 class ({names[0]!r})" if names else "no images"
+    if names and len(data.class_names) > 1:  # the others are empty (class folders without images)
+        found = f"images of only 1 of its {len(data.class_names)} classes ({names[0]!r})"
+    raise TooFewClassesError(
+        f"{described} has {found}: a classifier needs images of at least 2 classes. {hint}"
+    )
 
 
 def select_classes(data: LabeledImages, classes: Sequence[int]) -> IndexedImages:

@@ -28,6 +28,7 @@ __all__ = [
     "brier",
     "calibration_bins",
     "chance_accuracy",
+    "chance_nll",
     "classification_metrics",
     "confidence_scores",
     "ece",
@@ -197,6 +198,29 @@ def chance_accuracy(labels: Tensor) -> Tensor:
         raise ValueError("`labels` must not be empty: chance accuracy of no samples is undefined")
     counts = torch.bincount(labels)  # (max label + 1,)
     return _f64(counts.max()) / labels.numel()
+
+
+def chance_nll(labels: Tensor) -> Tensor:
+    """NLL of always predicting the labels' class frequencies: the entropy ``-Σ_k p_k log p_k``.
+
+    The best NLL a model that ignores its input can reach on these labels (the frequencies are
+    those of ``labels`` themselves). A model whose NLL is below it has learned something about
+    the images, even where its accuracy does not beat :func:`chance_accuracy`.
+
+    Args:
+        labels: ``(N,)`` integer labels, N ≥ 1.
+
+    Returns:
+        0-dim float64 tensor, ≥ 0 (0 when every label is the same).
+    """
+    labels = _check_tensor(labels, "labels")
+    n = labels.shape[0] if labels.ndim else 0  # a wrong ndim is reported by _check_labels
+    labels = _check_labels(labels, n, torch.iinfo(torch.int64).max)
+    if labels.numel() == 0:
+        raise ValueError("`labels` must not be empty: chance NLL of no samples is undefined")
+    counts = _f64(torch.bincount(labels))  # (max label + 1,)
+    p = counts[counts > 0] / labels.numel()  # (C,) the frequencies of the classes present
+    return -(p * p.log()).sum()
 
 
 def nll(log_probs: Tensor, labels: Tensor) -> Tensor:

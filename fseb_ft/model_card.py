@@ -269,7 +269,7 @@ def _usage_section(
         scale = f"T = {temperature!r}  # temperature scaling (fseb.json); T = 1: raw outputs\n"
         logits = f"({logits} / T)"
     mode = "L" if recipe.data.channels == 1 else "RGB"
-    imports = "import timm\nimport torch\nfrom PIL import Image\n"
+    imports = "import numpy as np\nimport timm\nimport torch\nfrom PIL import Image\n"
     if source.get("needs_fseb_ft"):
         imports += "import fseb_ft.models  # registers this architecture with timm\n"
     load = f'model = timm.create_model("hf-hub:{repo}", pretrained=True).eval()\n'
@@ -285,7 +285,10 @@ def _usage_section(
         "config = timm.data.resolve_data_config(model=model)  # this run's input size, mean, std\n"
         "transform = timm.data.create_transform(**config)\n"
         'labels = model.pretrained_cfg["label_names"]\n\n'
-        f'image = Image.open("image.jpg").convert("{mode}")\n'
+        'image = Image.open("image.jpg")\n'
+        'if image.mode.startswith("I;16"):  # 16-bit: to 8 bits as training read it, value >> 8\n'
+        "    image = Image.fromarray((np.asarray(image) >> 8).astype(np.uint8))\n"
+        f'image = image.convert("{mode}")\n'
         f"{scale}"
         "with torch.no_grad():\n"
         f"    probs = {logits}.softmax(-1)[0]\n"

@@ -1,7 +1,9 @@
 """Image values of any kind → uint8 (H, W, C) arrays with the channels a dataset yields.
 
 PIL images, encoded ``{"bytes", "path"}`` records, numpy arrays and torch tensors all reach
-:class:`~fseb_ft.images.LabeledImages` as one uint8 layout. Imports no other fseb_ft module.
+:class:`~fseb_ft.images.LabeledImages` as one uint8 layout. 16-bit, 32-bit and floating-point
+pixels become 8 bits in one place, :func:`as_uint8`, for training, evaluation and ``fseb-ft
+predict`` alike. Imports no other fseb_ft module.
 """
 
 from __future__ import annotations
@@ -13,10 +15,20 @@ import numpy as np
 import PIL.Image
 import torch
 
-__all__ = ["any_image_to_array", "as_uint8", "decode_image", "fit_channels", "pil_to_array"]
+__all__ = [
+    "WIDE_MODES",
+    "any_image_to_array",
+    "as_uint8",
+    "decode_image",
+    "fit_channels",
+    "pil_to_array",
+]
 
 # PIL modes that hold one intensity channel; everything else is converted to RGB.
-_GRAY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"}
+_GRAY_MODES = {"1", "L", "LA"}
+WIDE_MODES = frozenset({"I", "I;16", "I;16B", "I;16L", "I;16N", "F"})
+"""PIL modes of more than 8 bits per pixel, read as they are stored and brought to 8 bits by
+:func:`as_uint8` (PIL's ``convert("L")`` clips them at 255: a 16-bit image turns white)."""
 # ITU-R BT.601 luma weights, the same PIL uses for convert("L").
 _LUMA = np.array([0.299, 0.587, 0.114])
 
@@ -38,16 +50,49 @@ def fit_channels(image: np.ndarray, channels: int, where: str) -> np.ndarray:
 
 
 def as_uint8(image: np.ndarray, where: str) -> np.ndarray:
-    """Accept uint8, or integer/bool pixels already within 0..255; refuse anything else."""
+    """Pixels of any numeric type as uint8, by the bit depth of their type, never of the image.
+
+    - ``uint8`` as it is; ``bool`` (1 bit, PIL mode ``1``) as 0 / 255.
+    - Wider unsigned integers (``uint16``, which PIL's 16-bit modes ``I;16*`` give, ``uint32``,
+      ``uint64``) by the bit depth of their container: ``value >> (bits - 8)``, so 16-bit
+      0..65535 becomes 0..255 in order, as torchvision's ``to_dtype(..., scale=True)`` does.
+      Not by each image's range, which would give the same stored value another pixel in every
+      image and brighten a dark one. So 12-bit data in a 16-bit container (values up to 4095)
+      comes out 0..15, nearly black: shift it up 4 bits (``<< 4``) before (docs/troubleshooting.md).
+    - Floating point (PIL mode ``F``): finite values in [0, 1], as ``ToTensor`` gives, times 255
+      and rounded; others are refused.
+    - Signed integers (``int8`` … ``int64``, PIL mode ``I``): what numpy, torch and PIL give
+      integers of any depth (a list of ints, an int64 tensor, a 16-bit PGM, a 32-bit TIFF), so
+      their type tells no bit depth: values 0..255 are taken as they are, others refused.
+
+    Raises:
+        ValueError: floating-point pixels outside [0, 1] or not finite, signed integers
+            outside 0..255, or a non-numeric type; the message names ``where`` and the range.
+    """
     image = np.asarray(image)
     if image.dtype == np.uint8:
         return image
-    integral = np.issubdtype(image.dtype, np.integer) or image.dtype == np.bool_
-    if integral and (image.size == 0 or (image.min() >= 0 and image.max() <= 255)):
+    if image.dtype == np.bool_:
+        return image.astype(np.uint8) * np.uint8(255)
+    if np.issubdtype(image.dtype, np.unsignedinteger):
+        # numpy, not torchvision's to_dtype: torch < 2.3 (which fseb_ft allows) has no uint16.
+        return (image >> (8 * image.dtype.itemsize - 8)).astype(np.uint8)
+    if image.dtype.kind not in "if":  # signed integers, floating point
+        raise ValueError(f"{where} has pixels of type {image.dtype}; expected numbers")
+    low, high = (image.min(), image.max()) if image.size else (0, 0)  # NaN if any is NaN
+    if np.issubdtype(image.dtype, np.floating):
+        if np.isfinite([low, high]).all() and low >= 0 and high <= 1:
+            return np.round(image * 255.0).astype(np.uint8)
+        raise ValueError(
+            f"{where} has floating-point pixels ({image.dtype}) in [{low}, {high}]; expected "
+            "values in [0, 1] (as ToTensor gives), or uint8 0..255 — pass images before "
+            "normalisation, fseb_ft normalises with the model's data config"
+        )
+    if low >= 0 and high <= 255:
         return image.astype(np.uint8)
-    low, high = (image.min(), image.max()) if image.size else (None, None)
     raise ValueError(
-        f"{where} has dtype {image.dtype} with range [{low}, {high}]; expected uint8 0..255"
+        f"{where} has signed integer pixels ({image.dtype}) in [{low}, {high}], which tell no "
+        "bit depth; expected 0..255 — give 16-bit images as uint16 (scaled >> 8), or uint8"
     )
 
 
@@ -71,14 +116,24 @@ def decode_image(value: Any, where: str) -> np.ndarray:
 
 
 def pil_to_array(image: PIL.Image.Image) -> np.ndarray:
-    """(H, W) for single-channel modes, (H, W, 3) otherwise (palette, CMYK, RGBA → RGB)."""
+    """(H, W) for single-channel modes, (H, W, 3) otherwise (palette, CMYK, RGBA → RGB).
+
+    Modes of more than 8 bits (:data:`WIDE_MODES`) keep their stored values and type (uint16,
+    int32, float32): :func:`as_uint8` scales them.
+    """
+    if image.mode in WIDE_MODES:
+        return np.array(image)  # (H, W)
     if image.mode in _GRAY_MODES:
         return np.array(image if image.mode == "L" else image.convert("L"))  # (H, W)
     return np.array(image if image.mode == "RGB" else image.convert("RGB"))  # (H, W, 3)
 
 
 def any_image_to_array(image: Any, where: str) -> np.ndarray:
-    """PIL, numpy (HW, HWC, CHW; uint8 or float in [0, 1]) or tensor (CHW, HW) → uint8 array."""
+    """PIL, numpy (HW, HWC, CHW) or tensor (CHW, HW) → array (H, W[, C]) of the same type.
+
+    Its pixels become uint8 in :func:`fit_channels` (:func:`as_uint8`: uint8, uint16, or floats
+    in [0, 1] as ``ToTensor`` gives).
+    """
     if isinstance(image, PIL.Image.Image):
         return pil_to_array(image)
     chw = isinstance(image, torch.Tensor)
@@ -91,12 +146,4 @@ def any_image_to_array(image: Any, where: str) -> np.ndarray:
         raise ValueError(
             f"{where} has shape {array.shape}; expected (H, W), (H, W, C) or (C, H, W)"
         )
-    if np.issubdtype(array.dtype, np.floating):
-        if array.size and (not np.isfinite(array).all() or array.min() < 0 or array.max() > 1):
-            raise ValueError(
-                f"{where} is floating point with range [{array.min()}, {array.max()}]; expected "
-                "values in [0, 1] (as ToTensor gives) or uint8 0..255 — pass images before "
-                "normalisation, fseb_ft normalises with the model's data config"
-            )
-        return np.round(array * 255.0).astype(np.uint8)
     return array

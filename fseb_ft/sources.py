@@ -129,7 +129,11 @@ def load_disk(
 
 
 def load_arrays(path: str | Path, channels: int = 3) -> ArrayImages:
-    """Load an ``.npz`` with ``images`` (uint8), ``labels`` and optional ``class_names``."""
+    """Load an ``.npz`` with ``images``, ``labels`` and optional ``class_names``.
+
+    ``images`` are uint8, uint16 (16-bit, scaled ``>> 8``) or floats in [0, 1]
+    (:func:`fseb_ft.pixels.as_uint8`); they are held as uint8.
+    """
     path = Path(path)
     with np.load(path, allow_pickle=False) as npz:
         missing = [key for key in ("images", "labels") if key not in npz.files]

@@ -30,7 +30,7 @@ from fseb_ft.atomic import cleaned_on_failure, publish
 from fseb_ft.config import VAL_OOD_METRIC_SUFFIX, OptimConfig, TrainConfig, val_ood_metric
 from fseb_ft.context import ContextStream
 from fseb_ft.errors import FsebError
-from fseb_ft.metrics import chance_accuracy, classification_metrics, ood_detection
+from fseb_ft.metrics import chance_accuracy, chance_nll, classification_metrics, ood_detection
 from fseb_ft.objective import FSEBObjective
 from fseb_ft.ood import ood_score
 from fseb_ft.predict import predict_logits
@@ -269,7 +269,7 @@ def fit(
         state.seconds += record["seconds"]
         state.history.append(record)
         if state.epoch == train.epochs and all(_at_chance(r) for r in state.history):
-            _warn(state, accelerator, _chance_warning(state.history, len(labels)))
+            _warn(state, accelerator, _chance_warning(state.history, labels))
         _save_checkpoint(accelerator, run_dir, state)
         if on_epoch_end is not None:
             on_epoch_end(record)
@@ -328,13 +328,49 @@ def _at_chance(record: dict[str, float]) -> bool:
     return record["val_accuracy"] <= record["val_chance_accuracy"]
 
 
-def _chance_warning(history: Sequence[dict[str, float]], num_val: int) -> str:
-    best = max(r["val_accuracy"] for r in history)
-    return (
-        f"validation accuracy never beat chance in {len(history)} epoch(s): best "
-        f"{best:.2%} against {history[-1]['val_chance_accuracy']:.2%} for always predicting the "
-        f"most frequent class ({num_val} validation images). The model has learned nothing "
-        "measurable: check the labels, lower optim.lr, or train longer."
+_LEARNED = 0.01
+"""How far (1 %) a validation NLL must fall below the class frequencies' to count as learning:
+a model that predicts them is within rounding of it."""
+
+
+def _chance_warning(history: Sequence[dict[str, float]], labels: Tensor) -> str:
+    """Validation accuracy never beat chance (``labels``: the validation labels, (N_v,)): say so,
+    and what it points to.
+
+    The data when validation holds one class (nothing can beat chance there), or when the
+    model's NLL is :data:`_LEARNED` below that of the class frequencies
+    (:func:`~fseb_ft.metrics.chance_nll`): it learned, but not enough to outvote the most
+    frequent class, which an unbalanced split makes hard. The training otherwise: it learned
+    nothing measurable.
+    """
+    best, chance = max(r["val_accuracy"] for r in history), history[-1]["val_chance_accuracy"]
+    said = (
+        f"validation accuracy never beat chance in {len(history)} epoch(s): best {best:.2%} "
+        f"against {chance:.2%} for always predicting the most frequent class ({len(labels)} "
+        "validation images). "
+    )
+    if len(torch.unique(labels)) < 2:
+        return said + (
+            "Every validation image is of one class, so no model can beat chance there and "
+            "validation selects nothing: the data is the cause. Give data.val images of at "
+            "least two classes (held out from data.train, a class needs two images or more)."
+        )
+    best_nll, frequency_nll = min(r["val_nll"] for r in history), float(chance_nll(labels))
+    nlls = (
+        f"best validation NLL {best_nll:.4f} against {frequency_nll:.4f} for predicting the "
+        "class frequencies"
+    )
+    if best_nll < (1 - _LEARNED) * frequency_nll:
+        return said + (
+            f"The model did learn ({nlls}), but not enough to outvote the most "
+            f"frequent class, {chance:.0%} of validation: the class balance, not the learning "
+            "rate, is the cause. Judge the run by its NLL (train.select_metric=nll), train "
+            "longer, or give the other classes more images."
+        )
+    balance = f" and the class balance ({chance:.0%} of validation is one class)"
+    return said + (
+        f"The model has learned nothing measurable ({nlls}): check the labels"
+        f"{balance if chance >= 0.5 else ''}, lower optim.lr, or train longer."
     )
 
 

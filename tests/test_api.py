@@ -18,6 +18,7 @@ import fseb_ft
 import fseb_ft.api
 from fseb_ft.config import ConfigError, load_recipe
 from fseb_ft.images import HFImages, TorchImages, as_labeled_images
+from fseb_ft.imagesplits import TooFewClassesError
 
 REPO = Path(__file__).parents[1]
 CLASSES = ["cat", "dog", "fox"]
@@ -149,6 +150,18 @@ def test_missing_train_and_bad_overrides_fail_clearly() -> None:
         fseb_ft.api.resolve_recipe(TINY, {"epochs": 3})
     with pytest.raises(ConfigError, match=r"unknown key 'fseb\.reg_scal'"):
         fseb_ft.api.resolve_recipe(TINY, {"fseb__reg_scal": 0})
+
+
+def test_training_images_of_one_class_stop_before_anything_is_written(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    one_class = [(_pixels(0, rng), 0) for _ in range(8)]  # label 0 only: a constant classifier
+    with pytest.raises(
+        TooFewClassesError, match=r"^train= \(torch:list:n=8#.*\) has 1 class \('0'\)"
+    ):
+        fseb_ft.api.finetune(
+            TINY, train=one_class, test=one_class, output__dir=str(tmp_path / "run")
+        )
+    assert not (tmp_path / "run").exists()
 
 
 def test_override_spellings_agree() -> None:

@@ -35,6 +35,9 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _write_folder(root / "ok", "test", {"cat": 2, "dog": 2, "owl": 2})  # owl: not a training class
     Dataset.from_dict({"image": [np.zeros((4, 4, 3), np.uint8)] * 4}).save_to_disk(root / "nolabel")
     (root / "a-file").write_text("")
+    # A Kaggle root, as a new user pointed at it: its only sub-folder is train_images/.
+    _write_folder(root / "kaggle", "train_images", {".": 8})
+    (root / "kaggle" / "train.csv").write_text("id_code,diagnosis\n")
     return root
 
 
@@ -83,6 +86,38 @@ def test_data_model_and_output_mistakes_stop_before_training(
     line = _fails(argv, capsys, 1)
     assert line.startswith("fseb-ft: error: ") and expected in line
     assert line.endswith("(--debug shows where)")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            [f"data.{split}.{key}={value}" for split in ("train", "test")
+             for key, value in (("source", "imagefolder"), ("path", "{root}/kaggle"),
+                                ("split", "train"), ("classes", "null"))],
+            "data.train (imagefolder {root}/kaggle, split train) has 1 class ('train_images'): "
+            "a classifier needs images of at least 2 classes. Point data.train.path at the "
+            "folder whose sub-folders are the classes",
+        ),
+        (
+            ["data.train.classes=[3]", "data.test.classes=[3]"],
+            "data.train (sklearn_digits, split train, classes [3]) has 1 class ('3')",
+        ),
+    ],
+)  # fmt: skip
+def test_training_images_of_one_class_stop_before_anything_is_written(
+    overrides: list[str], expected: str, data: Path, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    earlier = tmp_path / "run" / "results.json"  # what train.resume=never would remove
+    earlier.parent.mkdir()
+    earlier.write_text("{}")
+    # The test split is as wrong: the old code trained and reported 100 % accuracy, NLL -0.0000.
+    argv = [QUICKSTART, f"output.dir={tmp_path / 'run'}", "train.resume=never", "data.ood={{}}"]
+    argv += ["train.epochs=1"]
+    line = _fails([*(a.format(root=data) for a in argv + overrides)], capsys, 1)
+    assert line.startswith(f"fseb-ft: error: {expected.format(root=data)}")
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["results.json"]
 
 
 def _tiny(tmp_path: Path) -> list[str]:

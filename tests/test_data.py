@@ -22,8 +22,15 @@ from PIL import Image
 
 from fseb_ft import sources as fdata
 from fseb_ft.config import DatasetSpec, recipe_from_dict
-from fseb_ft.images import ArrayImages, HFImages, IndexedImages
-from fseb_ft.imagesplits import allocate, check_labels, stratified_split
+from fseb_ft.errors import FsebError
+from fseb_ft.images import ArrayImages, HFImages, IndexedImages, as_labeled_images
+from fseb_ft.imagesplits import (
+    TooFewClassesError,
+    allocate,
+    check_labels,
+    require_two_classes,
+    stratified_split,
+)
 from fseb_ft.models import EVAL_RESIZE
 from fseb_ft.schema import ConfigError
 from fseb_ft.sources import (
@@ -268,12 +275,59 @@ def test_npz_round_trip_and_missing_key(tmp_path: Path) -> None:
 
 
 def test_array_images_validate_dtype_and_shape() -> None:
-    with pytest.raises(ValueError, match="uint8"):
-        ArrayImages(np.zeros((2, 3, 3), np.float32), np.zeros(2, int))
+    with pytest.raises(ValueError, match=r"floating-point pixels .* expected values in \[0, 1\]"):
+        ArrayImages(np.full((2, 3, 3), 2.0, np.float32), np.zeros(2, int))
     with pytest.raises(ValueError, match=r"labels must have shape \(2,\)"):
         ArrayImages(np.zeros((2, 3, 3), np.uint8), np.zeros(3, int))
     with pytest.raises(ValueError, match="channels must be 1 or 3"):
         ArrayImages(np.zeros((2, 3, 3), np.uint8), np.zeros(2, int), channels=2)
+
+
+_GRADIENT16 = np.linspace(0, 65535, 16).astype(np.uint16).reshape(4, 4)  # 0 .. 65535, rising
+
+
+def test_npz_arrays_of_16_bit_pixels_are_scaled_by_their_bit_depth(tmp_path: Path) -> None:
+    twelve_bit = np.linspace(0, 4095, 16).astype(np.uint16).reshape(4, 4)  # in a 16-bit container
+    np.savez(tmp_path / "a.npz", images=np.stack([_GRADIENT16, twelve_bit]), labels=[0, 1])
+    data = load_arrays(tmp_path / "a.npz", channels=1)
+    image = data[0][0][:, :, 0]  # (4, 4) uint8
+    assert image.dtype == np.uint8 and image[0, 0] == 0 and image[-1, -1] == 255
+    assert (np.diff(image.ravel().astype(int)) >= 0).all() and len(np.unique(image)) == 16
+    assert np.array_equal(image, _GRADIENT16 >> 8)
+    assert np.array_equal(data[1][0][:, :, 0], twelve_bit >> 8)  # the container's depth: 0..15
+
+
+@pytest.mark.parametrize(
+    ("pixels", "expected"),
+    [
+        (torch.from_numpy(_GRADIENT16.astype(np.int32)).to(torch.uint16), _GRADIENT16 >> 8),
+        (torch.linspace(0, 1, 16).reshape(1, 4, 4), np.round(np.linspace(0, 255, 16))),
+        (np.arange(0, 256, 17).reshape(4, 4).astype(np.int64), np.arange(0, 256, 17)),
+        (np.eye(4, dtype=bool), np.eye(4) * 255),
+    ],
+    ids=["uint16-tensor", "float-tensor-in-0-1", "int64-in-0-255", "bool"],
+)
+def test_in_memory_images_follow_the_same_rule(pixels: object, expected: np.ndarray) -> None:
+    image = as_labeled_images([(pixels, 0), (pixels, 1)], channels=1)[0][0]
+    assert image.dtype == np.uint8 and np.array_equal(image.ravel(), expected.ravel())
+
+
+@pytest.mark.parametrize(
+    ("pixels", "message"),
+    [
+        (np.full((4, 4), 255.0, np.float32), r"floating-point pixels \(float32\) in \[255.0, "),
+        (np.full((4, 4), np.nan), r"floating-point pixels \(float64\) in \[nan, nan\]"),
+        (np.full((4, 4), 4095, np.int32), r"signed integer pixels \(int32\) in \[4095, .*uint16"),
+    ],
+)
+def test_pixels_without_a_known_scale_are_refused_naming_the_image(
+    pixels: np.ndarray, message: str
+) -> None:
+    data = as_labeled_images([(pixels, 0), (pixels, 1)])
+    with pytest.raises(ValueError, match=f"image 1 of .*{message}"):
+        data[1]
+    with pytest.raises(ValueError, match=message):
+        ArrayImages(pixels[None], np.zeros(1, int))  # refused when the arrays are loaded
 
 
 def test_channels_rgb_to_gray_and_back() -> None:
@@ -442,6 +496,15 @@ def test_empty_training_class_folder_is_a_class_and_is_warned_about(tmp_path: Pa
     assert sorted(splits.test.labels.tolist()) == [0, 1, 2]
     (warning,) = splits.check_labels(3)
     assert "data.train" in warning and "no images of class(es) ['bee']" in warning
+
+
+def test_training_images_of_one_class_are_refused_saying_what_was_found(tmp_path: Path) -> None:
+    splits = _imagefolder_splits(tmp_path / "f", {"ant": 8, "bee": 0}, {"ant": 1, "bee": 1})
+    expected = r"^X has images of only 1 of its 2 classes \('ant'\): a classifier needs images of "
+    with pytest.raises(TooFewClassesError, match=expected + r"at least 2 classes\. Y$"):
+        require_two_classes(splits.train, "X", "Y")
+    assert isinstance(TooFewClassesError("x"), FsebError)  # fseb-ft prints it in one line
+    require_two_classes(splits.test, "X", "Y")  # two classes: nothing to say
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -9,8 +10,8 @@ import torch
 
 from fseb_ft.config import recipe_from_dict
 from fseb_ft.finetune import run
-from fseb_ft.metrics import chance_accuracy
-from fseb_ft.train import TrainingDivergedError, _check_divergence
+from fseb_ft.metrics import chance_accuracy, chance_nll
+from fseb_ft.train import TrainingDivergedError, _chance_warning, _check_divergence
 from tests.test_pipeline import _recipe_dict, _write_folder
 
 
@@ -28,6 +29,46 @@ def test_chance_accuracy_is_the_majority_class_rate() -> None:
     assert float(chance_accuracy(torch.tensor([7]))) == 1.0
     with pytest.raises(ValueError, match="must not be empty"):
         chance_accuracy(torch.tensor([], dtype=torch.long))
+
+
+def test_chance_nll_is_the_entropy_of_the_class_frequencies() -> None:
+    assert float(chance_nll(torch.tensor([0, 1, 0, 1]))) == pytest.approx(math.log(2))
+    expected = -(0.5 * math.log(0.5) + 2 * 0.25 * math.log(0.25))
+    assert float(chance_nll(torch.tensor([2, 0, 2, 1]))) == pytest.approx(expected)
+    assert float(chance_nll(torch.tensor([7, 7]))) == 0.0
+    with pytest.raises(ValueError, match="must not be empty"):
+        chance_nll(torch.tensor([], dtype=torch.long))
+
+
+def _at_chance(accuracy: float, nll: float, labels: torch.Tensor) -> str:
+    """The warning for one epoch at ``accuracy`` = chance with validation ``nll``."""
+    record = {"val_accuracy": accuracy, "val_nll": nll}
+    return _chance_warning([{**record, "val_chance_accuracy": accuracy}], labels)
+
+
+def test_chance_warning_blames_a_validation_split_of_one_class_not_the_learning_rate() -> None:
+    message = _at_chance(1.0, 0.01, torch.zeros(10, dtype=torch.long))
+    assert (
+        "(10 validation images)" in message and "Every validation image is of one class" in message
+    )
+    assert "data.val" in message and "optim.lr" not in message
+
+
+def test_chance_warning_blames_the_class_balance_when_the_model_beats_the_frequencies() -> None:
+    labels = torch.tensor([0] * 19 + [1])  # one class is 95 % of validation
+    message = _at_chance(0.95, 0.5 * float(chance_nll(labels)), labels)
+    assert "The model did learn" in message and "95% of validation" in message
+    assert "not the learning rate" in message and "lower optim.lr" not in message
+
+
+@pytest.mark.parametrize(("counts", "balance"), [((3, 3, 3), False), ((18, 1, 1), True)])
+def test_chance_warning_points_at_the_training_when_nothing_was_learned(
+    counts: tuple[int, ...], balance: bool
+) -> None:
+    labels = torch.cat([torch.full((n,), k) for k, n in enumerate(counts)])
+    message = _at_chance(max(counts) / sum(counts), float(chance_nll(labels)), labels)
+    assert "learned nothing measurable" in message and "lower optim.lr" in message
+    assert ("class balance (90% of validation is one class)" in message) == balance
 
 
 def test_divergence_check_stops_on_norm_growth_or_non_finite_predictions() -> None:
@@ -71,6 +112,7 @@ def test_a_run_that_never_beats_chance_warns_in_its_results_and_model_card(
     warnings = results["training"]["warnings"]
     assert len(warnings) == 1 and "never beat chance in 1 epoch(s)" in warnings[0]
     assert "33.33% for always predicting the most frequent class (9 validation" in warnings[0]
+    assert "learned nothing measurable" in warnings[0] and "lower optim.lr" in warnings[0]
     for page in ("results.md", "model/README.md"):
         assert (
             "> **Warning:** validation accuracy never beat chance"

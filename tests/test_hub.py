@@ -38,6 +38,7 @@ import fseb_ft.hub as hub
 from fseb_ft import cli
 from fseb_ft.config import ConfigError, OutputConfig, recipe_from_dict
 from fseb_ft.finetune import run
+from fseb_ft.imagepaths import read_image
 from fseb_ft.report import markdown_table
 from fseb_ft.transforms import eval_transform
 
@@ -179,6 +180,22 @@ def test_card_snippet_reproduces_the_runs_test_predictions(tiny_run) -> None:
     assert (torch.stack(probs).argmax(-1) == labels).double().mean().item() == pytest.approx(
         accuracy, abs=1e-6
     )
+
+
+def test_card_snippet_reads_a_16_bit_image_as_training_does_not_as_white(
+    tiny_run, tmp_path: Path
+) -> None:
+    snippet = _card_snippet((tiny_run.folder / "README.md").read_text(), tiny_run.folder)
+    gray = np.linspace(0, 255, 256).astype(np.uint8).reshape(16, 16)  # (16, 16)
+    Image.fromarray(gray).save(tmp_path / "8.png")
+    Image.fromarray(gray.astype(np.uint16) * 257).save(tmp_path / "16.png")  # v·257 >> 8 = v
+    assert np.array_equal(read_image(tmp_path / "16.png", 3), read_image(tmp_path / "8.png", 3))
+    probs = []
+    for name in ("8.png", "16.png"):
+        scope: dict[str, Any] = {"image_path": str(tmp_path / name)}
+        exec(compile(snippet, "model card", "exec"), scope)
+        probs.append(scope["probs"])
+    torch.testing.assert_close(probs[1], probs[0], rtol=0, atol=1e-6)
 
 
 def test_config_json_carries_the_runs_input_and_labels(tiny_run) -> None:

@@ -55,6 +55,25 @@ def test_odd_modes_pass_the_check(tmp_path: Path, mode: str) -> None:
     assert check_image(str(tmp_path / "x.png")) is None
 
 
+@pytest.mark.parametrize(
+    ("name", "pixels", "mode", "reason"),
+    [
+        ("in-0-1.tif", np.linspace(0, 1, 48, dtype=np.float32), "F", None),
+        ("0-4095.tif", np.linspace(0, 4095, 48, dtype=np.float32), "F", "floating-point pixels"),
+        ("0-255.tif", np.arange(48, dtype=np.int32) * 5, "I", None),
+        ("16-bit.pgm", np.arange(48, dtype=np.uint16) * 1000, "I", "signed integer pixels"),
+    ],
+)
+def test_wide_pixels_fseb_ft_cannot_scale_are_found_by_the_check(
+    tmp_path: Path, name: str, pixels: np.ndarray, mode: str, reason: str | None
+) -> None:
+    Image.fromarray(pixels.reshape(6, 8)).save(tmp_path / name)
+    with Image.open(tmp_path / name) as image:
+        assert image.mode == mode  # a 16-bit PGM opens as 32-bit integers: no bit depth known
+    found = check_image(str(tmp_path / name))
+    assert found is None if reason is None else reason in found
+
+
 def test_broken_pngs_and_non_images_are_caught(tmp_path: Path) -> None:
     buffer = io.BytesIO()
     Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(buffer, "PNG")

@@ -160,3 +160,25 @@ def test_missing_folder_and_listing(tmp_path: Path) -> None:
     assert listing.folder == tmp_path / "f" and listing.files == ["a/0.png", "b/1.png"]
     data = FileImages(listing.folder, listing.files, listing.labels, ["a", "b"], "x")
     assert data.encoded(1) == (str(tmp_path / "f" / "b" / "1.png"),) * 2
+
+
+@pytest.mark.parametrize("ext", ["png", "tif"])
+def test_a_16_bit_gradient_is_scaled_to_8_bits_in_order_not_clipped_white(
+    tmp_path: Path, ext: str
+) -> None:
+    gradient = np.linspace(0, 65535, 64).astype(np.uint16).reshape(8, 8)  # rising, row by row
+    twelve_bit = np.linspace(0, 4095, 64).astype(np.uint16).reshape(8, 8)  # 12-bit in 16 bits
+    for name, pixels in (("a", gradient), ("b", twelve_bit)):
+        (tmp_path / "train" / name).mkdir(parents=True)
+        Image.fromarray(pixels).save(tmp_path / "train" / name / f"x.{ext}")
+        with Image.open(tmp_path / "train" / name / f"x.{ext}") as image:
+            assert image.mode == "I;16"
+    data = load_imagefolder(tmp_path, "train", channels=1)
+    image = data[0][0][:, :, 0]  # (8, 8) uint8
+    assert image[0, 0] == 0 and image[-1, -1] == 255 and len(np.unique(image)) > 32
+    assert (np.diff(image.ravel().astype(int)) >= 0).all()
+    assert np.array_equal(image, gradient >> 8)
+    # By the container's bit depth (value >> 8), not the image's range: 12-bit data is dark.
+    assert np.array_equal(data[1][0][:, :, 0], twelve_bit >> 8)
+    rgb = load_imagefolder(tmp_path, "train", channels=3)[0][0]
+    assert np.array_equal(rgb, np.repeat(image[:, :, None], 3, axis=2))

@@ -706,6 +706,7 @@ def test_all_exports() -> None:
         "calibration_bins",
         "binary_auroc",
         "chance_accuracy",
+        "chance_nll",
     }
     assert set(O.__all__) == {"ood_metrics", "ood_score", "max_logit_score", "energy_score"}
     assert T.__all__ == ["TEMPERATURE_RANGE", "fit_temperature", "temperature_identified"]

@@ -165,6 +165,21 @@ def test_probabilities_are_temperature_scaled_and_the_preprocessing_is_evaluatio
     assert scaled.rows[0]["probability"] != pytest.approx(raw.rows[0]["probability"])
 
 
+def test_a_16_bit_image_is_predicted_as_its_8_bit_pixels_not_as_white(
+    run_dir: Path, images: Path, tmp_path: Path
+) -> None:
+    pixels = np.array(Image.open(images / "00.png"))  # (8, 8) uint8
+    Image.fromarray(pixels.astype(np.uint16) * 257).save(tmp_path / "16.png")  # v·257 >> 8 = v
+    Image.fromarray(np.full_like(pixels, 255)).save(tmp_path / "white.png")
+    with Image.open(tmp_path / "16.png") as image:
+        assert image.mode == "I;16"
+    files = [images / "00.png", tmp_path / "16.png", tmp_path / "white.png"]
+    rows = fseb_ft.predict_images(run_dir, files, threshold=0.5, progress=False).rows
+    assert len(rows) == 3 and rows[1]["prediction"] == rows[0]["prediction"]
+    assert rows[1]["probability"] == pytest.approx(rows[0]["probability"], rel=1e-6)
+    assert rows[1]["probability"] != pytest.approx(rows[2]["probability"], rel=1e-3)  # not white
+
+
 def test_max_risk_is_kept_with_the_run_and_its_model_folder_abstains_alike(
     run_dir: Path, images: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from safetensors import SafetensorError
 
 import fseb_ft
 from fseb_ft import api, cli, inference, predictor, rundir
@@ -45,6 +46,7 @@ def train_tiny_run(out: Path) -> Path:
             "channels": 1,
             "val_fraction": 0.3,
             "batch_size": 32,
+            "num_workers": 0,  # no worker processes to start and join: faster on a busy CPU
         },
         "fseb": {"reg_scale": 0.0},
         "optim": {"lr": 0.05},
@@ -68,7 +70,9 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 
 def read_only(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Make ``folder`` read-only: ``chmod -R a-w``. Root writes through that, so for root the
-    calls that create or replace files refuse paths inside ``folder`` as the OS would (EACCES).
+    calls that create or replace files refuse paths inside ``folder``, raising what each raises
+    in a read-only folder (checked without CAP_DAC_OVERRIDE): ``PermissionError`` from Python,
+    ``SafetensorError`` naming ``os error 13`` from safetensors.
     """
     for path in [folder, *folder.rglob("*")]:
         path.chmod(path.stat().st_mode & ~0o222)
@@ -76,11 +80,23 @@ def read_only(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         return
     inside = folder.resolve()
 
-    def guard(call: Callable[..., Any], writes: Callable[..., bool]) -> Callable[..., Any]:
+    def permission_error(path: str) -> Exception:
+        return PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+
+    def safetensors_error(path: str) -> Exception:
+        return SafetensorError(
+            f'Error while serializing: I/O error: Permission denied (os error 13) at path "{path}"'
+        )
+
+    def guard(
+        call: Callable[..., Any],
+        error: Callable[[str], Exception] = permission_error,
+        writes: Callable[..., bool] = lambda *args, **kwargs: True,
+    ) -> Callable[..., Any]:
         def refused(*args: Any, **kwargs: Any) -> Any:
             paths = [Path(a) for a in args if isinstance(a, str | os.PathLike)]
             if writes(*args, **kwargs) and any(p.resolve().is_relative_to(inside) for p in paths):
-                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(paths[0]))
+                raise error(str(paths[0]))
             return call(*args, **kwargs)
 
         return refused
@@ -88,14 +104,11 @@ def read_only(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def writing(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> bool:
         return any(c in mode for c in "wax+")
 
-    def always(*args: Any, **kwargs: Any) -> bool:
-        return True
-
-    monkeypatch.setattr(io, "open", guard(io.open, writing))
-    monkeypatch.setattr(builtins, "open", guard(builtins.open, writing))
-    monkeypatch.setattr(os, "replace", guard(os.replace, always))
-    monkeypatch.setattr(os, "mkdir", guard(os.mkdir, always))
-    monkeypatch.setattr(rundir, "save_file", guard(rundir.save_file, always))
+    monkeypatch.setattr(io, "open", guard(io.open, writes=writing))
+    monkeypatch.setattr(builtins, "open", guard(builtins.open, writes=writing))
+    monkeypatch.setattr(os, "replace", guard(os.replace))
+    monkeypatch.setattr(os, "mkdir", guard(os.mkdir))
+    monkeypatch.setattr(rundir, "save_file", guard(rundir.save_file, safetensors_error))
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,9 @@ reader (or the next run) sees the old complete file or the new one. A full disk 
 each library differently — ``torch.save`` as a ``RuntimeError`` from ``inline_container.cc``
 (``unexpected pos``, ``file write failed``), safetensors as ``No space left on device (os
 error 28)``, Python as ``OSError(ENOSPC)`` — and :func:`cleaned_on_failure` turns all of them
-into one :class:`DiskFullError` naming the directory, after removing the partial output.
+into one :class:`DiskFullError` naming the directory, after removing the partial output. A write
+the OS refuses (a read-only folder) is an ``OSError`` with its errno whichever library wrote
+(:func:`is_not_writable`), so a caller whose write is optional, such as a cache, can go on.
 
 A killed process cannot clean up; :func:`remove_orphans` removes what it left at the start of
 the next run.
@@ -28,6 +30,7 @@ __all__ = [
     "cleaned_on_failure",
     "default_file_mode",
     "is_disk_full",
+    "is_not_writable",
     "publish",
     "remove",
     "remove_orphans",
@@ -41,6 +44,8 @@ _ORPHAN_DIRS = (".", "model", "checkpoints")
 """Folders of a run directory (relative to it) that writers put temporary paths in."""
 _TORCH_WRITE_FAILED = ("unexpected pos", "file write failed")
 """What torch's ``inline_container.cc`` says when the OS accepted fewer bytes than written."""
+_NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
+"""Why the OS refuses a write to a folder: its permissions, or a read-only file system."""
 
 
 class DiskFullError(FsebError, OSError):
@@ -70,6 +75,28 @@ def is_disk_full(err: BaseException) -> bool:
     return False
 
 
+def is_not_writable(err: BaseException) -> bool:
+    """Whether ``err`` is a write the OS refused: permission denied or a read-only file system."""
+    return _refused_errno(err) is not None
+
+
+def _refused_errno(err: BaseException) -> int | None:
+    """The errno of a write the OS refused in ``err`` or the exceptions it was raised from, also
+    where a library reports it only as text (safetensors: ``Permission denied (os error 13)``)."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _NOT_WRITABLE:
+            return current.errno
+        text = str(current)
+        for code in _NOT_WRITABLE:
+            if f"(os error {code})" in text:
+                return code
+        current = current.__cause__ or current.__context__
+    return None
+
+
 @contextmanager
 def cleaned_on_failure(*temps: Path, what: str, hint: str = "") -> Iterator[None]:
     """Remove ``temps`` (files or folders) if the block fails; a full disk becomes one error.
@@ -81,6 +108,9 @@ def cleaned_on_failure(*temps: Path, what: str, hint: str = "") -> Iterator[None
 
     Raises:
         DiskFullError: the block ran out of space (whatever the writer raised).
+        OSError: the OS refused the write (``EACCES``, ``EPERM``, ``EROFS``; a
+            :class:`PermissionError` for the first two), naming the folder, whatever the writer
+            raised: safetensors raises its own error.
     """
     try:
         yield
@@ -95,6 +125,10 @@ def cleaned_on_failure(*temps: Path, what: str, hint: str = "") -> Iterator[None
                 f"({_size(free)} free there after removing the partial files). "
                 f"Free some space{'; ' + hint if hint else ''}."
             ) from err
+        code = _refused_errno(err) if isinstance(err, Exception) else None
+        if code is not None and not isinstance(err, OSError):
+            where = _existing_parent(temps[0]) if temps else Path.cwd()
+            raise OSError(code, os.strerror(code), str(where)) from err
         raise
 
 

@@ -7,7 +7,8 @@
 The first form re-evaluates each saved run from its resolved recipe and best weights, and
 rewrites its ``results.json``, ``results.md`` and plots (``reliability.png``,
 ``selective_prediction.png``, ``entropy_ood.png``; with ``eval.corruptions`` also the corrupted
-test split's metrics and ``corruptions.png``). The second loads every run's best weights,
+test split's metrics and ``corruptions.png``); a run folder that cannot be written to keeps its
+files, and the results are only printed. The second loads every run's best weights,
 predicts the test split and OOD sets they share, averages the members' probabilities and writes
 the ensemble's results and plots, with every member as a row of the table, to ``--out``
 (default: ``ensemble/`` beside the runs when they share a parent folder, else ``./ensemble``).
@@ -27,7 +28,7 @@ import torch
 from accelerate import Accelerator, PartialState
 from torch import Tensor
 
-from fseb_ft.atomic import write_text
+from fseb_ft.atomic import is_not_writable, write_text
 from fseb_ft.config import Recipe
 from fseb_ft.imagecheck import screen_splits
 from fseb_ft.logs import configure_logging
@@ -77,7 +78,8 @@ def evaluate_run(
     """Re-evaluate a finished run from its ``recipe.yaml``, ``run.json`` and best weights.
 
     Rewrites the run's ``results.json``, ``results.md`` and plots (keeping the ``training``
-    record of the original results). ``overrides`` (``eval.key=value``, e.g.
+    record of the original results); a run folder that cannot be written to (read-only) keeps
+    its files, with a warning. ``overrides`` (``eval.key=value``, e.g.
     ``eval.corruptions=all``) change evaluation settings of the saved recipe for this
     evaluation only; ``recipe.yaml`` is left as it is.
     """
@@ -92,8 +94,23 @@ def evaluate_run(
     else:  # a run trained without evaluation (a sweep's trial): its record is in run.json
         results["training"] = info.training
     if accelerator.is_main_process:
-        write_results(run_dir, results, title=method_title(recipe))
+        _rewrite_results(run_dir, results, method_title(recipe))
     return results
+
+
+def _rewrite_results(run_dir: Path, results: EvalResults, title: str) -> None:
+    """Write the results into the run; a folder the OS refuses to write to is left as it is."""
+    try:
+        write_results(run_dir, results, title=title)
+    except OSError as err:
+        if not is_not_writable(err):
+            raise
+        # Re-evaluating reads the run only: the numbers are still worth returning and printing.
+        logger.warning(
+            "could not write %s, %s and the plots into %s (%s): the run keeps its earlier "
+            "results, and these are not saved",
+            RESULTS_JSON, RESULTS_MD, run_dir, err.strerror,
+        )  # fmt: skip
 
 
 def evaluate_ensemble(

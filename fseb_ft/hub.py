@@ -458,7 +458,7 @@ def _write_docs(
     if results.get("temperature_scaled"):
         # The weights stay a plain timm model's; calibrated probabilities are softmax(logits / T).
         meta["temperature"] = results["temperature_scaled"]["temperature"]
-    abstention = read_abstention(run_dir)  # the threshold `fseb-ft predict` chose, if any
+    abstention = read_abstention(run_dir)  # what `fseb-ft predict --keep` stored, if any
     if abstention is not None:
         meta["abstention"] = abstention
     write_text(folder / "fseb.json", json.dumps(meta, indent=2, default=_jsonable) + "\n")

@@ -2,8 +2,9 @@
 command and :func:`predict_images` (``fseb_ft.predict_images``).
 
     fseb-ft predict MODEL IMAGES... [--out predictions.csv] [--coverage 0.9 | --max-risk 0.02 |
-                    --threshold 0.8] [--top-k 3] [--ood-score energy] [--device cuda]
+                    --threshold 0.8] [--keep] [--top-k 3] [--ood-score energy] [--device cuda]
     fseb-ft predict runs/quickstart/fseb photos/ --coverage 0.9 --out predictions.csv
+    fseb-ft predict runs/quickstart/fseb photos/ --max-risk 0.02 --keep  # and from now on
     fseb-ft predict RUN --dataset "{source: idx, path: data/mnist, split: t10k}" --out p.jsonl
 
 MODEL is a run folder (``output.dir``; the OUTPUT of ``--compare`` means its ``fseb`` run), a
@@ -15,12 +16,13 @@ Each image gets its predicted class and probability, the top-k classes, the pred
 an OOD score (:mod:`fseb_ft.ood`) and an ``abstain`` flag: the model abstains when its confidence,
 the maximum class probability after the run's temperature scaling, is below a threshold ``τ``.
 ``--coverage`` and ``--max-risk`` choose ``τ`` on the run's validation split, rebuilt from its
-recipe as training built it (:mod:`fseb_ft.selective`); the run then keeps it
-(``abstention.json``, the model folder's ``fseb.json`` and card), so a model folder exported
-from it, or pushed, abstains the same way, and keeps the validation logits
-(``val_logits.safetensors``), so the next choice needs no second pass over validation. Without
-any of them the model's kept threshold is used, else a run chooses one for coverage 0.9, else
-nothing abstains.
+recipe as training built it (:mod:`fseb_ft.selective`); ``--threshold`` sets it. Without any of
+them the model's kept threshold is used, else a run chooses one for coverage 0.9, else nothing
+abstains. Choosing is a query: it changes nothing the run does. Only ``--keep`` stores the
+threshold with the run (``abstention.json``, the model folder's ``fseb.json`` and card), so that
+later calls, a model folder exported from it and a pushed copy abstain the same way. The
+validation logits are cached with the run (``val_logits.safetensors``) so the next choice needs
+no second pass over validation; a run folder that cannot be written to is only read.
 
 The predictions go to ``--out`` (CSV, or JSON Lines for ``.jsonl``) and what produced them —
 model, temperature, threshold, validation coverage and risk, files left out — to
@@ -35,6 +37,7 @@ import csv
 import dataclasses
 import io
 import json
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -82,6 +85,8 @@ __all__ = [
     "summary",
 ]
 
+logger = logging.getLogger(__name__)
+
 DEFAULT_COVERAGE = 0.9
 """The coverage a run's threshold is chosen for when nothing else is asked or kept."""
 _FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
@@ -121,7 +126,7 @@ def predict_images(
     batch_size: int = 64,
     num_workers: int = 0,
     progress: bool = True,
-    keep: bool = True,
+    keep: bool = False,
 ) -> ImagePredictions:
     """Predict ``images`` (or a ``dataset``) with ``model``, abstaining below a threshold.
 
@@ -141,9 +146,10 @@ def predict_images(
         device: ``cpu``, ``cuda``, ``cuda:1``, …; default: CUDA when there is one.
         batch_size, num_workers: the loader's.
         progress: show progress bars.
-        keep: a threshold chosen on the validation split is kept with the run (its
-            ``abstention.json``, model card and ``fseb.json``), and the validation logits
-            it was chosen from (``val_logits.safetensors``).
+        keep: store the threshold with the run (its ``abstention.json``, model card and
+            ``fseb.json``): later calls and the model's card use it. Without it nothing the
+            run does changes (its validation logits may be cached, a folder that cannot be
+            written to is only read).
 
     Returns:
         The rows and the meta record (:class:`ImagePredictions`).
@@ -161,6 +167,11 @@ def predict_images(
     fmt = _output_format(out, fmt)
     images = [images] if isinstance(images, str | Path) else list(images)
     loaded = model if isinstance(model, LoadedModel) else load_model(model)
+    if keep and loaded.run_dir is None:
+        raise FsebError(
+            f"--keep stores the threshold in a run folder ({ABSTENTION_FILE}), and MODEL is "
+            f"{loaded.where}: predict with the run folder, or leave out --keep"
+        )
     ood = ood or loaded.default_ood_score
     temp = loaded.temperature if temperature is None else float(temperature)
     run_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -168,7 +179,7 @@ def predict_images(
     loader_kw = {"batch_size": batch_size, "num_workers": num_workers, "progress": progress}
 
     inputs, names, labels, skipped = gather_inputs(loaded, images, dataset)
-    rule = _threshold(loaded, temp, coverage, max_risk, threshold, run_device, loader_kw, keep)
+    rule = _threshold(loaded, temp, coverage, max_risk, threshold, run_device, loader_kw)
     logits, errors = predict_logits(net, inputs, loaded, run_device, "predict", **loader_kw)
     readable = [i for i, err in enumerate(errors) if not err]
     unreadable = [f"{names[i]}: {errors[i]}" for i in range(len(names)) if errors[i]]
@@ -202,8 +213,8 @@ def predict_images(
     if labels is not None:
         meta["accuracy_accepted"] = _accuracy([r for r in rows if not r["abstain"]])
         meta["accuracy_all"] = _accuracy(rows)
-    if keep and rule.get("chosen_on") == "validation" and loaded.run_dir is not None:
-        _keep(loaded.run_dir, rule)
+    if keep and loaded.run_dir is not None and rule.get("chosen_on") != "kept":
+        meta["kept_in"] = str(_keep(loaded.run_dir, rule))
     if out is not None:
         _write(Path(out), fmt, rows, meta)
     return ImagePredictions(rows=rows, meta=meta)
@@ -222,12 +233,10 @@ def _threshold(
     threshold: float | None,
     device: torch.device,
     loader_kw: dict[str, Any],
-    keep: bool,
 ) -> dict[str, Any]:
     """The abstention rule: ``τ``, how it was chosen, and its validation coverage and risk.
 
-    At most one of ``coverage``, ``max_risk`` and ``threshold`` is given; ``keep`` keeps the
-    validation logits with the run for the next choice.
+    At most one of ``coverage``, ``max_risk`` and ``threshold`` is given.
     """
     # Confidence is the maximum probability of softmax(logits / T): τ holds for this T only.
     rule: dict[str, Any] = {"temperature": temperature}
@@ -252,9 +261,7 @@ def _threshold(
             )
         return {**rule, "validation": None}
     try:
-        confidence, correct = _validation(
-            loaded, loaded.run_dir, temperature, device, loader_kw, keep
-        )
+        confidence, correct = _validation(loaded, loaded.run_dir, temperature, device, loader_kw)
     except FsebError:
         if threshold is None:
             raise
@@ -285,13 +292,12 @@ def _validation(
     temperature: float | None,
     device: torch.device,
     loader_kw: dict[str, Any],
-    keep: bool,
 ) -> tuple[Tensor, Tensor]:
     """Confidences (top-class log-odds, (N_v,)) and correctness (N_v,) on the validation split.
 
     The logits come from the run's (``run_dir``) :data:`~fseb_ft.rundir.VAL_LOGITS` when they
-    are as new as its weights; otherwise they are predicted (the whole validation split) and,
-    with ``keep``, kept there.
+    are as new as its weights; otherwise they are predicted (the whole validation split) and
+    cached there when the folder can be written to.
     """
     cached = read_val_logits(run_dir)
     if cached is not None:
@@ -305,8 +311,10 @@ def _validation(
         if bad:
             raise ValueError(f"{len(bad)} validation image(s) cannot be read: {bad[0]}")
         labels = torch.as_tensor(val.labels, dtype=torch.long)  # (N_v,)
-        if keep:
+        try:
             write_val_logits(run_dir, logits, labels)
+        except OSError as err:  # a cache: a read-only run folder (or a full disk) is only read
+            logger.info("validation logits not cached in %s: %s", run_dir, _reason(err))
     return top_class_log_odds(logits, temperature or 1.0), logits.argmax(dim=-1) == labels
 
 
@@ -324,11 +332,31 @@ def _with_log_odds(rule: Mapping[str, Any]) -> dict[str, Any]:
     return {**rule, **_probability_threshold(rule["threshold"])}
 
 
-def _keep(run_dir: Path, rule: Mapping[str, Any]) -> None:
-    """Keep a threshold chosen on validation with the run, its ``fseb.json`` and its card."""
-    write_json(run_dir / ABSTENTION_FILE, {k: v for k, v in rule.items() if k != "chosen_on"})
-    if (run_dir / MODEL_DIR / "fseb.json").is_file() and (run_dir / RESULTS_JSON).is_file():
-        write_model_card(run_dir)
+def _keep(run_dir: Path, rule: Mapping[str, Any]) -> Path:
+    """Store ``rule`` with the run, its ``fseb.json`` and its card; return where it is kept.
+
+    Raises:
+        FsebError: the run folder cannot be written to (the message names the file).
+    """
+    kept = target = run_dir / ABSTENTION_FILE
+    try:
+        write_json(kept, {k: v for k, v in rule.items() if k != "chosen_on"})
+        target = run_dir / MODEL_DIR
+        if (target / "fseb.json").is_file() and (run_dir / RESULTS_JSON).is_file():
+            write_model_card(run_dir)
+    except OSError as err:
+        if isinstance(err, FsebError):  # a full disk: already one line naming the folder
+            raise
+        raise FsebError(
+            f"--keep could not write {target} ({_reason(err)}): make the run folder writable, "
+            "or leave out --keep"
+        ) from err
+    return kept
+
+
+def _reason(err: OSError) -> str:
+    """An OS error's reason without the temporary file it named (``Permission denied``)."""
+    return err.strerror or first_line(err)
 
 
 # --------------------------------------------------------------------------------------------
@@ -450,7 +478,7 @@ def main(
         coverage=args.coverage, max_risk=args.max_risk, threshold=args.threshold,
         top_k=args.top_k, ood=args.ood_score, temperature=args.temperature, device=args.device,
         batch_size=args.batch_size, num_workers=args.num_workers, progress=not args.no_progress,
-        keep=not args.no_keep,
+        keep=args.keep,
     )  # fmt: skip
     print(summary(result.meta, args.out))
     return result
@@ -503,6 +531,8 @@ def summary(meta: Mapping[str, Any], out: str | Path | None) -> str:
             shown = "; ".join(meta[key][:_SHOWN])
             more = f"; … and {len(meta[key]) - _SHOWN} more" if len(meta[key]) > _SHOWN else ""
             lines.append(f"note: {len(meta[key])} {what}: {shown}{more}")
+    if meta.get("kept_in"):
+        lines.append(f"kept in {meta['kept_in']}: later `predict` calls and the model card use it")
     if out is not None:
         lines.append(f"written to {out} and {meta_path(out)}")
     return "\n".join(lines)
@@ -549,9 +579,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--num-workers", type=int, default=0, help="image-reading processes")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     parser.add_argument(
-        "--no-keep", action="store_true",
-        help="write nothing into the run: no threshold chosen on validation (abstention.json, "
-        "card), no validation logits",
+        "--keep", action="store_true",
+        help="store the threshold in the run (abstention.json, fseb.json, model card): later "
+        "predict calls and the model card use it; without --keep the run is left as it was",
     )  # fmt: skip
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="also show the libraries' INFO lines"

@@ -59,7 +59,7 @@ def model_card(
         plots: PNG file names inside the model folder, embedded with relative links.
         repo_id: the Hub repo (``user/name``) for the usage example; a placeholder if unknown.
         local_dir: the model folder's path for the ``local-dir:`` example.
-        abstention: the threshold ``fseb-ft predict`` chose on validation (``abstention.json``).
+        abstention: the threshold ``fseb-ft predict --keep`` stored (``abstention.json``).
     """
     method = recipe.fseb.method_name
     title = method_title(recipe)
@@ -309,20 +309,26 @@ def _predict_section(repo_id: str | None, abstention: Mapping[str, Any] | None) 
         "Each image gets its class, probability, top 3, predictive entropy, an OOD score and an "
         "`abstain` flag: the model abstains when its maximum class probability (after temperature "
         "scaling) is below a threshold. `--coverage` and `--max-risk` choose it on the run's "
-        "validation split; `--threshold` sets it.\n"
+        "validation split; `--threshold` sets it; `--keep` stores it with the run, for later "
+        "calls and this card.\n"
     )
     val = (abstention or {}).get("validation")
     if not abstention or not val:
         return text
     target = {"coverage": "coverage", "max_risk": "an error rate among accepted images of at most"}
+    criterion = abstention["criterion"]
+    how = (
+        "set by hand; on the validation split"
+        if criterion == "threshold"
+        else f"chosen on the validation split for {target.get(criterion, criterion)} "
+        f"{abstention['target']}: there"
+    )
     risk = "n/a" if val["risk"] is None else f"{100 * val['risk']:.2f} %"
     return text + (
         f"\nThis model abstains when its largest probability is below "
         f"**{abstention['threshold']:.4g}** (top-class log-odds below "
         f"{abstention['log_odds_threshold']:.4g}; kept in `fseb.json` and used by default), "
-        "chosen on the validation split for "
-        f"{target.get(abstention['criterion'], abstention['criterion'])} "
-        f"{abstention['target']}: there it accepts {100 * val['coverage']:.1f} % of the images "
+        f"{how} it accepts {100 * val['coverage']:.1f} % of the images "
         f"({val['accepted']} of {val['n']}) with an error rate of {risk} among them.\n"
     )
 

@@ -12,10 +12,10 @@ A run directory (``output.dir``) holds::
     checkpoints/epoch-NNNN/         CHECKPOINTS: the last complete epoch, with TRAINER_STATE
     model/model.safetensors         MODEL_WEIGHTS: the best weights (MODEL_DIR: the Hub folder)
     model/variational.safetensors   VARIATIONAL_WEIGHTS: FS-VI's σ at the best epoch
-    abstention.json                 ABSTENTION_FILE: the threshold `fseb-ft predict` chose on
-                                    validation (:func:`read_abstention`)
-    val_logits.safetensors          VAL_LOGITS: the validation logits that threshold was
-                                    chosen from (:func:`read_val_logits`)
+    abstention.json                 ABSTENTION_FILE: the threshold `fseb-ft predict --keep`
+                                    stored (:func:`read_abstention`)
+    val_logits.safetensors          VAL_LOGITS: `fseb-ft predict`'s cache of the validation
+                                    logits thresholds are chosen from (:func:`read_val_logits`)
 
 Every writer here is atomic (:mod:`fseb_ft.atomic`): a reader sees the old file or the new one.
 """
@@ -113,11 +113,12 @@ COMPARISON_PLOTS = ("comparison_reliability.png", "comparison_selective.png")
 CORRUPTION_PLOT = "corruptions.png"
 """Accuracy and ECE against corruption severity, written when ``eval.corruptions`` is set."""
 ABSTENTION_FILE = "abstention.json"
-"""The abstention threshold ``fseb-ft predict`` chose on the validation split, with its coverage
-and risk there (``fseb_ft.inference``); the model folder's ``fseb.json`` and card repeat it."""
+"""The abstention threshold ``fseb-ft predict --keep`` stored, with its coverage and risk on the
+validation split (``fseb_ft.inference``); the model folder's ``fseb.json`` and card repeat it."""
 VAL_LOGITS = "val_logits.safetensors"
-"""The validation split's logits and labels as ``fseb-ft predict`` computed them to choose a
-threshold: a later ``--coverage`` or ``--max-risk`` (any temperature) reuses them."""
+"""A cache of the validation split's logits and labels as ``fseb-ft predict`` computed them to
+choose a threshold: a later ``--coverage`` or ``--max-risk`` (any temperature) reuses them. Only
+written where the run folder can be written to; it changes no prediction."""
 
 _NOT_A_RUN = "{run_dir} is not a finished run: {missing} is missing"
 

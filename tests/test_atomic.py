@@ -1,4 +1,5 @@
-"""A full disk or a kill never leaves partial files, and a full disk says so in one line."""
+"""A full disk or a kill never leaves partial files, and a full disk says so in one line; a
+write the OS refuses is an OSError whichever library wrote."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 import fseb_ft.finetune as finetune_module
-from fseb_ft.atomic import DiskFullError, default_file_mode
+from fseb_ft.atomic import DiskFullError, cleaned_on_failure, default_file_mode, is_not_writable
 from fseb_ft.config import recipe_from_dict
 from fseb_ft.report import write_results
 from fseb_ft.rundir import latest_checkpoint
@@ -183,3 +184,28 @@ def test_published_files_get_the_mode_a_plain_open_gives(tmp_path: Path) -> None
     finetune_module._save_weights(nn.Linear(3, 2), path)
     assert oct(path.stat().st_mode & 0o777) == oct(default_file_mode())
     assert os.listdir(path.parent) == ["model.safetensors"]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        SafetensorError(  # as safetensors raises it in a folder without write permission
+            'Error while serializing: I/O error: Permission denied (os error 13) at path "/r/.tmpX"'
+        ),
+        PermissionError(errno.EACCES, "Permission denied"),
+    ],
+    ids=["safetensors", "os"],
+)
+def test_a_refused_write_is_a_permission_error_whichever_library_wrote(
+    tmp_path: Path, error: Exception
+) -> None:
+    temp = tmp_path / ".tmpX"
+    with (
+        pytest.raises(PermissionError) as raised,
+        cleaned_on_failure(temp, what="the validation logits"),
+    ):
+        temp.write_bytes(b"partial")
+        raise error
+    assert is_not_writable(raised.value) and raised.value.errno == errno.EACCES
+    assert not temp.exists()
+    assert not is_not_writable(DISK_FULL["safetensors"]) and not is_not_writable(ValueError("x"))

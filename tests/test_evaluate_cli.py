@@ -1,4 +1,5 @@
-"""`fseb-ft evaluate RUN_DIR ... eval.key=value`: overrides are positional, as for training."""
+"""`fseb-ft evaluate RUN_DIR ... eval.key=value`: overrides are positional, as for training; a
+read-only run is evaluated and printed."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from fseb_ft import evaluate
+from fseb_ft import cli, evaluate
 from fseb_ft.evaluate import main as evaluate_main
+from fseb_ft.rundir import read_json
+from tests.test_predict_cli import read_only, snapshot, train_tiny_run
 
 
 def test_positional_eval_overrides_reach_the_evaluation(
@@ -33,3 +36,23 @@ def test_only_evaluation_settings_can_be_overridden(capsys: pytest.CaptureFixtur
     with pytest.raises(SystemExit):
         evaluate_main(["eval.batch_size=8"])
     assert "the following arguments are required: RUN_DIR" in capsys.readouterr().err
+
+
+def test_a_read_only_run_is_evaluated_and_printed_and_left_as_it_was(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    run_dir = train_tiny_run(tmp_path / "run")
+    accuracy = read_json(run_dir / "results.json")["test"]["accuracy"]
+    before = snapshot(run_dir)
+    read_only(run_dir, monkeypatch)
+    cli.main(["evaluate", str(run_dir), "--cpu"])  # returns: exit status 0
+    table = capsys.readouterr().out
+    assert f"| {run_dir} |" in table and f"{100 * accuracy:.2f}" in table
+    assert (
+        f"could not write results.json, results.md and the plots into {run_dir} (Permission "
+        "denied): the run keeps its earlier results, and these are not saved" in caplog.text
+    )
+    assert snapshot(run_dir) == before

@@ -3,20 +3,26 @@ chosen on its validation split; model folders, JSON Lines, datasets and the erro
 
 from __future__ import annotations
 
+import builtins
 import csv
+import errno
+import io
 import json
 import math
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+from safetensors import SafetensorError
 
 import fseb_ft
-from fseb_ft import api, cli, inference, predictor
+from fseb_ft import api, cli, inference, predictor, rundir
 from fseb_ft.config import recipe_from_dict
 from fseb_ft.finetune import run
 from fseb_ft.predict import eval_loader
@@ -30,10 +36,8 @@ COLUMNS = ["image", "prediction", "probability", "log_odds", "abstain", "entropy
 N_GOOD = 12  # readable PNGs in the image folder
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def train_tiny_run(out: Path) -> Path:
     """A one-epoch PS-MAP run of the paper's CNN on digits 0-2, with temperature scaling."""
-    out = tmp_path_factory.mktemp("run") / "digits"
     recipe = {
         "model": {"name": "fseb_cnn", "pretrained": False},
         "data": {
@@ -42,6 +46,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "channels": 1,
             "val_fraction": 0.3,
             "batch_size": 32,
+            "num_workers": 0,  # no worker processes to start and join: faster on a busy CPU
         },
         "fseb": {"reg_scale": 0.0},
         "optim": {"lr": 0.05},
@@ -51,6 +56,59 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     }
     run(recipe_from_dict(recipe))
     return out
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return train_tiny_run(tmp_path_factory.mktemp("run") / "digits")
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (relative path → bytes): what a reader of it would see."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def read_only(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make ``folder`` read-only: ``chmod -R a-w``. Root writes through that, so for root the
+    calls that create or replace files refuse paths inside ``folder``, raising what each raises
+    in a read-only folder (checked without CAP_DAC_OVERRIDE): ``PermissionError`` from Python,
+    ``SafetensorError`` naming ``os error 13`` from safetensors.
+    """
+    for path in [folder, *folder.rglob("*")]:
+        path.chmod(path.stat().st_mode & ~0o222)
+    if os.geteuid() != 0:
+        return
+    inside = folder.resolve()
+
+    def permission_error(path: str) -> Exception:
+        return PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+
+    def safetensors_error(path: str) -> Exception:
+        return SafetensorError(
+            f'Error while serializing: I/O error: Permission denied (os error 13) at path "{path}"'
+        )
+
+    def guard(
+        call: Callable[..., Any],
+        error: Callable[[str], Exception] = permission_error,
+        writes: Callable[..., bool] = lambda *args, **kwargs: True,
+    ) -> Callable[..., Any]:
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            paths = [Path(a) for a in args if isinstance(a, str | os.PathLike)]
+            if writes(*args, **kwargs) and any(p.resolve().is_relative_to(inside) for p in paths):
+                raise error(str(paths[0]))
+            return call(*args, **kwargs)
+
+        return refused
+
+    def writing(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> bool:
+        return any(c in mode for c in "wax+")
+
+    monkeypatch.setattr(io, "open", guard(io.open, writes=writing))
+    monkeypatch.setattr(builtins, "open", guard(builtins.open, writes=writing))
+    monkeypatch.setattr(os, "replace", guard(os.replace))
+    monkeypatch.setattr(os, "mkdir", guard(os.mkdir))
+    monkeypatch.setattr(rundir, "save_file", guard(rundir.save_file, safetensors_error))
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +159,7 @@ def test_folder_to_csv_with_validation_coverage_within_one_image(
     run_dir: Path, images: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "predictions.csv"
-    printed = _predict([str(run_dir), str(images), "--out", str(out), "--coverage", "0.8",
-                        "--no-keep"], capsys)  # fmt: skip
+    printed = _predict([str(run_dir), str(images), "--out", str(out), "--coverage", "0.8"], capsys)
     rows = _read_csv(out)
     assert list(rows[0]) == [*COLUMNS, "top1", "top1_probability", "top2", "top2_probability",
                              "top3", "top3_probability"]  # fmt: skip
@@ -128,7 +185,7 @@ def test_folder_to_csv_with_validation_coverage_within_one_image(
     assert f"validation: coverage {val['coverage']:.4f} ({accepted}/{val['n']} images)" in printed
     assert "1 unreadable image(s) left out" in printed and "broken.png" in printed
     assert "notes.txt" in printed and meta["left_out"] == [str(images / "notes.txt")]
-    assert not (run_dir / "abstention.json").exists()  # --no-keep
+    assert not (run_dir / "abstention.json").exists()  # a query, not a change of the run
 
 
 def test_coverage_holds_where_probabilities_round_to_one(
@@ -137,7 +194,7 @@ def test_coverage_holds_where_probabilities_round_to_one(
     out = tmp_path / "p.csv"
     # T = 1e-4 multiplies the logits by 10⁴: nearly every probability is exactly 1.0.
     printed = _predict([str(run_dir), str(images), "--coverage", "0.8", "--temperature", "1e-4",
-                        "--no-keep", "--out", str(out)], capsys)  # fmt: skip
+                        "--out", str(out)], capsys)  # fmt: skip
     assert sum(float(r["probability"]) == 1.0 for r in _read_csv(out)) >= N_GOOD // 2
     val = read_json(tmp_path / "p.meta.json")["abstention"]["validation"]
     assert abs(val["accepted"] - 0.8 * val["n"]) <= 1
@@ -186,10 +243,14 @@ def test_max_risk_is_kept_with_the_run_and_its_model_folder_abstains_alike(
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("checkpoints"))
     out = tmp_path / "p.jsonl"
-    printed = _predict([str(copy), str(images), "--max-risk", "0.3", "--out", str(out)], capsys)
+    argv = [str(copy), str(images), "--max-risk", "0.3", "--out", str(out), "--keep"]
+    printed = _predict(argv, capsys)
     rule = read_json(tmp_path / "p.meta.json")["abstention"]
     assert rule["criterion"] == "max_risk" and rule["validation"]["risk"] <= 0.3
     assert "chosen on the validation split for risk ≤ 0.3" in printed
+    kept_in = copy / "abstention.json"
+    assert f"kept in {kept_in}: later `predict` calls and the model card use it" in printed
+    assert read_json(tmp_path / "p.meta.json")["kept_in"] == str(kept_in)
     kept = read_json(copy / "abstention.json")
     assert kept["threshold"] == rule["threshold"]
     assert read_json(copy / "model" / "fseb.json")["abstention"] == kept
@@ -210,6 +271,53 @@ def test_max_risk_is_kept_with_the_run_and_its_model_folder_abstains_alike(
     for a, b in zip(lines, (json.loads(x) for x in again.read_text().splitlines()), strict=True):
         assert a["abstain"] == b["abstain"] and a["prediction"] == b["prediction"]
         assert a["probability"] == pytest.approx(b["probability"], rel=1e-5)
+
+
+def test_a_query_leaves_the_run_as_it_was(
+    run_dir: Path, images: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    copy = shutil.copytree(run_dir, tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints"))
+    (copy / VAL_LOGITS).unlink(missing_ok=True)
+    before = snapshot(copy)
+    printed = _predict([str(copy), str(images), "--max-risk", "0.0001"], capsys)
+    assert "kept in" not in printed
+    after = snapshot(copy)
+    after.pop(VAL_LOGITS, None)  # a cache of what validation predicts, not a behaviour
+    assert after == before and not (copy / "abstention.json").exists()
+    # The next plain call chooses its threshold afresh, as before the query.
+    rule = api.predict_images(copy, images, progress=False).meta["abstention"]
+    assert (rule["criterion"], rule["target"], rule["chosen_on"]) == ("coverage", 0.9, "validation")
+
+
+def test_keep_stores_a_given_threshold_and_the_card_says_it_was_set_by_hand(
+    run_dir: Path, images: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    copy = shutil.copytree(run_dir, tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints"))
+    _predict([str(copy), str(images / "00.png"), "--threshold", "0.6", "--keep"], capsys)
+    assert read_json(copy / "abstention.json")["threshold"] == 0.6
+    card = (copy / "model" / "README.md").read_text()
+    assert "below **0.6**" in card and "set by hand; on the validation split it accepts" in card
+    printed = _predict([str(copy), str(images / "00.png")], capsys)
+    assert "abstain when max probability < 0.6" in printed and "kept with the model" in printed
+
+
+def test_predict_only_reads_a_read_only_run(
+    run_dir: Path,
+    images: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    copy = shutil.copytree(run_dir, tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints"))
+    (copy / VAL_LOGITS).unlink(missing_ok=True)  # so the validation logits would be cached
+    before = snapshot(copy)
+    read_only(copy, monkeypatch)
+    out = tmp_path / "p.csv"
+    printed = _predict([str(copy), str(images), "--coverage", "0.8", "--out", str(out)], capsys)
+    assert f"written to {out}" in printed and len(_read_csv(out)) == N_GOOD
+    message = _fails([str(copy), str(images), "--coverage", "0.8", "--keep"], capsys)
+    assert f"--keep could not write {copy / 'abstention.json'} (Permission denied)" in message
+    assert snapshot(copy) == before
 
 
 def test_a_second_choice_reuses_the_kept_validation_logits_until_the_weights_change(
@@ -247,6 +355,11 @@ def test_a_model_folder_takes_a_threshold_but_has_no_validation_split(
     assert "1 abstained" in printed
     printed = _predict([str(folder), str(images / "00.png")], capsys)
     assert "none kept or given, so nothing abstains" in printed and "0 abstained" in printed
+    message = _fails([str(folder), str(images / "00.png"), "--threshold", "0.5", "--keep"], capsys)
+    assert (
+        f"--keep stores the threshold in a run folder (abstention.json), and MODEL is model "
+        f"folder {folder}" in message
+    )
 
 
 def test_a_labelled_dataset_spec(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -56,6 +56,7 @@ __all__ = [
     "RunInfo",
     "checkpoint_name",
     "clear_run",
+    "epochs_done",
     "latest_checkpoint",
     "load_run_model",
     "read_abstention",
@@ -268,6 +269,14 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     root = run_dir / CHECKPOINTS
     done = sorted(p for p in root.glob(f"{CHECKPOINT_PREFIX}*") if (p / TRAINER_STATE).is_file())
     return done[-1] if done else None
+
+
+def epochs_done(run_dir: Path) -> int:
+    """The epochs the run's newest complete checkpoint holds (0 without one)."""
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        return 0
+    return int(read_json(checkpoint / TRAINER_STATE)["epoch"])
 
 
 def read_json(path: Path) -> Any:

@@ -16,7 +16,11 @@ from typing import Literal
 from fseb_ft.options import AUGMENTATIONS, BAD_IMAGES, CONTEXT_KINDS, SOURCES
 from fseb_ft.schema import check
 
-__all__ = ["ContextConfig", "DataConfig", "DatasetSpec"]
+__all__ = ["IN_MEMORY", "ContextConfig", "DataConfig", "DatasetSpec"]
+
+IN_MEMORY = "in-memory:"
+"""The path prefix that stands in a resolved recipe for a dataset the Python API was given in
+memory (``fseb_ft.finetune(train=...)``): ``in-memory:<split>``. Such data cannot be read again."""
 
 
 @dataclass(frozen=True)

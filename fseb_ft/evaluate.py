@@ -53,6 +53,7 @@ from fseb_ft.rundir import (
     RESULTS_MD,
     RUN_INFO_FILE,
     RunInfo,
+    epochs_done,
     load_run_model,
     read_json,
     read_run,
@@ -91,8 +92,11 @@ def evaluate_run(
     previous = run_dir / RESULTS_JSON
     if previous.exists():
         results["training"] = read_json(previous).get("training")
-    else:  # a run trained without evaluation (a sweep's trial): its record is in run.json
+    elif info.training is not None:  # trained without evaluation (a sweep's trial): in run.json
         results["training"] = info.training
+    else:  # stopped before it finished: say so wherever these numbers are read
+        results["training"] = _unfinished(run_dir, recipe.train.epochs)
+        logger.warning("%s: %s", run_dir, results["training"]["warnings"][0])
     if accelerator.is_main_process:
         _rewrite_results(run_dir, results, method_title(recipe))
     return results
@@ -111,6 +115,20 @@ def _rewrite_results(run_dir: Path, results: EvalResults, title: str) -> None:
             "results, and these are not saved",
             RESULTS_JSON, RESULTS_MD, run_dir, err.strerror,
         )  # fmt: skip
+
+
+def _unfinished(run_dir: Path, epochs: int) -> dict[str, Any]:
+    """The training record of a run stopped before its last epoch: epochs done, a warning."""
+    done = epochs_done(run_dir)
+    return {
+        "unfinished": True,
+        "epochs": done,
+        "warnings": [
+            f"unfinished: {done} of {epochs} epochs trained. These are the best weights of the "
+            "epochs done, not of the run the recipe describes; rerun its training command to "
+            "finish it"
+        ],
+    }
 
 
 def evaluate_ensemble(
@@ -144,6 +162,7 @@ def evaluate_ensemble(
     out = Path(out_dir) if out_dir is not None else default_ensemble_dir(run_dirs)
     if out.resolve() in resolved or (out / RUN_INFO_FILE).exists():
         raise ValueError(f"--out {out} is a run directory; its results would be overwritten")
+    _check_ensemble_out(out, run_dirs)
     runs = [(d, *_read_run(d, cpu, overrides)) for d in run_dirs]
     _check_same_data(runs)
     # One accelerator for all members: their common precision, else full precision.
@@ -173,7 +192,7 @@ def evaluate_ensemble(
     )
     results = eval_results(ensemble, runs[0][1].eval.ood_scores)
     results["members"] = {label: dict(m) for label, m in members.items()}
-    results["runs"] = [str(d) for d in run_dirs]
+    results["runs"] = [str(d) for d in run_dirs]  # as given; compared resolved
     if accelerator.is_main_process:
         title = f"Ensemble of {len(runs)}"
         heading = f"{title}{split_suffix(results)}"
@@ -188,6 +207,20 @@ def evaluate_ensemble(
         write_plots(out, ensemble, heading, others, strict=False)
         write_corruption_plot(out, results, title)
     return results
+
+
+def _check_ensemble_out(out: Path, run_dirs: Sequence[Path]) -> None:
+    """Refuse an ``--out`` that holds the results of an ensemble of other runs (the same runs
+    evaluated again may overwrite their own)."""
+    previous = out / RESULTS_JSON
+    if not previous.is_file():
+        return
+    before = {str(Path(d).resolve()) for d in read_json(previous).get("runs") or []}
+    if before != {str(d.resolve()) for d in run_dirs}:
+        raise ValueError(
+            f"--out {out} holds the results of an ensemble of other runs ({len(before)} runs: "
+            f"{previous}); give another --out, or remove it to overwrite"
+        )
 
 
 def _average(log_probs: Sequence[Tensor]) -> Tensor:

@@ -48,6 +48,7 @@ from fseb_ft.config import (
     recipe_from_dict,
 )
 from fseb_ft.context_setup import context_sets, context_stream, resolve_prior_on_pool
+from fseb_ft.data_config import IN_MEMORY
 from fseb_ft.errors import FsebError
 from fseb_ft.hub import share_run
 from fseb_ft.imagecheck import screen_splits
@@ -61,8 +62,11 @@ from fseb_ft.report import eval_results, markdown_table, method_title, split_not
 from fseb_ft.rundir import (
     COMPARISON_JSON,
     COMPARISON_MD,
+    MODEL_DIR,
     MODEL_WEIGHTS,
     RECIPE_FILE,
+    RESULTS_JSON,
+    RESULTS_MD,
     RUN_INFO_FILE,
     VARIATIONAL_WEIGHTS,
     RunInfo,
@@ -353,7 +357,7 @@ def _warn(accelerator: Accelerator, messages: list[str]) -> list[str]:
 def _require_two_classes(spec: DatasetSpec, train: LabeledImages) -> None:
     """Stop a run whose training images are of fewer than two classes, naming where they are
     from: an image folder pointed one level too high (its only class ``train_images``)."""
-    if spec.path.startswith(_IN_MEMORY.format("")):
+    if spec.path.startswith(IN_MEMORY):
         require_two_classes(train, f"train= ({train.identity})", "Pass images of every class.")
         return
     where = ", ".join(
@@ -447,7 +451,18 @@ def main(argv: Sequence[str] | None = None, prog: str = "fseb-ft") -> dict[str, 
         parser.exit(1, f"{prog}: error: {err}\n")
     if PartialState().is_main_process:
         print(markdown_table({method_title(recipe): results}))
+        print(_written(Path(recipe.output.dir)))
     return results
+
+
+def _written(run_dir: Path) -> str:
+    """The line that tells a person where a run's results, plots and model are."""
+    plots = ", ".join(p.name for p in sorted(run_dir.glob("*.png")))
+    return (
+        f"written to {run_dir}: {RESULTS_MD} (this table), {RESULTS_JSON}, "
+        + (f"{plots}, " if plots else "")
+        + f"{MODEL_DIR}/ (the best model, timm's Hub format)"
+    )
 
 
 def compare(recipe: Recipe | str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
@@ -502,8 +517,6 @@ def compare(recipe: Recipe | str | Path, overrides: Sequence[str] = ()) -> dict[
 # --------------------------------------------------------------------------------------------
 
 _SECTIONS = tuple(f.name for f in dataclasses.fields(Recipe))
-# Stands in for a dataset held in memory in the resolved recipe (run.json has its provenance).
-_IN_MEMORY = "in-memory:{}"
 
 
 def finetune(
@@ -626,7 +639,7 @@ def _apply(raw: dict[str, Any], key: str, value: Any) -> None:
 
 
 def _placeholder(name: str) -> dict[str, str]:
-    return {"source": "arrays", "path": _IN_MEMORY.format(name), "split": name}
+    return {"source": "arrays", "path": f"{IN_MEMORY}{name}", "split": name}
 
 
 def _hold_out(full: Any, recipe: Recipe) -> tuple[Any, Any]:

@@ -23,6 +23,7 @@ from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
 from fseb_ft.config import DatasetSpec, Recipe
+from fseb_ft.data_config import IN_MEMORY
 from fseb_ft.errors import FsebError
 from fseb_ft.imagepaths import find_images, read_image
 from fseb_ft.images import IndexedImages, LabeledImages
@@ -295,7 +296,7 @@ def validation_split(recipe: Recipe, info: RunInfo | None) -> LabeledImages:
     """
     cfg, seed = recipe.data, recipe.train.seed
     spec = cfg.val if cfg.val is not None else cfg.train
-    if spec.path.startswith("in-memory:"):
+    if spec.path.startswith(IN_MEMORY):
         raise FsebError(
             "the run was trained on in-memory data (fseb_ft.finetune), so its validation split "
             "cannot be rebuilt: give --threshold"

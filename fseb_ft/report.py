@@ -264,9 +264,11 @@ def markdown_table(results: Mapping[str, Mapping[str, Any]]) -> str:
     Binary tasks get an ``AUROC pos. (%)`` column (positive class = label 1). Each OOD set has
     AUROC, AUPR and FPR95 columns for every score found in the results (titles name the score
     unless entropy is the only one); a missing value (an ensemble's logit scores) shows "–". A
-    result with a ``temperature_scaled`` block gets a second row, "<method> + TS", below its own.
+    result with a ``temperature_scaled`` block gets a second row, "<method> + TS", below its own;
+    one whose temperature was left at 1 also gets a note under the table saying why.
     Rows of results on the validation split (no test split) end in "(validation split)".
     """
+    notes = _ts_notes(results)
     results = _with_ts_rows(results)
     ood_names = sorted({n for r in results.values() for n in r.get("ood", {})})
     ood_scores = ood_scores_in(results.values())
@@ -290,7 +292,18 @@ def markdown_table(results: Mapping[str, Mapping[str, Any]]) -> str:
             for score in ood_scores:
                 row += [_num(scores.get(f"{score}_{key}"), 100.0) for key, _ in _OOD_COLUMNS]
         lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + notes
+
+
+def _ts_notes(results: Mapping[str, Mapping[str, Any]]) -> str:
+    """Lines under a table for each "+ TS" row whose temperature was left at 1, saying why:
+    otherwise the row repeats its method's numbers with no reason given."""
+    notes = [
+        f"\n*{method}{TS_SUFFIX}:* {res['temperature_scaled']['note']}.\n"
+        for method, res in results.items()
+        if (res.get("temperature_scaled") or {}).get("note")
+    ]
+    return "".join(notes)
 
 
 def write_results(

@@ -60,6 +60,7 @@ __all__ = [
     "RunInfo",
     "checkpoint_name",
     "clear_run",
+    "epochs_done",
     "latest_checkpoint",
     "load_run_model",
     "read_abstention",
@@ -288,6 +289,14 @@ def results_split(results: Mapping[str, Any]) -> str:
     """The split ``results`` (a ``results.json`` mapping) were computed on; :data:`TEST_SPLIT`
     for results written before :data:`RESULTS_SPLIT` existed, when every run had a test split."""
     return results.get(RESULTS_SPLIT) or TEST_SPLIT
+
+
+def epochs_done(run_dir: Path) -> int:
+    """The epochs the run's newest complete checkpoint holds (0 without one)."""
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        return 0
+    return int(read_json(checkpoint / TRAINER_STATE)["epoch"])
 
 
 def read_json(path: Path) -> Any:

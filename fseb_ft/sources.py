@@ -18,6 +18,8 @@ import datasets
 import numpy as np
 
 from fseb_ft.config import DataConfig, DatasetSpec
+from fseb_ft.data_config import IN_MEMORY
+from fseb_ft.errors import FsebError
 from fseb_ft.imagefiles import FileImages
 from fseb_ft.images import (
     ArrayImages,
@@ -277,7 +279,18 @@ def load_spec(spec: DatasetSpec, channels: int = 3, seed: int = 0) -> LabeledIma
 
 
 def load_split(key: str, spec: DatasetSpec, channels: int = 3, seed: int = 0) -> LabeledImages:
-    """:func:`load_spec`, with an error prefixed by the recipe key: ``data.test: ...``."""
+    """:func:`load_spec`, with an error prefixed by the recipe key: ``data.test: ...``.
+
+    Raises:
+        FsebError: the spec stands for data the Python API was given in memory.
+    """
+    if spec.path.startswith(IN_MEMORY):
+        raise FsebError(
+            f"{key} is {spec.path!r}: the run was trained through the Python API "
+            "(fseb_ft.finetune) on data held in memory, which cannot be read again. Save it "
+            "(datasets' save_to_disk, or an image folder) and point this key of the run's "
+            "recipe.yaml at it (source: disk or imagefolder)"
+        )
     try:
         return load_spec(spec, channels, seed)
     except (ValueError, TypeError, OSError) as err:

@@ -7,7 +7,7 @@ Every run writes ``RUN_DIR/model/``::
     model.safetensors    the best (validation-selected) weights, timm's state-dict layout
     fseb.json            regulariser settings, context-set provenance, data identities, source
     README.md            model card (Hub metadata, method, results table, plots, recipe, usage)
-    *.png                the run's plots, when it has any
+    *.png                the run's own plots (``RUN_PLOTS``), when it has any
 
 ``timm.create_model("local-dir:RUN_DIR/model", pretrained=True)`` loads it, and so does
 ``timm.create_model("hf-hub:user/name", pretrained=True)`` once pushed. Only that folder is ever
@@ -41,7 +41,7 @@ from fseb_ft.atomic import cleaned_on_failure, publish, write_text
 from fseb_ft.config import ConfigError, OutputConfig, Recipe, load_recipe
 from fseb_ft.errors import FsebError
 from fseb_ft.logs import configure_logging
-from fseb_ft.model_card import PLOT_CAPTIONS, model_card, selection
+from fseb_ft.model_card import model_card, selection
 from fseb_ft.models import EVAL_RESIZE
 from fseb_ft.rundir import (
     MODEL_DIR,
@@ -49,6 +49,7 @@ from fseb_ft.rundir import (
     RECIPE_FILE,
     RESULTS_JSON,
     RUN_INFO_FILE,
+    RUN_PLOTS,
     RunInfo,
     load_run_model,
     read_abstention,
@@ -199,7 +200,7 @@ def push_folder(
     token: str | None = None,
     endpoint: str | None = None,
 ) -> str:
-    """Upload a model folder's files (``FOLDER_FILES`` and ``*.png``, nothing else) to the Hub.
+    """Upload a model folder's files (``FOLDER_FILES`` and plots, nothing else) to the Hub.
 
     Creates the repo (``exist_ok``) and the ``revision`` branch when missing. Returns the commit
     URL. Raises whatever ``huggingface_hub`` raises; :func:`push_run` turns that into a
@@ -488,11 +489,14 @@ def _sibling_baseline(run_dir: Path, recipe: Recipe) -> dict[str, Mapping[str, A
 
 
 def _copy_plots(run_dir: Path, folder: Path) -> list[str]:
-    """Copy the run's PNGs into the model folder (dropping stale ones); return them in order."""
-    found = {p.name for p in run_dir.glob("*.png") if p.is_file()}
-    for stale in _plots_in(folder):
-        if stale not in found:
-            (folder / stale).unlink()
+    """Copy the run's own plots into the model folder (dropping others); return them in order.
+
+    Only ``RUN_PLOTS``: a run trained into a ``--compare`` folder sits beside the comparison's.
+    """
+    found = {name for name in RUN_PLOTS if (run_dir / name).is_file()}
+    for stale in folder.glob("*.png"):
+        if stale.name not in found:
+            stale.unlink()
     for name in found:
         tmp = folder / f".{name}.tmp"
         shutil.copyfile(run_dir / name, tmp)
@@ -501,9 +505,7 @@ def _copy_plots(run_dir: Path, folder: Path) -> list[str]:
 
 
 def _plots_in(folder: Path) -> list[str]:
-    names = sorted(p.name for p in folder.glob("*.png") if p.is_file())
-    known = [n for n in PLOT_CAPTIONS if n in names]
-    return known + [n for n in names if n not in PLOT_CAPTIONS]
+    return [name for name in RUN_PLOTS if (folder / name).is_file()]
 
 
 def _read_run(run_dir: Path) -> tuple[Recipe, RunInfo, dict[str, Any]]:

@@ -21,7 +21,7 @@ from fseb_ft.report import (
     ood_scores_in,
     warnings_markdown,
 )
-from fseb_ft.rundir import PLOTS, RunInfo
+from fseb_ft.rundir import CORRUPTION_PLOT, PLOTS, RunInfo
 
 __all__ = ["PLOT_CAPTIONS", "model_card", "plot_caption", "selection"]
 
@@ -29,8 +29,9 @@ PLOT_CAPTIONS = {
     PLOTS[0]: "Reliability diagram (test split)",
     PLOTS[1]: "Selective prediction: accuracy of the most confident fraction",
     PLOTS[2]: "Predictive entropy on the test split and the OOD sets",
+    CORRUPTION_PLOT: "Accuracy and ECE against corruption severity",
 }
-"""Known plots, in card order, with their captions; other PNGs follow under their file name."""
+"""The run's plots, in card order, with their captions."""
 _CARD_TAGS = ["image-classification", "timm", "fseb-ft"]
 _MAX_FILES_SHOWN = 10
 _MAX_CLASSES_SHOWN = 20

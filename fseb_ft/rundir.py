@@ -50,6 +50,7 @@ __all__ = [
     "RESULTS_JSON",
     "RESULTS_MD",
     "RUN_INFO_FILE",
+    "RUN_PLOTS",
     "TRAINER_STATE",
     "VAL_LOGITS",
     "VARIATIONAL_WEIGHTS",
@@ -99,6 +100,9 @@ COMPARISON_PLOTS = ("comparison_reliability.png", "comparison_selective.png")
 """Side-by-side figures that ``fseb-ft RECIPE --compare`` writes beside ``comparison.md``."""
 CORRUPTION_PLOT = "corruptions.png"
 """Accuracy and ECE against corruption severity, written when ``eval.corruptions`` is set."""
+RUN_PLOTS = (*PLOTS, CORRUPTION_PLOT)
+"""The figures a run draws of itself: its model card shows these and no other PNG of its folder
+(a run trained into a ``--compare`` folder sits beside ``COMPARISON_PLOTS``)."""
 ABSTENTION_FILE = "abstention.json"
 """The abstention threshold ``fseb-ft predict`` chose on the validation split, with its coverage
 and risk there (``fseb_ft.inference``); the model folder's ``fseb.json`` and card repeat it."""

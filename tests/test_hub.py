@@ -39,6 +39,7 @@ from fseb_ft import cli
 from fseb_ft.config import ConfigError, OutputConfig, recipe_from_dict
 from fseb_ft.finetune import run
 from fseb_ft.report import markdown_table
+from fseb_ft.rundir import COMPARISON_PLOTS
 from fseb_ft.transforms import eval_transform
 
 UNREACHABLE = "http://127.0.0.1:9"  # discard port: nothing listens, connections are refused
@@ -270,6 +271,21 @@ def test_the_card_shows_the_sibling_psmap_run_or_a_given_baseline(tiny_run, tmp_
 
     text = hub.write_model_card(run_dir, baseline={"Mine": other}).read_text()
     assert "| Mine |" in text and "PS-MAP · test_byobnet |" not in text
+
+
+def test_the_card_shows_only_the_runs_own_plots(tiny_run, fake_hub, tmp_path: Path) -> None:
+    # A single run trained into the output folder of --compare, beside the comparison's plots.
+    run_dir = tmp_path / "compare"
+    shutil.copytree(tiny_run.dir, run_dir, ignore=shutil.ignore_patterns("checkpoints"))
+    for name in COMPARISON_PLOTS:
+        Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(run_dir / name)
+
+    hub.push_run(run_dir, REPO_ID, token="hf_test", endpoint=fake_hub.url)
+    text = (run_dir / "model" / "README.md").read_text()
+    assert "](reliability.png)" in text and "comparison" not in text
+    (commit,) = fake_hub.commits
+    assert _sent_paths(commit) == _expected_files(tiny_run.dir)
+    assert not list((run_dir / "model").glob("comparison*"))
 
 
 class _FakeHub(BaseHTTPRequestHandler):

@@ -55,6 +55,7 @@ from fseb_ft.rundir import (
     read_abstention,
     read_json,
     read_run,
+    runs_in,
 )
 
 __all__ = [
@@ -367,10 +368,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "fseb-ft push") -> str:
     args = parser.parse_args(argv)
     configure_logging()
     if not (args.run_dir / RECIPE_FILE).is_file():
-        parser.error(
-            f"{args.run_dir} is not a run directory (it has no recipe.yaml): give the "
-            "output.dir of a fseb-ft training run"
-        )
+        parser.error(_not_a_run(args.run_dir, args.repo_id, args.private, args.revision))
     out = _saved_output(args.run_dir)
     repo_id = args.repo_id or out.push_to_hub
     if not repo_id:
@@ -397,6 +395,26 @@ def main(argv: Sequence[str] | None = None, prog: str = "fseb-ft push") -> str:
 
 
 # --- helpers -------------------------------------------------------------------------------
+
+
+def _not_a_run(
+    folder: Path, repo_id: str | None, private: bool | None, revision: str | None
+) -> str:
+    """Why ``folder`` cannot be pushed; for a ``--compare`` folder, the command for each run."""
+    runs = runs_in(folder)
+    if not runs:
+        return (
+            f"{folder} is not a run directory (it has no recipe.yaml): give the output.dir of "
+            "a fseb-ft training run"
+        )
+    repo = repo_id or "USER/NAME"
+    commands = "; ".join(
+        retry_command(run, f"{repo}-{run.name}", bool(private), revision) for run in runs
+    )
+    return (
+        f"{folder} holds {len(runs)} run(s) ({', '.join(run.name for run in runs)}), and a Hub "
+        f"repo holds one model: push each run to its own repo: {commands}"
+    )
 
 
 def _source_info(model: nn.Module, recipe: Recipe) -> dict[str, Any]:

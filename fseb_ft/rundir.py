@@ -64,6 +64,7 @@ __all__ = [
     "read_run",
     "read_val_logits",
     "run_predictor",
+    "runs_in",
     "write_json",
     "write_tensors",
     "write_val_logits",
@@ -170,6 +171,13 @@ class RunInfo:
         values = {k: v for k, v in obj.items() if k in known}
         values["input"] = InputSpec(**{k: tuple(v) for k, v in obj["input"].items()})
         return cls(**values)
+
+
+def runs_in(folder: Path) -> list[Path]:
+    """The run directories directly inside ``folder`` (``psmap`` and ``fseb`` of ``--compare``)."""
+    if not folder.is_dir():
+        return []
+    return sorted(d for d in folder.iterdir() if (d / RECIPE_FILE).is_file() and d.is_dir())
 
 
 def read_run(

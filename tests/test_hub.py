@@ -288,6 +288,22 @@ def test_the_card_shows_only_the_runs_own_plots(tiny_run, fake_hub, tmp_path: Pa
     assert not list((run_dir / "model").glob("comparison*"))
 
 
+def test_push_of_a_compare_folder_names_its_runs_and_the_command_for_each(
+    tiny_run, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    compare = tmp_path / "my runs"
+    for name in ("psmap", "fseb"):
+        shutil.copytree(tiny_run.dir, compare / name, ignore=shutil.ignore_patterns("checkpoints"))
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["push", str(compare), "user/tiny", "--private"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    (line,) = [line for line in err.splitlines() if line.startswith("fseb-ft")]
+    assert line.startswith("fseb-ft push: error: ") and "holds 2 run(s) (fseb, psmap)" in line
+    for name in ("fseb", "psmap"):
+        assert hub.retry_command(compare / name, f"user/tiny-{name}", private=True) in line
+
+
 class _FakeHub(BaseHTTPRequestHandler):
     """Answers what ``create_repo``, ``create_branch`` and README validation ask."""
 

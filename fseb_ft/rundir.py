@@ -11,6 +11,8 @@ A run directory (``output.dir``) holds::
     checkpoints/epoch-NNNN/         CHECKPOINTS: the last complete epoch, with TRAINER_STATE
     model/model.safetensors         MODEL_WEIGHTS: the best weights (MODEL_DIR: the Hub folder)
     model/variational.safetensors   VARIATIONAL_WEIGHTS: FS-VI's σ at the best epoch
+    model/training_recipe.yaml      MODEL_RECIPE: the recipe as published, local paths as
+                                    placeholders (``fseb_ft.published``)
     abstention.json                 ABSTENTION_FILE: the threshold `fseb-ft predict` chose on
                                     validation (:func:`read_abstention`)
     val_logits.safetensors          VAL_LOGITS: the validation logits that threshold was
@@ -44,6 +46,7 @@ __all__ = [
     "COMPARISON_PLOTS",
     "CORRUPTION_PLOT",
     "MODEL_DIR",
+    "MODEL_RECIPE",
     "MODEL_WEIGHTS",
     "PLOTS",
     "RECIPE_FILE",
@@ -85,6 +88,9 @@ MODEL_WEIGHTS = Path(MODEL_DIR) / "model.safetensors"
 VARIATIONAL_WEIGHTS = Path(MODEL_DIR) / "variational.safetensors"
 """FS-VI: σ of each variance-carrying parameter (keyed by its name) at the best epoch; with the
 mean μ in ``MODEL_WEIGHTS`` it is the variational distribution q(θ) = N(μ, diag(σ²))."""
+MODEL_RECIPE = Path(MODEL_DIR) / "training_recipe.yaml"
+"""The recipe the model card says to reproduce with, its local paths as placeholders. Not
+``recipe.yaml``: that name makes a folder a run, and a model folder is not one."""
 CHECKPOINTS = "checkpoints"
 """The folder of per-epoch checkpoints (only the newest complete one is kept)."""
 CHECKPOINT_PREFIX = "epoch-"

@@ -395,8 +395,8 @@ class OutputConfig:
     """Run directory (created; a rerun with ``train.resume=auto`` continues in it)."""
     push_to_hub: str | None = None
     """Hub repo ``user/name`` to upload the model folder (``model/``: weights, config, card,
-    plots; never checkpoints) to after training; ``null``: keep it on disk only. Retry or push
-    later with ``fseb-ft push RUN_DIR user/name``."""
+    recipe, plots; never checkpoints) to after training; ``null``: keep it on disk only. Retry
+    or push later with ``fseb-ft push RUN_DIR user/name``."""
     private: bool = False
     """Create the Hub repo as private (an existing repo keeps its visibility)."""
     revision: str | None = None
@@ -405,8 +405,9 @@ class OutputConfig:
     """Commit message of the Hub upload."""
     license: str | None = None
     """Model-card license (a Hub license id, e.g. ``apache-2.0``, ``mit``, ``cc-by-nc-4.0``);
-    ``null``: the pretrained source's license as recorded by timm, else ``apache-2.0``. Check
-    the training data's terms too."""
+    ``null``: the license timm records for the pretrained weights of a timm or ``hf-hub:``
+    model, else ``other`` (a ``local-dir:`` or untrained start), which the card flags as not
+    known. Check the training data's terms too."""
 
     def __post_init__(self) -> None:
         repo = self.push_to_hub

@@ -58,6 +58,7 @@ from fseb_ft.rundir import (
     read_json,
     read_run,
     run_predictor,
+    runs_in,
     write_json,
 )
 from fseb_ft.sources import build_splits
@@ -311,15 +312,9 @@ def expand_run_dirs(paths: Sequence[str | Path]) -> list[Path]:
     """
     out: list[Path] = []
     for path in map(Path, paths):
-        inner = [] if (path / RECIPE_FILE).exists() else _runs_in(path)
+        inner = [] if (path / RECIPE_FILE).exists() else runs_in(path)
         out.extend(inner or [path])
     return out
-
-
-def _runs_in(folder: Path) -> list[Path]:
-    if not folder.is_dir():
-        return []
-    return sorted(d for d in folder.iterdir() if (d / RECIPE_FILE).is_file() and d.is_dir())
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:

@@ -7,7 +7,12 @@ Every run writes ``RUN_DIR/model/``::
     model.safetensors    the best (validation-selected) weights, timm's state-dict layout
     fseb.json            regulariser settings, context-set provenance, data identities, source
     README.md            model card (Hub metadata, method, results table, plots, recipe, usage)
-    *.png                the run's plots, when it has any
+    training_recipe.yaml the resolved recipe the card says to reproduce with
+    *.png                the run's own plots (``RUN_PLOTS``), when it has any
+
+What is published names no local path: the card and ``fseb.json`` show a path's last component,
+the recipe a ``PATH/TO/…`` placeholder (:mod:`fseb_ft.published`); the run folder keeps the
+full provenance.
 
 ``timm.create_model("local-dir:RUN_DIR/model", pretrained=True)`` loads it, and so does
 ``timm.create_model("hf-hub:user/name", pretrained=True)`` once pushed. Only that folder is ever
@@ -41,21 +46,25 @@ from fseb_ft.atomic import cleaned_on_failure, publish, write_text
 from fseb_ft.config import ConfigError, OutputConfig, Recipe, load_recipe
 from fseb_ft.errors import FsebError
 from fseb_ft.logs import configure_logging
-from fseb_ft.model_card import PLOT_CAPTIONS, model_card, selection
+from fseb_ft.model_card import UNKNOWN_LICENSE, model_card, published_recipe, selection
 from fseb_ft.models import EVAL_RESIZE
+from fseb_ft.published import LOCAL_DIR, model_label, scrub
 from fseb_ft.rundir import (
     MODEL_DIR,
+    MODEL_RECIPE,
     MODEL_WEIGHTS,
     RECIPE_FILE,
     RESULTS_JSON,
     RESULTS_SPLIT,
     RUN_INFO_FILE,
+    RUN_PLOTS,
     RunInfo,
     load_run_model,
     read_abstention,
     read_json,
     read_run,
     results_split,
+    runs_in,
 )
 
 __all__ = [
@@ -73,8 +82,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 FOLDER_FILES = ("config.json", MODEL_WEIGHTS.name, "fseb.json", "README.md")
-"""Files every model folder has; plots (``*.png``) come on top."""
-DEFAULT_LICENSE = "apache-2.0"
+"""Files every model folder has; its recipe (folders exported before it had one lack it) and
+plots come on top."""
 _NOT_A_RUN = "{run_dir} is not a finished fseb-ft run: {missing} is missing (nothing was sent)"
 
 
@@ -201,7 +210,7 @@ def push_folder(
     token: str | None = None,
     endpoint: str | None = None,
 ) -> str:
-    """Upload a model folder's files (``FOLDER_FILES`` and ``*.png``, nothing else) to the Hub.
+    """Upload a model folder's files (``FOLDER_FILES``, recipe and plots, nothing else) to the Hub.
 
     Creates the repo (``exist_ok``) and the ``revision`` branch when missing. Returns the commit
     URL. Raises whatever ``huggingface_hub`` raises; :func:`push_run` turns that into a
@@ -211,7 +220,8 @@ def push_folder(
     missing = [name for name in FOLDER_FILES if not (folder / name).is_file()]
     if missing:
         raise FileNotFoundError(f"{folder} is not a complete model folder: {missing} missing")
-    files = [*FOLDER_FILES, *_plots_in(folder)]
+    recipe = [MODEL_RECIPE.name] if (folder / MODEL_RECIPE.name).is_file() else []
+    files = [*FOLDER_FILES, *recipe, *_plots_in(folder)]
     from fseb_ft import __version__
 
     api = HfApi(
@@ -368,10 +378,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "fseb-ft push") -> str:
     args = parser.parse_args(argv)
     configure_logging()
     if not (args.run_dir / RECIPE_FILE).is_file():
-        parser.error(
-            f"{args.run_dir} is not a run directory (it has no recipe.yaml): give the "
-            "output.dir of a fseb-ft training run"
-        )
+        parser.error(_not_a_run(args.run_dir, args.repo_id, args.private, args.revision))
     out = _saved_output(args.run_dir)
     repo_id = args.repo_id or out.push_to_hub
     if not repo_id:
@@ -400,6 +407,26 @@ def main(argv: Sequence[str] | None = None, prog: str = "fseb-ft push") -> str:
 # --- helpers -------------------------------------------------------------------------------
 
 
+def _not_a_run(
+    folder: Path, repo_id: str | None, private: bool | None, revision: str | None
+) -> str:
+    """Why ``folder`` cannot be pushed; for a ``--compare`` folder, the command for each run."""
+    runs = runs_in(folder)
+    if not runs:
+        return (
+            f"{folder} is not a run directory (it has no recipe.yaml): give the output.dir of "
+            "a fseb-ft training run"
+        )
+    repo = repo_id or "USER/NAME"
+    commands = "; ".join(
+        retry_command(run, f"{repo}-{run.name}", bool(private), revision) for run in runs
+    )
+    return (
+        f"{folder} holds {len(runs)} run(s) ({', '.join(run.name for run in runs)}), and a Hub "
+        f"repo holds one model: push each run to its own repo: {commands}"
+    )
+
+
 def _source_info(model: nn.Module, recipe: Recipe) -> dict[str, Any]:
     """Where the starting weights came from, for ``fseb.json`` and the card's metadata."""
     cfg = dict(getattr(model, "pretrained_cfg", None) or {})
@@ -410,13 +437,17 @@ def _source_info(model: nn.Module, recipe: Recipe) -> dict[str, Any]:
             hub_id = name[len("hf-hub:") :].split("@")[0]
         elif not name.startswith("local-dir:"):
             hub_id = cfg.get("hf_hub_id") or None
-    inherited = cfg.get("license") if recipe.model.pretrained else None
+    # A local folder's config.json is no record of the weights' terms (an older fseb_ft export
+    # wrote apache-2.0 into every one); timm's and the Hub's pretrained configs are.
+    inherited = None
+    if recipe.model.pretrained and not name.startswith(LOCAL_DIR):
+        inherited = cfg.get("license")
     return {
         "name": name,
         "pretrained": recipe.model.pretrained,
         "hub_id": hub_id,
         "architecture": cfg.get("architecture") or name,
-        "license": recipe.output.license or inherited or DEFAULT_LICENSE,
+        "license": recipe.output.license or inherited or UNKNOWN_LICENSE,
         # Architectures fseb_ft registers with timm (fseb_cnn) need `import fseb_ft` to load.
         "needs_fseb_ft": type(model).__module__.startswith("fseb_ft"),
         "timm_version": timm.__version__,
@@ -461,7 +492,9 @@ def _write_docs(
     abstention = read_abstention(run_dir)  # what `fseb-ft predict --keep` stored, if any
     if abstention is not None:
         meta["abstention"] = abstention
-    write_text(folder / "fseb.json", json.dumps(meta, indent=2, default=_jsonable) + "\n")
+    meta = scrub(json.loads(json.dumps(meta, default=_jsonable)))  # published: no local path
+    write_text(folder / "fseb.json", json.dumps(meta, indent=2) + "\n")
+    write_text(run_dir / MODEL_RECIPE, published_recipe(recipe))
     card = model_card(
         recipe,
         run_info,
@@ -488,15 +521,18 @@ def _sibling_baseline(run_dir: Path, recipe: Recipe) -> dict[str, Mapping[str, A
             return None
     except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
         return None
-    return {f"PS-MAP · {recipe.model.name}": results}
+    return {f"PS-MAP · {model_label(recipe.model.name)}": results}
 
 
 def _copy_plots(run_dir: Path, folder: Path) -> list[str]:
-    """Copy the run's PNGs into the model folder (dropping stale ones); return them in order."""
-    found = {p.name for p in run_dir.glob("*.png") if p.is_file()}
-    for stale in _plots_in(folder):
-        if stale not in found:
-            (folder / stale).unlink()
+    """Copy the run's own plots into the model folder (dropping others); return them in order.
+
+    Only ``RUN_PLOTS``: a run trained into a ``--compare`` folder sits beside the comparison's.
+    """
+    found = {name for name in RUN_PLOTS if (run_dir / name).is_file()}
+    for stale in folder.glob("*.png"):
+        if stale.name not in found:
+            stale.unlink()
     for name in found:
         tmp = folder / f".{name}.tmp"
         shutil.copyfile(run_dir / name, tmp)
@@ -505,9 +541,7 @@ def _copy_plots(run_dir: Path, folder: Path) -> list[str]:
 
 
 def _plots_in(folder: Path) -> list[str]:
-    names = sorted(p.name for p in folder.glob("*.png") if p.is_file())
-    known = [n for n in PLOT_CAPTIONS if n in names]
-    return known + [n for n in names if n not in PLOT_CAPTIONS]
+    return [name for name in RUN_PLOTS if (folder / name).is_file()]
 
 
 def _read_run(run_dir: Path) -> tuple[Recipe, RunInfo, dict[str, Any]]:

@@ -1,7 +1,8 @@
 """The model card (``README.md`` of a run's model folder): Hub metadata, provenance, method,
 results table, plots and a usage example, from the run's recipe, ``run.json`` and results.
 
-Text only: writing the folder and uploading it is :mod:`fseb_ft.hub`'s job.
+Text only: writing the folder and uploading it is :mod:`fseb_ft.hub`'s job. The card is published,
+so it names local paths by their last component (:mod:`fseb_ft.published`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 import yaml
 
 from fseb_ft.config import Recipe, dump_recipe
+from fseb_ft.published import LOCAL_DIR, PLACEHOLDER, model_label, placeholders, scrub
 from fseb_ft.report import (
     OOD_SCORE_TITLES,
     TS_SUFFIX,
@@ -22,17 +24,35 @@ from fseb_ft.report import (
     ood_scores_in,
     warnings_markdown,
 )
-from fseb_ft.rundir import PLOTS, TEST_SPLIT, VALIDATION_SPLIT, RunInfo, results_split
+from fseb_ft.rundir import (
+    CORRUPTION_PLOT,
+    MODEL_RECIPE,
+    PLOTS,
+    TEST_SPLIT,
+    VALIDATION_SPLIT,
+    RunInfo,
+    results_split,
+)
 
-__all__ = ["PLOT_CAPTIONS", "model_card", "plot_caption", "selection"]
+__all__ = [
+    "PLOT_CAPTIONS",
+    "UNKNOWN_LICENSE",
+    "model_card",
+    "plot_caption",
+    "published_recipe",
+    "selection",
+]
 
 PLOT_CAPTIONS = {
     PLOTS[0]: "Reliability diagram ({split} split)",
     PLOTS[1]: "Selective prediction: accuracy of the most confident fraction",
     PLOTS[2]: "Predictive entropy on the {split} split and the OOD sets",
+    CORRUPTION_PLOT: "Accuracy and ECE against corruption severity",
 }
-"""Known plots, in card order, with their captions (``{split}``: the split the results are on);
-other PNGs follow under their file name."""
+"""The run's plots, in card order, with their captions (``{split}``: the split the
+results are on)."""
+UNKNOWN_LICENSE = "other"
+"""The card's license when neither ``output.license`` nor the starting weights state one."""
 _CARD_TAGS = ["image-classification", "timm", "fseb-ft"]
 _MAX_FILES_SHOWN = 10
 _MAX_CLASSES_SHOWN = 20
@@ -58,7 +78,8 @@ def model_card(
         baseline: method title → results of other runs, shown under this run in the table.
         plots: PNG file names inside the model folder, embedded with relative links.
         repo_id: the Hub repo (``user/name``) for the usage example; a placeholder if unknown.
-        local_dir: the model folder's path for the ``local-dir:`` example.
+        local_dir: the model folder, whose name the ``local-dir:`` example shows (its path is
+            a placeholder: the card is published).
         abstention: the threshold ``fseb-ft predict --keep`` stored (``abstention.json``).
     """
     method = recipe.fseb.method_name
@@ -78,6 +99,12 @@ def model_card(
     parts = [f"---\n{meta}---\n", f"# {repo_id.split('/')[-1] if repo_id else title}\n"]
     if warnings_markdown(results):
         parts.append(warnings_markdown(results))
+    if recipe.output.license is None and source["license"] == UNKNOWN_LICENSE:
+        parts.append(
+            f"> **License: not known** (`license: {UNKNOWN_LICENSE}` above). Neither the recipe "
+            "nor the starting weights state one, and the training data's terms are not known: "
+            "set `output.license` (or the card's `license:`) before sharing.\n"
+        )
     parts.append(_provenance(recipe, run_info, source, method))
     parts.append(_method_section(recipe, run_info, method))
     parts.append(_results_section(recipe, run_info, results, title, baseline))
@@ -87,19 +114,36 @@ def model_card(
         parts.append(f"## Plots\n\n{shown}\n")
     parts.append(_usage_section(run_info, recipe, results, source, repo_id, local_dir))
     parts.append(_predict_section(repo_id, abstention))
-    parts.append(
-        "## Recipe\n\nReproduce with `fseb-ft recipe.yaml` (package `fseb_ft`).\n\n"
-        "<details>\n<summary>Resolved recipe (<code>recipe.yaml</code>)</summary>\n\n"
-        f"```yaml\n{dump_recipe(recipe)}```\n\n</details>\n"
+    parts.append(_recipe_section(recipe))
+    return scrub("\n".join(parts))
+
+
+def published_recipe(recipe: Recipe) -> str:
+    """The resolved recipe as the model folder publishes it: local paths as placeholders."""
+    return yaml.safe_dump(placeholders(yaml.safe_load(dump_recipe(recipe))), sort_keys=False)
+
+
+def _recipe_section(recipe: Recipe) -> str:
+    text = published_recipe(recipe)
+    name = MODEL_RECIPE.name
+    fill = ""
+    if PLACEHOLDER in text:
+        fill = f", after replacing its `{PLACEHOLDER}…` placeholders with your local paths"
+    return (
+        f"## Recipe\n\nReproduce with `fseb-ft {name}` (package `fseb_ft`; the file is in this "
+        f"folder){fill}.\n\n"
+        f"<details>\n<summary>Resolved recipe (<code>{name}</code>)</summary>\n\n"
+        f"```yaml\n{text}```\n\n</details>\n"
     )
-    return "\n".join(parts)
 
 
 def _provenance(recipe: Recipe, run_info: RunInfo, source: Mapping[str, Any], method: str) -> str:
-    arch, name = source["architecture"], source["name"]
+    arch, name = source["architecture"], model_label(source["name"])
     if source.get("hub_id"):
         hub = source["hub_id"]
         start = f"fine-tuned from [`{hub}`](https://huggingface.co/{hub})"
+    elif source["pretrained"] and source["name"].startswith(LOCAL_DIR):
+        start = f"fine-tuned from the local weights `{name}` (a `{LOCAL_DIR}` folder)"
     elif source["pretrained"]:
         start = f"fine-tuned from the pretrained timm model `{name}`"
     elif name != arch:
@@ -118,14 +162,16 @@ def _provenance(recipe: Recipe, run_info: RunInfo, source: Mapping[str, Any], me
         f"{run_info.num_classes} classes: {shown or '–'}). "
         f"Input: {size} pixels, {recipe.data.channels} channel(s)."
         + _hardware(run_info)
-        + _left_out(run_info)
+        + _left_out(recipe, run_info)
         + "\n"
     )
 
 
-def _left_out(run_info: RunInfo) -> str:
+def _left_out(recipe: Recipe, run_info: RunInfo) -> str:
     """The unreadable images a run left out (``data.bad_images: skip``), if any."""
-    files = [f"`{f}`" for found in (run_info.bad_images or {}).values() for f in found]
+    roots = [Path(s.path) for s in (*_data_specs(recipe), *recipe.context.datasets) if s.path]
+    found = [f for files in (run_info.bad_images or {}).values() for f in files]
+    files = [f"`{_in_dataset(Path(f), roots)}`" for f in found]
     if not files:
         return ""
     more = f", and {len(files) - _MAX_FILES_SHOWN} more" if len(files) > _MAX_FILES_SHOWN else ""
@@ -134,6 +180,14 @@ def _left_out(run_info: RunInfo) -> str:
         f" {len(files)} unreadable image(s) were left out before training "
         f"(`data.bad_images: skip`; run.json lists them): {shown}{more}."
     )
+
+
+def _in_dataset(file: Path, roots: Sequence[Path]) -> str:
+    """``file`` as ``<dataset folder>/<path inside it>``: the card is published."""
+    for root in roots:
+        if file.is_relative_to(root):
+            return str(root.name / file.relative_to(root))
+    return str(file)
 
 
 def _hardware(run_info: RunInfo) -> str:
@@ -274,9 +328,10 @@ def _usage_section(
         imports += "import fseb_ft.models  # registers this architecture with timm\n"
     load = f'model = timm.create_model("hf-hub:{repo}", pretrained=True).eval()\n'
     if local_dir is not None:
+        path = placeholders(str(local_dir))
         load += (
             "# or from a local copy of this folder:\n"
-            f'# model = timm.create_model("local-dir:{local_dir}", pretrained=True).eval()\n'
+            f'# model = timm.create_model("{LOCAL_DIR}{path}", pretrained=True).eval()\n'
         )
     return (
         "## How to use\n\n"

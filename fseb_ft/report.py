@@ -20,6 +20,7 @@ from fseb_ft.config import Recipe
 from fseb_ft.metrics import classification_metrics
 from fseb_ft.ood import ood_metrics
 from fseb_ft.options import OOD_SCORES
+from fseb_ft.published import model_label
 from fseb_ft.rundir import (
     COMPARISON_PLOTS,
     CORRUPTION_PLOT,
@@ -485,8 +486,11 @@ def _with_ts_rows(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Mapping
 
 
 def method_title(recipe: Recipe) -> str:
-    """ "FS-EB · model", "PS-MAP · model" or "FS-VI · model" for tables and titles."""
-    return f"{recipe.fseb.method_name} · {recipe.model.name}"
+    """ "FS-EB · model", "PS-MAP · model" or "FS-VI · model" for tables and titles.
+
+    A ``local-dir:`` model shows as its folder's name: titles are drawn into the published plots.
+    """
+    return f"{recipe.fseb.method_name} · {model_label(recipe.model.name)}"
 
 
 def _num(value: float | None, scale: float) -> str:

@@ -12,6 +12,8 @@ A run directory (``output.dir``) holds::
     checkpoints/epoch-NNNN/         CHECKPOINTS: the last complete epoch, with TRAINER_STATE
     model/model.safetensors         MODEL_WEIGHTS: the best weights (MODEL_DIR: the Hub folder)
     model/variational.safetensors   VARIATIONAL_WEIGHTS: FS-VI's σ at the best epoch
+    model/training_recipe.yaml      MODEL_RECIPE: the recipe as published, local paths as
+                                    placeholders (``fseb_ft.published``)
     abstention.json                 ABSTENTION_FILE: the threshold `fseb-ft predict --keep`
                                     stored (:func:`read_abstention`)
     val_logits.safetensors          VAL_LOGITS: `fseb-ft predict`'s cache of the validation
@@ -45,6 +47,7 @@ __all__ = [
     "COMPARISON_PLOTS",
     "CORRUPTION_PLOT",
     "MODEL_DIR",
+    "MODEL_RECIPE",
     "MODEL_WEIGHTS",
     "PLOTS",
     "RECIPE_FILE",
@@ -52,6 +55,7 @@ __all__ = [
     "RESULTS_MD",
     "RESULTS_SPLIT",
     "RUN_INFO_FILE",
+    "RUN_PLOTS",
     "TEST_SPLIT",
     "TRAINER_STATE",
     "VALIDATION_SPLIT",
@@ -69,6 +73,7 @@ __all__ = [
     "read_val_logits",
     "results_split",
     "run_predictor",
+    "runs_in",
     "write_json",
     "write_tensors",
     "write_val_logits",
@@ -97,6 +102,9 @@ MODEL_WEIGHTS = Path(MODEL_DIR) / "model.safetensors"
 VARIATIONAL_WEIGHTS = Path(MODEL_DIR) / "variational.safetensors"
 """FS-VI: σ of each variance-carrying parameter (keyed by its name) at the best epoch; with the
 mean μ in ``MODEL_WEIGHTS`` it is the variational distribution q(θ) = N(μ, diag(σ²))."""
+MODEL_RECIPE = Path(MODEL_DIR) / "training_recipe.yaml"
+"""The recipe the model card says to reproduce with, its local paths as placeholders. Not
+``recipe.yaml``: that name makes a folder a run, and a model folder is not one."""
 CHECKPOINTS = "checkpoints"
 """The folder of per-epoch checkpoints (only the newest complete one is kept)."""
 CHECKPOINT_PREFIX = "epoch-"
@@ -113,6 +121,9 @@ COMPARISON_PLOTS = ("comparison_reliability.png", "comparison_selective.png")
 """Side-by-side figures that ``fseb-ft RECIPE --compare`` writes beside ``comparison.md``."""
 CORRUPTION_PLOT = "corruptions.png"
 """Accuracy and ECE against corruption severity, written when ``eval.corruptions`` is set."""
+RUN_PLOTS = (*PLOTS, CORRUPTION_PLOT)
+"""The figures a run draws of itself: its model card shows these and no other PNG of its folder
+(a run trained into a ``--compare`` folder sits beside ``COMPARISON_PLOTS``)."""
 ABSTENTION_FILE = "abstention.json"
 """The abstention threshold ``fseb-ft predict --keep`` stored, with its coverage and risk on the
 validation split (``fseb_ft.inference``); the model folder's ``fseb.json`` and card repeat it."""
@@ -181,6 +192,13 @@ class RunInfo:
         values = {k: v for k, v in obj.items() if k in known}
         values["input"] = InputSpec(**{k: tuple(v) for k, v in obj["input"].items()})
         return cls(**values)
+
+
+def runs_in(folder: Path) -> list[Path]:
+    """The run directories directly inside ``folder`` (``psmap`` and ``fseb`` of ``--compare``)."""
+    if not folder.is_dir():
+        return []
+    return sorted(d for d in folder.iterdir() if (d / RECIPE_FILE).is_file() and d.is_dir())
 
 
 def read_run(

@@ -36,15 +36,17 @@ from test_pipeline import _write_folder
 import fseb_ft.finetune as finetune_module
 import fseb_ft.hub as hub
 from fseb_ft import cli
-from fseb_ft.config import ConfigError, OutputConfig, recipe_from_dict
+from fseb_ft.config import ConfigError, OutputConfig, dump_recipe, recipe_from_dict
 from fseb_ft.finetune import run
 from fseb_ft.imagepaths import read_image
+from fseb_ft.published import scrub
 from fseb_ft.report import markdown_table
+from fseb_ft.rundir import COMPARISON_PLOTS
 from fseb_ft.transforms import eval_transform
 
 UNREACHABLE = "http://127.0.0.1:9"  # discard port: nothing listens, connections are refused
 REPO_ID = "user/tiny-fseb"
-BASE_FILES = {"config.json", "model.safetensors", "fseb.json", "README.md"}
+BASE_FILES = {"config.json", "model.safetensors", "fseb.json", "README.md", "training_recipe.yaml"}
 TEST_IMAGE_SIZE = (44, 30)  # (H, W) of the tiny run's test images; the model takes 16 x 16
 
 
@@ -123,7 +125,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
 
 
 def _expected_files(run_dir: Path) -> set[str]:
-    """The four folder files plus every plot of the run (the plotting code may add more)."""
+    """The five folder files plus every plot of the run (the plotting code may add more)."""
     pngs = {p.name for p in run_dir.glob("*.png")}
     assert "reliability.png" in pngs
     return BASE_FILES | pngs
@@ -156,10 +158,11 @@ def _card_snippet(card: str, folder: Path) -> str:
     """The card's "How to use" code, loading ``folder`` and reading the file ``image_path``."""
     code = card.split("## How to use")[1].split("```python\n")[1].split("```")[0]
     hub_line = f'model = timm.create_model("hf-hub:{REPO_ID}", pretrained=True).eval()\n'
-    local_line = f'model = timm.create_model("local-dir:{folder}", pretrained=True).eval()\n'
-    assert code.count(hub_line) == 1 and code.count(f"# {local_line}") == 1
+    local_line = 'model = timm.create_model("local-dir:{}", pretrained=True).eval()\n'
+    placeholder = local_line.format("PATH/TO/model")  # the card is published: no local path
+    assert code.count(hub_line) == 1 and code.count(f"# {placeholder}") == 1
     assert code.count('Image.open("image.jpg")') == 1
-    code = code.replace(hub_line, "").replace(f"# {local_line}", local_line)
+    code = code.replace(hub_line, "").replace(f"# {placeholder}", local_line.format(folder))
     return code.replace('Image.open("image.jpg")', "Image.open(image_path)")
 
 
@@ -209,7 +212,7 @@ def test_config_json_carries_the_runs_input_and_labels(tiny_run) -> None:
     assert pre["std"] == pytest.approx([0.2, 0.25, 0.3])
     assert pre["num_classes"] == 3
     assert pre["label_names"] == ["cat", "dog", "fox"]
-    assert pre["license"] == "apache-2.0"
+    assert pre["license"] == "other"  # trained from initialisation on data of unknown terms
 
 
 def test_fseb_json_records_regulariser_context_data_and_source(tiny_run) -> None:
@@ -218,8 +221,13 @@ def test_fseb_json_records_regulariser_context_data_and_source(tiny_run) -> None
     assert set(meta) >= {"fseb_ft_version", "method", "fseb", "context", "data", "source_model"}
     assert meta["method"] == "FS-EB"
     assert meta["fseb"]["reg_scale"] == 0.5 and meta["fseb"]["prior_cov_diag"] == 1.0
-    assert meta["context"] == info["context"] and len(meta["context"]["fingerprint"]) == 64
-    assert meta["data"] == info["data"]
+    # run.json keeps the full paths; the published fseb.json names each folder only.
+    root = str(tiny_run.dir.parents[1])
+    assert info["data"]["train"].startswith(f"imagefolder:{root}/ind:train#")
+    assert meta["context"] == scrub(info["context"]) and len(meta["context"]["fingerprint"]) == 64
+    assert meta["data"] == scrub(info["data"]) and meta["data"]["train"].startswith(
+        "imagefolder:ind:"
+    )
     assert meta["source_model"]["name"] == "test_byobnet"
     assert meta["source_model"]["hub_id"] is None  # pretrained: false
     assert meta["results"]["test"] == pytest.approx(tiny_run.results["test"])
@@ -240,7 +248,7 @@ def test_card_has_hub_metadata_results_plots_recipe_and_usage(tiny_run) -> None:
     text = (tiny_run.folder / "README.md").read_text()
     card = ModelCard(text)
     assert card.data.library_name == "timm"
-    assert card.data.license == "apache-2.0"
+    assert card.data.license == "other" and "**License: not known**" in text
     assert {"image-classification", "timm", "fseb-ft"} <= set(card.data.tags)
     assert card.data.base_model is None  # trained from initialisation, not from a Hub model
     row = markdown_table({"FS-EB · test_byobnet": tiny_run.results}).splitlines()[2]
@@ -248,7 +256,7 @@ def test_card_has_hub_metadata_results_plots_recipe_and_usage(tiny_run) -> None:
     assert "![Reliability diagram (test split)](reliability.png)" in text
     assert "<details>" in text and "reg_scale: 0.5" in text  # the resolved recipe
     assert f'timm.create_model("hf-hub:{REPO_ID}", pretrained=True)' in text
-    assert f"local-dir:{tiny_run.folder}" in text
+    assert 'create_model("local-dir:PATH/TO/model"' in text
     assert "trained from its random initialisation" in text
 
 
@@ -287,6 +295,89 @@ def test_the_card_shows_the_sibling_psmap_run_or_a_given_baseline(tiny_run, tmp_
 
     text = hub.write_model_card(run_dir, baseline={"Mine": other}).read_text()
     assert "| Mine |" in text and "PS-MAP · test_byobnet |" not in text
+
+
+def test_a_published_model_folder_names_no_local_path(tmp_path: Path) -> None:
+    data = "/home/alice/data/my_data"
+    recipe = recipe_from_dict(
+        {
+            "model": {"name": "local-dir:/home/alice/weights/effnet", "pretrained": True},
+            "data": {
+                "train": {"source": "imagefolder", "path": data, "split": "train"},
+                "test": {"source": "imagefolder", "path": f"{data}/", "split": "test"},
+            },
+            "output": {"dir": str(tmp_path / "run")},
+        }
+    )
+    train = f"imagefolder:{data}:train#0123"
+    info = {
+        "num_classes": 2,
+        "class_names": ["cat", "dog"],
+        "input": {"size": [16, 16], "mean": [0.5] * 3, "std": [0.5] * 3},
+        "data": {"train": train, "val": f"{train}|val", "test": f"imagefolder:{data}:test#4567"},
+        "context": {"kind": "train", "sources": [train], "fingerprint": "ab" * 32},
+        "bad_images": {"data.train": [f"{data}/train/cat/broken.jpg"]},
+    }
+    results = {"test": {"accuracy": 0.5, "nll": 1.0, "n": 4}, "ood": {}}
+    results["training"] = {"warnings": [f"{data}/train/dog has 1 image"]}
+    # test_byobnet stands in for the local weights; its timm config says apache-2.0, which a
+    # local folder's config is no record of.
+    model = timm.create_model("test_byobnet", num_classes=2)
+    folder = hub.save_model_folder(model, tmp_path / "run", recipe, info, results)
+
+    published = ("README.md", "config.json", "fseb.json", "training_recipe.yaml")
+    for name in published:
+        text = (folder / name).read_text()
+        assert "/home/" not in text and str(tmp_path) not in text, name
+    card = ModelCard((folder / "README.md").read_text())
+    assert card.data.license == "other" and "**License: not known**" in card.text
+    assert "# FS-EB · effnet\n" in card.text and "| FS-EB · effnet |" in card.text
+    assert "fine-tuned from the local weights `effnet`" in card.text
+    assert "on `imagefolder:my_data:train#0123`" in card.text
+    assert "`my_data/train/cat/broken.jpg`" in card.text
+    assert "`fseb-ft training_recipe.yaml`" in card.text and "`PATH/TO/…` placeholders" in card.text
+    meta = json.loads((folder / "fseb.json").read_text())
+    assert meta["data"]["train"] == "imagefolder:my_data:train#0123"
+    assert meta["source_model"]["name"] == "local-dir:effnet"
+    # The published recipe is the run's with placeholders for its paths, and it loads.
+    raw = yaml.safe_load((folder / "training_recipe.yaml").read_text())
+    expected = yaml.safe_load(dump_recipe(recipe))
+    expected["model"]["name"] = "local-dir:PATH/TO/effnet"
+    expected["data"]["train"]["path"] = expected["data"]["test"]["path"] = "PATH/TO/my_data"
+    expected["output"]["dir"] = "PATH/TO/run"
+    assert raw == expected
+    assert recipe_from_dict(raw).fseb == recipe.fseb
+
+
+def test_the_card_shows_only_the_runs_own_plots(tiny_run, fake_hub, tmp_path: Path) -> None:
+    # A single run trained into the output folder of --compare, beside the comparison's plots.
+    run_dir = tmp_path / "compare"
+    shutil.copytree(tiny_run.dir, run_dir, ignore=shutil.ignore_patterns("checkpoints"))
+    for name in COMPARISON_PLOTS:
+        Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(run_dir / name)
+
+    hub.push_run(run_dir, REPO_ID, token="hf_test", endpoint=fake_hub.url)
+    text = (run_dir / "model" / "README.md").read_text()
+    assert "](reliability.png)" in text and "comparison" not in text
+    (commit,) = fake_hub.commits
+    assert _sent_paths(commit) == _expected_files(tiny_run.dir)
+    assert not list((run_dir / "model").glob("comparison*"))
+
+
+def test_push_of_a_compare_folder_names_its_runs_and_the_command_for_each(
+    tiny_run, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    compare = tmp_path / "my runs"
+    for name in ("psmap", "fseb"):
+        shutil.copytree(tiny_run.dir, compare / name, ignore=shutil.ignore_patterns("checkpoints"))
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["push", str(compare), "user/tiny", "--private"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    (line,) = [line for line in err.splitlines() if line.startswith("fseb-ft")]
+    assert line.startswith("fseb-ft push: error: ") and "holds 2 run(s) (fseb, psmap)" in line
+    for name in ("fseb", "psmap"):
+        assert hub.retry_command(compare / name, f"user/tiny-{name}", private=True) in line
 
 
 class _FakeHub(BaseHTTPRequestHandler):
@@ -444,6 +535,7 @@ def test_one_channel_fseb_model_round_trips(tmp_path: Path) -> None:
     assert loaded.pretrained_cfg["label_names"] == ["0", "1", "2", "3"]
     text = (folder / "README.md").read_text()
     assert ModelCard(text).data.license == "mit" and "ps-map" in ModelCard(text).data.tags
+    assert "License: not known" not in text  # the recipe's output.license
     assert "import fseb_ft.models" in text and '.convert("L")' in text
     assert json.loads((folder / "fseb.json").read_text())["context"] is None
 
@@ -469,6 +561,7 @@ def test_card_names_the_hub_model_it_was_fine_tuned_from(
     card = ModelCard((folder / "README.md").read_text())
     assert card.data.base_model == base_model
     assert card.data.license == "apache-2.0"  # timm's record of the source weights' license
+    assert "License: not known" not in card.text
     assert f"fine-tuned from [`{base_model}`](https://huggingface.co/{base_model})" in card.text
 
 

@@ -181,7 +181,9 @@ def test_a_skipping_run_records_the_dropped_files_and_reevaluates_without_them(
     assert info["bad_images"] == {"data.train": [bad], "data.test": [str(bad_test)]}
     assert info["num_train"] + 3 == 12  # 12 good images minus a 25 % validation split
     card = (tmp_path / "run" / "model" / "README.md").read_text()
-    assert "2 unreadable image(s) were left out" in card and bad in card
+    assert "2 unreadable image(s) were left out" in card
+    # The card is published: each file is named inside its dataset's folder, not by its path.
+    assert "`ind/train/dog/cut.jpg`, `ind/test/cat/cut.jpg`" in card and bad not in card
     # Re-evaluation leaves the same test image out, so it reproduces the run's numbers.
     again = evaluate_run(tmp_path / "run", cpu=True)
     assert again["test"]["n"] == results["test"]["n"] == 4

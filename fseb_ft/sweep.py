@@ -10,24 +10,33 @@ winner is evaluated (``results.json``; on the validation split when the recipe h
 ``data.test``, which the leaderboard says) and exported (``model/``). The study lives in
 ``sqlite:///OUTPUT/study.db`` unless ``--storage`` names another Optuna RDB URL, so rerunning
 the same command continues a killed sweep: finished trials count towards ``--trials``, and a
-trial that was interrupted is run again with its values, resuming in its folder.
+trial that was interrupted is run again with its values, resuming in its folder. Several workers
+(processes, or machines sharing a database) may run the same command on one study: ``--trials``
+is the study's budget, and a trial whose worker died (its heartbeat stopped) is run again by
+another, resuming in the same folder when that worker sees it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import os
 import socket
-from collections.abc import Callable, Mapping, Sequence
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import optuna
+import sqlalchemy.exc
 from accelerate import PartialState
+from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
 from fseb_ft.atomic import DiskFullError, write_text
@@ -74,6 +83,12 @@ LEADERBOARD_JSON = "leaderboard.json"
 BEST_RECIPE = "best_recipe.yaml"
 """The winner's resolved recipe, its ``output.dir`` the winner's run folder."""
 SWEEP_PLOT = "sweep.png"
+HEARTBEAT_S = 60
+"""How often a running trial's worker records in the study that it is alive (Optuna's heartbeat)."""
+GRACE_S = 300
+"""How long a trial's heartbeat may be silent before the other workers fail it and run it again."""
+WAIT_S = 30
+"""How often a worker with no budget left checks whether the others' trials finished or died."""
 
 # Keys that only act through the function-space term: a PS-MAP sweep (--compare) drops them.
 _FSEB_ONLY = (
@@ -93,8 +108,10 @@ _WEAKEST_PRIOR = {
 }
 # Trial outcomes that are results (bad values diverge); anything else is an interruption.
 _DIVERGED = (TrainingDivergedError, NonFiniteLossError)
-_ERROR, _RETRY_OF, _HOST, _PID, _DIR = "error", "retry_of", "host", "pid", "dir"
-_EPOCHS = "epochs"
+_ERROR, _HOST, _PID, _DIR, _EPOCHS = "error", "host", "pid", "dir", "epochs"
+_RETRY_OF = "retry_of"  # how sweeps marked a retry before Optuna's retry callback did
+# A trial asked for when the other workers' trials had taken the whole budget: never run.
+_SURPLUS = "surplus"
 
 
 def default_space(recipe: Recipe) -> dict[str, SweepParam]:
@@ -163,57 +180,37 @@ def sweep(
     """Run (or continue) the study until ``trials`` trials have finished; report the winner.
 
     Finished means complete, pruned or diverged; an interrupted trial is run again with the same
-    values in the same folder. ``first`` gives values of the study's first trial (queued only
-    while the study has no trial; keys it lacks are sampled). Writes ``leaderboard.md`` /
-    ``.json``, ``best_recipe.yaml`` and ``sweep.png`` to ``recipe.output.dir``, evaluates the
-    winner's test split once and exports its model folder. Returns the leaderboard (as in
-    ``leaderboard.json``), with the winner's results under ``best.results``.
+    values in the same folder. ``trials`` is the study's budget, shared by every worker running
+    it: a worker asks for a trial only while the finished and running ones leave room, then
+    waits while the others' trials finish, and runs again any whose worker died. ``first``
+    gives values of the study's first trial (queued only while the study has no trial; keys it
+    lacks are sampled). Writes ``leaderboard.md`` / ``.json``, ``best_recipe.yaml`` and
+    ``sweep.png`` to ``recipe.output.dir``, evaluates the winner's test split once and exports
+    its model folder. Returns the leaderboard (as in ``leaderboard.json``), with the winner's
+    results under ``best.results``.
 
     Raises:
         ConfigError: ``trials`` < 1, or the stored study optimises another metric.
     """
     if trials < 1:
         raise ConfigError(f"--trials={trials}: must be ≥ 1")
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # one progress line per trial instead
+    # The sweep prints a line per trial; Optuna's warnings for failed trials add tracebacks.
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     out = Path(recipe.output.dir)
     out.mkdir(parents=True, exist_ok=True)
     space = search_space(recipe)
-    study = _study(recipe, storage or f"sqlite:///{(out / STUDY_DB).resolve()}", study_name)
+    url = storage or f"sqlite:///{(out / STUDY_DB).resolve()}"
+    study = _study(recipe, _storage(url), study_name)
     _requeue_interrupted(study)
     if first and not study.get_trials(deepcopy=False):
         study.enqueue_trial(dict(first))
-    while (done := len(_finished(study))) < trials:
-        trial = study.ask()
-        trial.set_user_attr(_HOST, socket.gethostname())
-        trial.set_user_attr(_PID, os.getpid())
-        params = {key: _suggest(trial, key, param) for key, param in space.items()}
-        trial_recipe = _trial_recipe(recipe, params, out / TRIALS_DIR / _folder_name(params))
-        trial.set_user_attr(_DIR, trial_recipe.output.dir)
-        print(f"trial {done + 1}/{trials} (#{trial.number}) {_fmt_params(params)}", flush=True)
-        try:
-            training = run(
-                trial_recipe,
-                on_epoch_end=_pruning_hook(trial, recipe.sweep.metric, recipe.train.epochs),
-                evaluate_test=False,
-            )["training"]
-        except optuna.TrialPruned as pruned:
-            study.tell(trial, state=TrialState.PRUNED)
-            print(f"  pruned: {pruned}", flush=True)
-            continue
-        except _DIVERGED as err:
-            trial.set_user_attr(_ERROR, str(err))
-            study.tell(trial, state=TrialState.FAIL)
-            print(f"  diverged ({type(err).__name__}); counted as finished", flush=True)
-            continue
-        except BaseException:
-            # Killed or broken: a rerun of the sweep runs these values again in this folder.
-            study.tell(trial, state=TrialState.FAIL)
-            raise
-        value = training[f"best_val_{recipe.sweep.metric}"]
-        trial.set_user_attr(_EPOCHS, training["epochs"])
-        study.tell(trial, value)
-        best = study.best_value
-        print(f"  val_{recipe.sweep.metric}={value:.4g} (best so far {best:.4g})", flush=True)
+    objective = _objective(study, recipe, space, trials)
+    while len(_finished(study)) < trials:
+        if len(_claimed(study.get_trials(deepcopy=False))) < trials:
+            study.optimize(objective, catch=_DIVERGED, callbacks=[_stop_at_budget(trials)])
+        else:  # the others' trials fill the budget: wait, to run again any whose worker dies
+            time.sleep(WAIT_S)
+            _reclaim(study)
     return _report(study, recipe, space)
 
 
@@ -284,8 +281,41 @@ def psmap_point(space: Mapping[str, SweepParam], psmap: Mapping[str, Any]) -> di
 # --------------------------------------------------------------------------------------------
 
 
-def _study(recipe: Recipe, storage: str, study_name: str | None) -> optuna.Study:
-    """Create the study, or load it when it exists (a continued sweep, another machine)."""
+@contextlib.contextmanager
+def _experimental_ok() -> Iterator[None]:
+    """Silence Optuna's warning that its heartbeat and retries are experimental (since 2.8)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        yield
+
+
+def _storage(url: str, tries: int = 4) -> RDBStorage:
+    """``url``'s storage, where a running trial whose heartbeat stops is failed and queued again.
+
+    Workers started together on a new database race to create its tables: a loser tries again.
+    """
+    try:
+        with _experimental_ok():
+            return RDBStorage(
+                url,
+                heartbeat_interval=HEARTBEAT_S,
+                grace_period=GRACE_S,
+                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(),
+            )
+    except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError):
+        if tries == 1:
+            raise
+        time.sleep(0.1)
+        return _storage(url, tries - 1)
+
+
+def _sampler(seed: int) -> optuna.samplers.TPESampler:
+    """TPE, its proposals kept away from the values other workers are training (constant liar)."""
+    return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
+
+
+def _study(recipe: Recipe, storage: RDBStorage, study_name: str | None) -> optuna.Study:
+    """Create the study, or load it when it exists (a continued sweep, another worker)."""
     metric = recipe.sweep.metric
     pruners: dict[str, Callable[[], optuna.pruners.BasePruner]] = {
         "hyperband": lambda: optuna.pruners.HyperbandPruner(
@@ -300,12 +330,9 @@ def _study(recipe: Recipe, storage: str, study_name: str | None) -> optuna.Study
         study_name=name,
         direction="maximize" if higher_is_better(metric) else "minimize",
         pruner=pruners[recipe.sweep.pruner](),
+        sampler=_sampler(recipe.sweep.seed),  # reseeded for each trial by its number
         load_if_exists=True,
     )
-    # Seeded afresh on each invocation: with sweep.seed alone, a continued sweep would propose
-    # the values of its first trials again.
-    seed = recipe.sweep.seed + len(study.get_trials(deepcopy=False))
-    study.sampler = optuna.samplers.TPESampler(seed=seed)
     stored = study.user_attrs.get("metric")
     if stored is None:
         study.set_user_attr("metric", metric)
@@ -317,33 +344,84 @@ def _study(recipe: Recipe, storage: str, study_name: str | None) -> optuna.Study
     return study
 
 
+def _counts(t: FrozenTrial) -> bool:
+    """``t`` counts towards ``--trials``: complete, pruned, or failed by diverging."""
+    if t.state == TrialState.PRUNED:
+        return _SURPLUS not in t.user_attrs
+    return t.state == TrialState.COMPLETE or (t.state == TrialState.FAIL and _ERROR in t.user_attrs)
+
+
 def _finished(study: optuna.Study) -> list[FrozenTrial]:
     """Trials that count towards ``--trials``: complete, pruned, or failed by diverging."""
-    return [
-        t
-        for t in study.get_trials(deepcopy=False)
-        if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-        or (t.state == TrialState.FAIL and _ERROR in t.user_attrs)
-    ]
+    return [t for t in study.get_trials(deepcopy=False) if _counts(t)]
+
+
+def _claimed(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
+    """The trials of ``trials`` that use the budget: finished ones and running ones."""
+    return [t for t in trials if _counts(t) or t.state == TrialState.RUNNING]
+
+
+def _ahead_of(trials: Sequence[FrozenTrial], number: int) -> list[FrozenTrial]:
+    """The trials numbered below ``number`` that use the budget, queued ones included.
+
+    Numbers follow creation and Optuna runs a queued trial before it creates one, so a trial
+    still queued below ``number`` will run too. Counting them, each worker decides alone, and
+    the same way, which trials are over the budget.
+    """
+    ahead = [t for t in trials if t.number < number]
+    return [*_claimed(ahead), *(t for t in ahead if t.state == TrialState.WAITING)]
+
+
+def _stop_at_budget(trials: int) -> Callable[[optuna.Study, FrozenTrial], None]:
+    """A callback that stops ``study.optimize`` when finished and running trials fill the budget.
+
+    Trials of dead workers are failed first, to leave room for their retries. Optuna's
+    ``MaxTrialsCallback`` counts trials by state; here a failed trial counts only when it
+    diverged (an interrupted one is run again) and a surplus (pruned) trial not at all.
+    """
+
+    def stop(study: optuna.Study, _trial: FrozenTrial) -> None:
+        _reclaim(study)
+        if len(_claimed(study.get_trials(deepcopy=False))) >= trials:
+            study.stop()
+
+    return stop
+
+
+def _reclaim(study: optuna.Study) -> None:
+    """Fail the running trials whose worker is gone and queue them again, values and all.
+
+    Gone: its heartbeat stopped (another machine, RDBStorage's callback queues it), or its
+    process on this machine is dead, seen at once. Trials of live workers are left alone.
+    """
+    with _experimental_ok():
+        optuna.storages.fail_stale_trials(study)
+        host = socket.gethostname()
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if t.user_attrs.get(_HOST) != host or _alive(t.user_attrs.get(_PID)):
+                continue
+            try:
+                failed = study.tell(t.number, state=TrialState.FAIL)
+            except (ValueError, UpdateFinishedTrialError):  # failed meanwhile by another worker
+                continue
+            RetryHeartbeatStaleTrialCallback()(study, failed)
 
 
 def _requeue_interrupted(study: optuna.Study) -> None:
-    """Queue again the values of each trial that was killed, so it resumes in its folder.
+    """Queue again each trial that was killed or interrupted (Ctrl-C), so it resumes in its folder.
 
-    A trial still RUNNING whose process on this machine is gone was killed outright; it is
-    marked failed first. Trials running on other machines (or in live processes) are left alone.
+    Each is queued once: a trial in the history of a retry (one that was not surplus) is not.
     """
-    host = socket.gethostname()
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if t.user_attrs.get(_HOST) == host and not _alive(t.user_attrs.get(_PID)):
-            study.tell(t.number, state=TrialState.FAIL)
+    _reclaim(study)
     trials = study.get_trials(deepcopy=False)
-    retried = {t.user_attrs.get(_RETRY_OF) for t in trials}
-    for t in trials:
-        interrupted = t.state == TrialState.FAIL and _ERROR not in t.user_attrs
-        if interrupted and t.number not in retried and t.params:
-            print(f"trial #{t.number} was interrupted: running it again in {t.user_attrs[_DIR]}")
-            study.enqueue_trial(t.params, user_attrs={_RETRY_OF: t.number})
+    with _experimental_ok():
+        retries = [t for t in trials if _SURPLUS not in t.user_attrs]
+        retried = {n for t in retries for n in RetryHeartbeatStaleTrialCallback.retry_history(t)}
+        retried |= {t.user_attrs.get(_RETRY_OF) for t in trials}  # sweeps before heartbeats
+        for t in trials:
+            interrupted = t.state == TrialState.FAIL and _ERROR not in t.user_attrs
+            if interrupted and t.number not in retried and t.params:
+                RetryHeartbeatStaleTrialCallback()(study, t)
 
 
 def _alive(pid: int | None) -> bool:
@@ -362,6 +440,66 @@ def _suggest(trial: optuna.Trial, key: str, param: SweepParam) -> Any:
     if param.choices:
         return trial.suggest_categorical(key, list(param.choices))
     return trial.suggest_float(key, param.low, param.high, log=param.log)
+
+
+def _objective(
+    study: optuna.Study, recipe: Recipe, space: Mapping[str, SweepParam], trials: int
+) -> Callable[[optuna.Trial], float]:
+    """Train one trial's run folder and return its best validation metric.
+
+    Raises ``optuna.TrialPruned`` for a trial over the budget (before any value is drawn) or one
+    the pruner stops, and the divergence errors for a trial whose training diverged.
+    """
+    out, metric = Path(recipe.output.dir), recipe.sweep.metric
+
+    def objective(trial: optuna.Trial) -> float:
+        trials_now = study.get_trials(deepcopy=False)
+        position = len(_ahead_of(trials_now, trial.number)) + 1
+        if position > trials:
+            trial.set_user_attr(_SURPLUS, True)
+            raise optuna.TrialPruned("the other workers' trials took the budget")
+        # Seeded by its number: a continued sweep draws new values, and so does each worker.
+        study.sampler = _sampler(recipe.sweep.seed + trial.number)
+        trial.set_user_attr(_HOST, socket.gethostname())
+        trial.set_user_attr(_PID, os.getpid())
+        params = {key: _suggest(trial, key, param) for key, param in space.items()}
+        folder = out / TRIALS_DIR / _folder_name(params)  # a retry's values: the same folder
+        trial.set_user_attr(_DIR, str(folder))
+        with _experimental_ok():
+            retried = RetryHeartbeatStaleTrialCallback.retried_trial_number(
+                next(t for t in trials_now if t.number == trial.number)
+            )
+        again = "" if retried is None else f", #{retried} again, resuming in {folder.name}"
+        print(
+            f"trial {position}/{trials} (#{trial.number}{again}) {_fmt_params(params)}", flush=True
+        )
+        try:
+            training = run(
+                _trial_recipe(recipe, params, folder),
+                on_epoch_end=_pruning_hook(trial, metric, recipe.train.epochs),
+                evaluate_test=False,
+            )["training"]
+        except optuna.TrialPruned as pruned:
+            print(f"  pruned: {pruned}", flush=True)
+            raise
+        except _DIVERGED as err:
+            trial.set_user_attr(_ERROR, str(err))
+            print(f"  diverged ({type(err).__name__}); counted as finished", flush=True)
+            raise
+        value = training[f"best_val_{metric}"]
+        trial.set_user_attr(_EPOCHS, training["epochs"])
+        best = _best(study, value)
+        print(f"  val_{metric}={value:.4g} (best so far {best:.4g})", flush=True)
+        return value
+
+    return objective
+
+
+def _best(study: optuna.Study, value: float) -> float:
+    """The best of ``value`` and the study's completed trials' values."""
+    done = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+    pick = max if study.direction == optuna.study.StudyDirection.MAXIMIZE else min
+    return pick([value, *done])
 
 
 def _folder_name(params: Mapping[str, Any]) -> str:
@@ -539,7 +677,8 @@ _CLI_USAGE = """Search a recipe's hyper-parameters on a validation metric with O
 
 Each trial is a run folder OUTPUT/trials/<hash>; only the winner's test split is evaluated.
 Writes OUTPUT/leaderboard.md and .json, best_recipe.yaml and sweep.png. The search space is the
-recipe's sweep section (docs/recipes.md). Rerunning the same command continues the sweep."""
+recipe's sweep section (docs/recipes.md). Rerunning the same command continues the sweep; running
+it several times at once runs trials in parallel, sharing the --trials budget (docs/cli.md)."""
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "fseb-ft sweep") -> dict[str, Any]:
@@ -550,7 +689,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "fseb-ft sweep") -> dict
     parser.add_argument("recipe", type=Path, help="YAML recipe (see recipes/)")
     parser.add_argument("overrides", nargs="*", help="section.key=value overrides")
     parser.add_argument(
-        "--trials", type=int, default=20, help="finished trials to reach (default 20)"
+        "--trials",
+        type=int,
+        default=20,
+        help="finished trials to reach, all workers of the study together (default 20)",
     )
     parser.add_argument(
         "--storage",

@@ -59,7 +59,8 @@ class SweepConfig:
     pruner: Literal[PRUNERS] = "hyperband"
     """Stop trials early whose per-epoch validation metric falls behind (``none``: never)."""
     seed: int = 0
-    """Seed of the TPE sampler that proposes the trials."""
+    """Seed of the TPE sampler that proposes the trials: trial number k draws with ``seed + k``,
+    so a continued sweep, and each worker sharing a study, proposes new values."""
 
 
 # Sections a sweep must not change: where its trials are written, and the sweep itself.

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import json
+import sqlite3
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from pathlib import Path
 
 import optuna
 import pytest
 import yaml
+from optuna.storages import RetryHeartbeatStaleTrialCallback
+from optuna.trial import TrialState
 
 import fseb_ft.evaluate as evaluate_module
 import fseb_ft.finetune as finetune_module
@@ -42,6 +49,11 @@ def _recipe_file(folders: dict[str, Path], out: Path) -> Path:
 
 def _study(out: Path) -> optuna.Study:
     return optuna.load_study(study_name=out.name, storage=f"sqlite:///{out / 'study.db'}")
+
+
+def _retry_of(trial: optuna.trial.FrozenTrial) -> int | None:
+    with sweep_module._experimental_ok():
+        return RetryHeartbeatStaleTrialCallback.retried_trial_number(trial)
 
 
 def test_sweep_writes_every_output_and_tests_only_the_winner(
@@ -122,8 +134,76 @@ def test_a_killed_sweep_continues_and_resumes_the_killed_trial(
     # The killed trial ran again first, in its folder, from its saved epoch (nothing to train).
     assert resumed[0] == (killed, 1)
     retry = _study(out).trials[2]
-    assert retry.user_attrs["retry_of"] == 1 and retry.params == _study(out).trials[1].params
+    assert _retry_of(retry) == 1 and retry.params == _study(out).trials[1].params
     assert len(list((out / "trials").iterdir())) == 3
+
+
+def test_two_workers_on_one_study_run_its_budget_of_trials_together(
+    folders: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "workers"
+    recipe = load_recipe(_recipe_file(folders, out))
+    both_busy = threading.Barrier(2, timeout=10)
+    trained: list[str] = []
+
+    def train(trial_recipe: Recipe, on_epoch_end, evaluate_test: bool) -> dict:
+        trained.append(trial_recipe.output.dir)
+        if len(trained) <= 2:
+            both_busy.wait()  # each worker holds a trial while the other does
+        time.sleep(0.2)
+        value = trial_recipe.optim.lr
+        on_epoch_end({"epoch": 1, "val_nll": value})
+        return {"training": {"best_val_nll": value, "epochs": 1}}
+
+    monkeypatch.setattr(sweep_module, "run", train)
+    monkeypatch.setattr(sweep_module, "WAIT_S", 0.05)
+    monkeypatch.setattr(sweep_module, "sweep_plot", lambda *args, **kwargs: None)
+    with ThreadPoolExecutor(2) as workers:
+        boards = list(workers.map(lambda _: sweep(recipe, trials=3), range(2)))
+
+    assert [board["finished"] for board in boards] == [3, 3]  # each waited for the other's trial
+    assert len(trained) == 3 and len(set(trained)) == 3  # different values, different folders
+    states = [t.state for t in _study(out).trials]
+    assert states.count(TrialState.COMPLETE) == 3 and TrialState.RUNNING not in states
+
+
+def test_a_dead_workers_trial_is_retried_by_another_in_its_folder(
+    folders: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "dead"
+    recipe = load_recipe(_recipe_file(folders, out))
+    # A worker on a machine since lost: its trial #0 is left running, its epoch saved.
+    url = f"sqlite:///{out / 'study.db'}"
+    out.mkdir()
+    study = optuna.create_study(storage=url, study_name=out.name)
+    trial = study.ask()
+    params = {"optim.lr": trial.suggest_float("optim.lr", 0.01, 0.1, log=True)}
+    folder = out / "trials" / sweep_module._folder_name(params)
+    trial.set_user_attr("host", "lost-machine")  # not this one: only its heartbeat tells
+    original_save = train_module._save_checkpoint
+    saves: list[Path] = []
+
+    def save(accelerator, run_dir, state) -> None:
+        original_save(accelerator, run_dir, state)
+        saves.append(run_dir)
+        if len(saves) == 1:
+            raise KeyboardInterrupt("the machine is lost after its checkpoint")
+
+    monkeypatch.setattr(train_module, "_save_checkpoint", save)
+    with pytest.raises(KeyboardInterrupt):
+        finetune_module.run(sweep_module._trial_recipe(recipe, params, folder), evaluate_test=False)
+    sweep_module._storage(url).record_heartbeat(trial._trial_id)
+    with closing(sqlite3.connect(out / "study.db")) as db, db:  # its last heartbeat: an hour ago
+        db.execute("UPDATE trial_heartbeats SET heartbeat = datetime('now', '-1 hour')")
+
+    board = sweep(recipe, trials=1)
+
+    assert board["finished"] == 1
+    dead, retry = _study(out).trials
+    assert dead.state == TrialState.FAIL and retry.state == TrialState.COMPLETE
+    assert _retry_of(retry) == 0
+    assert retry.params == params and Path(retry.user_attrs["dir"]) == folder
+    assert saves == [folder]  # the retry resumed from the saved epoch: nothing left to train
 
 
 def test_search_space_names_a_bad_key(folders: dict[str, Path], tmp_path: Path) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import huggingface_hub
@@ -14,7 +17,8 @@ from fseb_ft import finetune as finetune_module
 from fseb_ft.atomic import DiskFullError
 from tests.test_pipeline import _write_folder, poison_loss
 
-QUICKSTART = str(Path(__file__).parents[1] / "recipes" / "quickstart.yaml")
+ROOT = Path(__file__).parents[1]
+QUICKSTART = str(ROOT / "recipes" / "quickstart.yaml")
 
 
 def _fails(argv: list[str], capsys: pytest.CaptureFixture[str], code: int) -> str:
@@ -50,6 +54,12 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (["evaluate", "/no/such/run"], 2, "/no/such/run is not a finished run"),
         (["evaluate", "a", "--ensemble"], 2, "--ensemble needs at least two run directories"),
         (["push", "/no/such/run", "user/name"], 2, "is not a run directory"),
+        (
+            [QUICKSTART, "train.epochs=[1"],
+            2,
+            "override 'train.epochs=[1': its value is not valid YAML at line 1, column 3: "
+            "expected ',' or ']'",
+        ),
     ],
 )
 def test_command_line_mistakes(
@@ -83,6 +93,21 @@ def test_data_model_and_output_mistakes_stop_before_training(
     line = _fails(argv, capsys, 1)
     assert line.startswith("fseb-ft: error: ") and expected in line
     assert line.endswith("(--debug shows where)")
+
+
+def test_a_yaml_syntax_error_is_one_line_under_python_m(tmp_path: Path) -> None:
+    # One real process (the README's form); the other forms run in-process below.
+    recipe = tmp_path / "broken.yaml"
+    recipe.write_text("model: {name: resnet18\ndata: [\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "fseb_ft.finetune", str(recipe)],
+        capture_output=True, text=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert len(done.stderr.splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
+    prog, _, message = done.stderr.partition(": error: ")
+    assert prog in ("fseb-ft", "python -m fseb_ft.finetune")
+    assert message.startswith(f"recipe file {recipe} is not valid YAML at line 2, column 5: ")
 
 
 def _tiny(tmp_path: Path) -> list[str]:

@@ -35,6 +35,7 @@ from torch import nn
 
 from fseb_ft.allocator import keep_freed_memory
 from fseb_ft.atomic import DiskFullError, cleaned_on_failure, publish, remove_orphans, write_text
+from fseb_ft.cli import run_entry
 from fseb_ft.config import (
     ConfigError,
     Recipe,
@@ -578,4 +579,4 @@ sys.modules[__name__].__signature__ = inspect.signature(finetune)
 
 
 if __name__ == "__main__":
-    main()
+    run_entry(main, prog="python -m fseb_ft.finetune")

@@ -46,6 +46,7 @@ import yaml
 from torch import Tensor
 
 from fseb_ft.atomic import write_text
+from fseb_ft.cli import run_entry
 from fseb_ft.config import DatasetSpec
 from fseb_ft.errors import FsebError
 from fseb_ft.hub import write_model_card
@@ -567,4 +568,4 @@ def _fraction(text: str) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    run_entry(main, prog="python -m fseb_ft.inference")

@@ -30,6 +30,7 @@ from accelerate import PartialState
 from optuna.trial import FrozenTrial, TrialState
 
 from fseb_ft.atomic import DiskFullError, write_text
+from fseb_ft.cli import run_entry
 from fseb_ft.config import (
     ConfigError,
     ContextConfig,
@@ -558,4 +559,4 @@ def main(argv: Sequence[str] | None = None, prog: str = "fseb-ft sweep") -> dict
 
 
 if __name__ == "__main__":
-    main()
+    run_entry(main, prog="python -m fseb_ft.sweep")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import runpy
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import huggingface_hub
@@ -12,7 +14,7 @@ import numpy as np
 import pytest
 from datasets import Dataset
 
-from fseb_ft import cli
+from fseb_ft import cli, logs
 from fseb_ft import finetune as finetune_module
 from fseb_ft.atomic import DiskFullError
 from tests.test_pipeline import _write_folder, poison_loss
@@ -108,6 +110,38 @@ def test_a_yaml_syntax_error_is_one_line_under_python_m(tmp_path: Path) -> None:
     prog, _, message = done.stderr.partition(": error: ")
     assert prog in ("fseb-ft", "python -m fseb_ft.finetune")
     assert message.startswith(f"recipe file {recipe} is not valid YAML at line 2, column 5: ")
+
+
+@pytest.mark.parametrize(
+    ("module", "argv"),
+    [
+        ("fseb_ft", [QUICKSTART]),
+        ("fseb_ft.finetune", [QUICKSTART]),
+        ("fseb_ft.evaluate", ["runs/x"]),
+        ("fseb_ft.sweep", [QUICKSTART]),
+        ("fseb_ft.hub", ["runs/x"]),
+        ("fseb_ft.inference", ["runs/x", "images/"]),
+    ],
+)
+def test_every_module_entry_point_ends_an_error_as_fseb_ft_does(
+    module: str, argv: list[str], monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    def full_disk(verbose: bool = False) -> None:
+        raise OSError("no space left on device")
+
+    # Every command sets up logging once its command line is read. `python -m fseb_ft.X` runs X
+    # anew and so imports the patched one; `python -m fseb_ft` runs the imported finetune.
+    monkeypatch.setattr(logs, "configure_logging", full_disk)
+    monkeypatch.setattr(finetune_module, "configure_logging", full_disk)
+    monkeypatch.setattr(sys, "argv", [module, *argv])
+    with pytest.raises(SystemExit) as stop, warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # runpy: the module is imported already
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    assert stop.value.code == 1
+    assert (
+        capsys.readouterr().err == "fseb-ft: error: no space left on device (--debug shows where)\n"
+    )
 
 
 def _tiny(tmp_path: Path) -> list[str]:

@@ -64,6 +64,7 @@ from fseb_ft.rundir import (
     RUN_INFO_FILE,
     VARIATIONAL_WEIGHTS,
     RunInfo,
+    check_output_dir,
     clear_run,
     latest_checkpoint,
     write_json,
@@ -104,6 +105,7 @@ def run(
     predictions, results files or model folder; the results dict holds only ``training``.
     """
     run_dir = Path(recipe.output.dir)
+    check_output_dir(run_dir)
     _check_resumable(recipe, run_dir)
     accelerator = make_accelerator(recipe.train, run_dir)
     if accelerator.is_main_process:
@@ -394,6 +396,7 @@ def compare(recipe: Recipe | str | Path, overrides: Sequence[str] = ()) -> dict[
             "so the recipe must set fseb.reg_scale > 0"
         )
     out = Path(recipe.output.dir)
+    check_output_dir(out)
     results: dict[str, Any] = {}
     for label, slug, reg_scale, method in (
         ("PS-MAP", "psmap", 0.0, "fseb"),

@@ -53,6 +53,7 @@ from fseb_ft.rundir import (
     COMPARISON_MD,
     RECIPE_FILE,
     RESULTS_JSON,
+    check_output_dir,
     read_json,
     write_json,
 )
@@ -174,6 +175,7 @@ def sweep(
         raise ConfigError(f"--trials={trials}: must be ≥ 1")
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # one progress line per trial instead
     out = Path(recipe.output.dir)
+    check_output_dir(out)
     out.mkdir(parents=True, exist_ok=True)
     space = search_space(recipe)
     study = _study(recipe, storage or f"sqlite:///{(out / STUDY_DB).resolve()}", study_name)

@@ -83,10 +83,9 @@ def test_command_line_mistakes(
         ),
         (["model.name=no_such_net"], "model.name='no_such_net' is not a timm model"),
         (["model.name=local-dir:{root}/missing"], "does not exist"),
-        (["output.dir={root}/a-file/run"], "Not a directory"),
     ],
 )  # fmt: skip
-def test_data_model_and_output_mistakes_stop_before_training(
+def test_data_and_model_mistakes_stop_before_training(
     overrides: list[str], expected: str, data: Path, tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
@@ -95,6 +94,20 @@ def test_data_model_and_output_mistakes_stop_before_training(
     line = _fails(argv, capsys, 1)
     assert line.startswith("fseb-ft: error: ") and expected in line
     assert line.endswith("(--debug shows where)")
+
+
+@pytest.mark.parametrize(
+    ("output", "expected"),
+    [
+        ("{root}/a-file", "output.dir {root}/a-file is a file, not a folder"),
+        ("{root}/a-file/run", "{root}/a-file/run lies inside {root}/a-file, which is a file"),
+    ],
+)  # fmt: skip
+def test_an_output_dir_that_is_a_file_says_so(
+    output: str, expected: str, data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    line = _fails([QUICKSTART, f"output.dir={output.format(root=data)}"], capsys, 2)
+    assert expected.format(root=data) in line
 
 
 def test_a_yaml_syntax_error_is_one_line_under_python_m(tmp_path: Path) -> None:

@@ -11,7 +11,8 @@ read only the header, and PIL's ``verify()`` does nothing for JPEG, so neither f
 truncated JPEG. A JPEG is therefore decoded at 1/8 scale (``draft``), which still reads every
 byte of its compressed stream; other formats are decoded in full.
 
-Of fseb_ft this imports only :mod:`fseb_ft.errors` and :mod:`fseb_ft.images`.
+Of fseb_ft this imports only :mod:`fseb_ft.errors`, :mod:`fseb_ft.images`,
+:mod:`fseb_ft.imagesplits` and :mod:`fseb_ft.pixels`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tqdm.auto import tqdm
 from fseb_ft.errors import FsebError
 from fseb_ft.images import IndexedImages, LabeledImages
 from fseb_ft.imagesplits import Splits
+from fseb_ft.pixels import EMPTY_FILE
 
 __all__ = [
     "SHOWN",
@@ -90,6 +92,8 @@ def check_image(source: str | bytes) -> str | None:
     try:
         # One read, then PIL parses memory: cheaper than its many small reads of the file.
         data = source if isinstance(source, bytes) else Path(source).read_bytes()
+        if not data:
+            return EMPTY_FILE
         with PIL.Image.open(io.BytesIO(data)) as image:
             width, height = image.size
             if width < 1 or height < 1:

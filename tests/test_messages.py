@@ -15,6 +15,8 @@ from huggingface_hub.errors import LocalEntryNotFoundError
 import fseb_ft.hub as hub
 from fseb_ft.config import ModelConfig, recipe_from_dict
 from fseb_ft.finetune import run
+from fseb_ft.imagecheck import check_image
+from fseb_ft.imagepaths import read_image
 from fseb_ft.models import create_model
 from fseb_ft.regularizer import CholeskyJitterWarning, function_space_term
 from fseb_ft.train import NonFiniteLossError, TrainState, _non_finite_message
@@ -115,6 +117,16 @@ def test_pretrained_weights_offline_point_to_hf_hub_offline_and_local_dir(
         assert "HF_HUB_OFFLINE=1 is set and they are not in the Hugging Face cache" in message
     else:
         assert "Set HF_HUB_OFFLINE=1" in message and "Name or service not known" in message
+
+
+def test_an_empty_image_file_is_called_empty(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.png"
+    empty.write_bytes(b"")
+    assert check_image(empty) == check_image(b"") == "empty file (0 bytes)"  # before training
+    with pytest.raises(ValueError) as err:  # fseb-ft predict: its note shows the cause
+        read_image(empty, channels=3)
+    assert str(err.value.__cause__) == "empty file (0 bytes)"
+    assert str(err.value).endswith(f"(file {empty}): empty file (0 bytes)")
 
 
 def test_jitter_warning_on_singular_kc_without_duplicates_says_what_happened() -> None:

@@ -13,10 +13,12 @@ import torch
 from huggingface_hub.errors import LocalEntryNotFoundError
 
 import fseb_ft.hub as hub
+from fseb_ft import cli
 from fseb_ft.config import ModelConfig, recipe_from_dict
 from fseb_ft.finetune import run
 from fseb_ft.imagecheck import check_image
 from fseb_ft.imagepaths import read_image
+from fseb_ft.inference import predict_images
 from fseb_ft.models import create_model
 from fseb_ft.regularizer import CholeskyJitterWarning, function_space_term
 from fseb_ft.train import NonFiniteLossError, TrainState, _non_finite_message
@@ -127,6 +129,19 @@ def test_an_empty_image_file_is_called_empty(tmp_path: Path) -> None:
         read_image(empty, channels=3)
     assert str(err.value.__cause__) == "empty file (0 bytes)"
     assert str(err.value).endswith(f"(file {empty}): empty file (0 bytes)")
+
+
+@pytest.mark.parametrize("value", ["1.5", "0", "-0.1"])
+def test_coverage_out_of_range_names_one_range(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["predict", "runs/x", "images/", "--coverage", value])
+    assert stop.value.code == 2
+    expected = f"argument --coverage: must lie in (0, 1], got {float(value):g}"
+    assert capsys.readouterr().err.splitlines()[-1].endswith(expected)
+    with pytest.raises(ValueError, match=r"^coverage must lie in \(0, 1\], got "):
+        predict_images("runs/x", ["images/"], coverage=float(value))
 
 
 def test_jitter_warning_on_singular_kc_without_duplicates_says_what_happened() -> None:

@@ -11,6 +11,8 @@ do not load the training stack. An error the user can fix (a bad recipe, a missi
 disk, a diverged run: :class:`~fseb_ft.errors.FsebError`, ``OSError``, ``ValueError``) prints
 ``fseb-ft: error: …`` and exits 1 (2 for a bad command line); ``--debug`` (or
 ``FSEB_FT_DEBUG=1``) shows the traceback instead. An interrupted run says how to continue.
+:func:`run_entry` does this, for these commands and for each entry module run as
+``python -m fseb_ft.MODULE`` (or ``accelerate launch -m fseb_ft.finetune``).
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["COMMANDS", "Command", "main"]
+__all__ = ["COMMANDS", "Command", "main", "run_entry"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ COMMANDS: dict[str, Command] = {
 _RECIPE_SUFFIXES = (".yaml", ".yml")
 DEBUG_ENV = "FSEB_FT_DEBUG"
 """Set to anything to see the traceback of an error instead of its one-line message."""
+_DEBUG_FLAG = "--debug"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -65,22 +68,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     would print a results dict and exit with status 1. Errors exit through ``SystemExit``.
     """
     args = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in args or bool(os.environ.get(DEBUG_ENV))
-    args = [a for a in args if a != "--debug"]
-    if not args or args[0] in ("-h", "--help"):
+    words = [a for a in args if a != _DEBUG_FLAG]
+    if not words or words[0] in ("-h", "--help"):
         print(_help())
         return
-    if args[0] == "--version":
+    if words[0] == "--version":
         from fseb_ft import __version__
 
         print(f"fseb-ft {__version__}")
         return
-    name = args[0]
+    name = words[0]
     if name in COMMANDS:
-        _run(name, args[1:], debug)
+        at = args.index(name)
+        _run(name, args[:at] + args[at + 1 :])  # without the command; --debug stays for run_entry
         return
     if name.endswith(_RECIPE_SUFFIXES) or Path(name).is_file():
-        _run("train", args, debug)
+        _run("train", args)
         return
     sys.stderr.write(
         f"fseb-ft: error: unknown command or recipe {name!r}; commands are "
@@ -89,13 +92,27 @@ def main(argv: Sequence[str] | None = None) -> None:
     raise SystemExit(2)
 
 
-def _run(name: str, argv: list[str], debug: bool) -> None:
-    """Run a command; a user's error becomes one line on stderr and an exit status."""
+def _run(name: str, argv: list[str]) -> None:
+    """Import a command's module and run its ``main``."""
+    module = importlib.import_module(COMMANDS[name].module)
+    run_entry(module.main, argv, prog=f"fseb-ft {name}" if name != "train" else "fseb-ft")
+
+
+def run_entry(
+    main: Callable[..., object], argv: Sequence[str] | None = None, prog: str = "fseb-ft"
+) -> None:
+    """Run an entry module's ``main(argv, prog=prog)``; a user's error becomes one line on stderr.
+
+    Every form runs through here: ``fseb-ft COMMAND`` and ``python -m fseb_ft.MODULE`` (``argv``
+    None: the command line), so an error reads the same whichever started the command.
+    ``--debug`` anywhere in ``argv`` (or ``FSEB_FT_DEBUG``) lets the traceback through instead.
+    """
     from fseb_ft.errors import FsebError
 
-    module = importlib.import_module(COMMANDS[name].module)
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = _DEBUG_FLAG in args or bool(os.environ.get(DEBUG_ENV))
     try:
-        module.main(argv, prog=f"fseb-ft {name}" if name != "train" else "fseb-ft")
+        main([a for a in args if a != _DEBUG_FLAG], prog=prog)
     except KeyboardInterrupt:
         if debug:
             raise

@@ -487,7 +487,7 @@ def read_recipe_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"recipe file {str(path)!r} does not exist")
-    raw = yaml.safe_load(path.read_text()) or {}
+    raw = _parse_yaml(path.read_text(), f"recipe file {path}") or {}
     if not isinstance(raw, dict):
         raise ConfigError(
             f"{path}: a recipe must be a mapping of sections, got {type(raw).__name__}"
@@ -507,8 +507,20 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[st
         key, sep, text = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {item!r} must look like section.key=value")
-        set_key(out, override_path(key), yaml.safe_load(text) if text.strip() else None)
+        value = _parse_yaml(text, f"override {item!r}: its value") if text.strip() else None
+        set_key(out, override_path(key), value)
     return out
+
+
+def _parse_yaml(text: str, what: str) -> Any:
+    """``text`` as YAML; a syntax error is one line naming ``what``, the line and the column."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).strip().splitlines()[0]
+        raise ConfigError(f"{what} is not valid YAML{where}: {problem}") from err
 
 
 def dump_recipe(recipe: Recipe) -> str:

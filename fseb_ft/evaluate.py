@@ -29,6 +29,7 @@ from accelerate import Accelerator, PartialState
 from torch import Tensor
 
 from fseb_ft.atomic import is_not_writable, write_text
+from fseb_ft.cli import run_entry
 from fseb_ft.config import Recipe
 from fseb_ft.imagecheck import screen_splits
 from fseb_ft.logs import configure_logging
@@ -467,4 +468,4 @@ def _member_labels(runs: Sequence[tuple[Path, Recipe, RunInfo]]) -> list[str]:
 
 
 if __name__ == "__main__":
-    main()
+    run_entry(main, prog="python -m fseb_ft.evaluate")

@@ -36,6 +36,7 @@ from torch import nn
 
 from fseb_ft.allocator import keep_freed_memory
 from fseb_ft.atomic import DiskFullError, cleaned_on_failure, publish, remove_orphans, write_text
+from fseb_ft.cli import run_entry
 from fseb_ft.config import (
     ConfigError,
     DatasetSpec,
@@ -70,6 +71,7 @@ from fseb_ft.rundir import (
     RUN_INFO_FILE,
     VARIATIONAL_WEIGHTS,
     RunInfo,
+    check_output_dir,
     clear_run,
     latest_checkpoint,
     read_json,
@@ -113,6 +115,7 @@ def run(
     ``training``.
     """
     run_dir = Path(recipe.output.dir)
+    check_output_dir(run_dir)
     _check_resumable(recipe, run_dir)
     if splits is None:  # the data first: a mistake in it stops the run before anything is written
         splits = build_splits(recipe.data, recipe.train.seed)
@@ -484,6 +487,7 @@ def compare(recipe: Recipe | str | Path, overrides: Sequence[str] = ()) -> dict[
             "so the recipe must set fseb.reg_scale > 0"
         )
     out = Path(recipe.output.dir)
+    check_output_dir(out)
     results: dict[str, Any] = {}
     for label, slug, reg_scale, method in (
         ("PS-MAP", "psmap", 0.0, "fseb"),
@@ -669,4 +673,4 @@ sys.modules[__name__].__signature__ = inspect.signature(finetune)
 
 
 if __name__ == "__main__":
-    main()
+    run_entry(main, prog="python -m fseb_ft.finetune")

@@ -43,6 +43,7 @@ from timm.models import save_for_hf
 from torch import nn
 
 from fseb_ft.atomic import cleaned_on_failure, publish, write_text
+from fseb_ft.cli import run_entry
 from fseb_ft.config import ConfigError, OutputConfig, Recipe, load_recipe
 from fseb_ft.errors import FsebError
 from fseb_ft.logs import configure_logging
@@ -571,4 +572,4 @@ def _jsonable(value: Any) -> Any:
 
 
 if __name__ == "__main__":
-    main()
+    run_entry(main, prog="python -m fseb_ft.hub")

@@ -15,8 +15,8 @@ An image of more than 8 bits per pixel (16-bit, 32-bit integer, floating point) 
 to :func:`fseb_ft.pixels.as_uint8`, so pixels it refuses (a float TIFF outside [0, 1]) are found
 here too, not at a training step.
 
-Of fseb_ft this imports only :mod:`fseb_ft.errors`, :mod:`fseb_ft.images` and
-:mod:`fseb_ft.pixels`.
+Of fseb_ft this imports only :mod:`fseb_ft.errors`, :mod:`fseb_ft.images`,
+:mod:`fseb_ft.imagesplits` and :mod:`fseb_ft.pixels`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from fseb_ft.errors import FsebError
 from fseb_ft.images import IndexedImages, LabeledImages
 from fseb_ft.imagesplits import Splits
-from fseb_ft.pixels import WIDE_MODES, as_uint8
+from fseb_ft.pixels import EMPTY_FILE, WIDE_MODES, as_uint8
 
 __all__ = [
     "SHOWN",
@@ -97,6 +97,8 @@ def check_image(source: str | bytes) -> str | None:
     try:
         # One read, then PIL parses memory: cheaper than its many small reads of the file.
         data = source if isinstance(source, bytes) else Path(source).read_bytes()
+        if not data:
+            return EMPTY_FILE
         with PIL.Image.open(io.BytesIO(data)) as image:
             width, height = image.size
             if width < 1 or height < 1:

@@ -39,7 +39,7 @@ import io
 import json
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ import yaml
 from torch import Tensor
 
 from fseb_ft.atomic import write_text
+from fseb_ft.cli import run_entry
 from fseb_ft.config import DatasetSpec
 from fseb_ft.errors import FsebError
 from fseb_ft.hub import write_model_card
@@ -137,9 +138,12 @@ def predict_images(
         out: where to write the rows (``.csv`` or ``.jsonl``) and, beside it,
             ``<stem>.meta.json``; ``None`` writes nothing.
         fmt: ``csv`` or ``jsonl``; ``None`` goes by the extension of ``out``.
-        coverage: choose ``τ`` on the run's validation split to accept this fraction.
-        max_risk: choose ``τ`` there for at most this error rate among accepted predictions.
-        threshold: ``τ`` itself (a run still reports its validation coverage and risk).
+        coverage: choose ``τ`` on the run's validation split to accept this fraction, in
+            (0, 1].
+        max_risk: choose ``τ`` there for at most this error rate among accepted predictions,
+            in [0, 1).
+        threshold: ``τ`` itself, in [0, 1] (a run still reports its validation coverage and
+            risk).
         top_k: how many classes each row ranks.
         ood: the OOD score reported (:data:`~fseb_ft.options.OOD_SCORES`); default: the run's.
         temperature: overrides the model's temperature (1: raw outputs).
@@ -162,8 +166,9 @@ def predict_images(
         raise ValueError(f"ood score must be one of {list(OOD_SCORES)}, got {ood!r}")
     if temperature is not None and not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    if threshold is not None and not 0 <= threshold <= 1:
-        raise ValueError(f"threshold must lie in [0, 1] (a probability), got {threshold}")
+    for name, value in (("coverage", coverage), ("max_risk", max_risk), ("threshold", threshold)):
+        if value is not None and (problem := _out_of_range(name, value)) is not None:
+            raise ValueError(f"{name} {problem}")
     fmt = _output_format(out, fmt)
     images = [images] if isinstance(images, str | Path) else list(images)
     loaded = model if isinstance(model, LoadedModel) else load_model(model)
@@ -552,16 +557,19 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--format", choices=("csv", "jsonl"), help="default: by --out's extension")
     rule = parser.add_mutually_exclusive_group()
     rule.add_argument(
-        "--coverage", type=_fraction, metavar="A",
+        "--coverage", type=_fraction("coverage"), metavar="A",
         help="the threshold that accepts the fraction A of the validation split (default "
         f"{DEFAULT_COVERAGE} for a run without a kept threshold)",
     )  # fmt: skip
     rule.add_argument(
-        "--max-risk", type=_fraction, metavar="R",
+        "--max-risk", type=_fraction("max_risk"), metavar="R",
         help="the lowest threshold whose error rate among accepted validation predictions is ≤ R",
     )  # fmt: skip
     rule.add_argument(
-        "--threshold", type=_fraction, metavar="T", help="abstain when max probability < T"
+        "--threshold",
+        type=_fraction("threshold"),
+        metavar="T",
+        help="abstain when max probability < T",
     )
     parser.add_argument(
         "--top-k", type=int, default=3, metavar="K", help="classes ranked per image"
@@ -589,12 +597,32 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     return parser
 
 
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"must lie in [0, 1], got {text}")
-    return value
+_RANGES = {"coverage": "(0, 1]", "max_risk": "[0, 1)", "threshold": "[0, 1]"}
+"""The values each abstention option takes, in interval notation (as docs/cli.md states them)."""
+
+
+def _out_of_range(name: str, value: float) -> str | None:
+    """Why ``value`` is no valid ``name`` (a key of :data:`_RANGES`); None when it is one."""
+    interval = _RANGES[name]
+    above = value > 0 if interval[0] == "(" else value >= 0
+    below = value < 1 if interval[-1] == ")" else value <= 1
+    return None if above and below else f"must lie in {interval}, got {value:g}"
+
+
+def _fraction(name: str) -> Callable[[str], float]:
+    """The argparse type of the abstention option ``name``: a number in its range."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if (problem := _out_of_range(name, value)) is not None:
+            raise argparse.ArgumentTypeError(problem)
+        return value
+
+    return parse
 
 
 if __name__ == "__main__":
-    main()
+    run_entry(main, prog="python -m fseb_ft.inference")

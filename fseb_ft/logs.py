@@ -19,5 +19,10 @@ def configure_logging(verbose: bool = False) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for name in QUIET_LIBRARIES:
         logging.getLogger(name).setLevel(logging.INFO if verbose else logging.WARNING)
+    # huggingface_hub gives its logger a stderr handler of its own when imported: beside the root
+    # handler, each of its lines (a warning per retry of a request) printed twice.
+    import huggingface_hub.utils.logging  # noqa: F401  (adds that handler now, not later)
+
+    logging.getLogger("huggingface_hub").handlers.clear()
     # Regulariser warnings (Cholesky jitter) go to the log like everything else.
     logging.captureWarnings(True)

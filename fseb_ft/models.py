@@ -53,8 +53,8 @@ def create_model(cfg: ModelConfig, num_classes: int, in_chans: int = 3) -> nn.Mo
     written by :func:`timm.models.save_for_hf` (or by ``fseb_ft.hub``) loads offline.
     """
     try:
-        model = timm.create_model(
-            cfg.name,
+        model = _timm_model(
+            cfg,
             pretrained=cfg.pretrained,
             num_classes=num_classes,
             in_chans=in_chans,
@@ -73,6 +73,40 @@ def create_model(cfg: ModelConfig, num_classes: int, in_chans: int = 3) -> nn.Mo
     if head_init(cfg) == "zeros":
         zero_classifier(model)
     return model
+
+
+def _timm_model(cfg: ModelConfig, **kwargs: Any) -> nn.Module:
+    """``timm.create_model(cfg.name, **kwargs)``; with the Hub unreachable, from the cache only.
+
+    huggingface_hub retries a file it can neither reach nor find cached five times, backing off
+    for about 23 s, before it fails. One request without retries first tells whether the Hub
+    answers; if not, the weights come from the local cache as with ``HF_HUB_OFFLINE=1``, at once.
+    """
+    unreachable = _hub_unreachable(cfg)
+    if unreachable is None:
+        return timm.create_model(cfg.name, **kwargs)
+    constants = huggingface_hub.constants
+    offline, constants.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE, True
+    try:
+        return timm.create_model(cfg.name, **kwargs)
+    except OSError as err:
+        raise OSError(f"the Hub did not answer; not in the cache: {err}") from unreachable
+    finally:
+        constants.HF_HUB_OFFLINE = offline
+
+
+def _hub_unreachable(cfg: ModelConfig) -> Exception | None:
+    """Why the Hugging Face Hub does not answer one request; None if it does or is not needed."""
+    constants = huggingface_hub.constants
+    if not cfg.pretrained or cfg.name.startswith("local-dir:") or constants.HF_HUB_OFFLINE:
+        return None
+    try:
+        huggingface_hub.get_session().head(
+            constants.ENDPOINT, timeout=constants.HF_HUB_ETAG_TIMEOUT
+        )
+    except Exception as err:  # requests' or httpx's errors, by huggingface_hub's version
+        return err
+    return None
 
 
 def head_init(cfg: ModelConfig) -> str:
@@ -105,7 +139,7 @@ def _load_failure(cfg: ModelConfig, err: OSError) -> str:
     return (
         f"could not fetch pretrained weights for model.name={cfg.name!r} from the Hugging Face "
         f"Hub ({type(cause).__name__}: {cause}). Offline? Set HF_HUB_OFFLINE=1 to use the local "
-        "cache at once instead of retrying the network, point model.name at a 'local-dir:' "
+        "cache without trying the network, point model.name at a 'local-dir:' "
         "folder in timm's Hub format, or set model.pretrained=false."
     )
 

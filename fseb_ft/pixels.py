@@ -9,6 +9,7 @@ predict`` alike. Imports no other fseb_ft module.
 from __future__ import annotations
 
 import io
+import os
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ import PIL.Image
 import torch
 
 __all__ = [
+    "EMPTY_FILE",
     "WIDE_MODES",
     "any_image_to_array",
     "as_uint8",
@@ -23,6 +25,9 @@ __all__ = [
     "fit_channels",
     "pil_to_array",
 ]
+
+EMPTY_FILE = "empty file (0 bytes)"
+"""Why an image of zero bytes cannot be read (PIL names only its ``BytesIO`` buffer)."""
 
 # PIL modes that hold one intensity channel; everything else is converted to RGB.
 _GRAY_MODES = {"1", "L", "LA"}
@@ -109,10 +114,19 @@ def decode_image(value: Any, where: str) -> np.ndarray:
                 image.load()  # PIL opens lazily; decode now so a truncated file fails here
                 return pil_to_array(image)
         except (OSError, ValueError, SyntaxError) as err:
-            raise ValueError(f"cannot read {where} (file {path}): {err}") from err
+            # The cause is the decoder's own words, which `fseb-ft predict` shows per image.
+            cause = ValueError(EMPTY_FILE) if _is_empty(data, path) else err
+            raise ValueError(f"cannot read {where} (file {path}): {cause}") from cause
     if isinstance(value, list) or hasattr(value, "__array__"):
         return np.asarray(value)  # numpy/torch-formatted datasets and nested lists
     raise TypeError(f"{where} is a {type(value).__name__}; expected a PIL image, dict or array")
+
+
+def _is_empty(data: bytes | None, path: str | None) -> bool:
+    """Whether the encoded image (``data``, else the file at ``path``) has zero bytes."""
+    if data is not None:
+        return len(data) == 0
+    return path is not None and os.path.isfile(path) and os.path.getsize(path) == 0
 
 
 def pil_to_array(image: PIL.Image.Image) -> np.ndarray:

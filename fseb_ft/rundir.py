@@ -34,7 +34,7 @@ from safetensors.torch import load_file, load_model, save_file
 from torch import Tensor, nn
 
 from fseb_ft.atomic import cleaned_on_failure, publish, remove, write_text
-from fseb_ft.config import Recipe, load_recipe
+from fseb_ft.config import ConfigError, Recipe, load_recipe
 from fseb_ft.models import InputSpec, create_model
 from fseb_ft.variational import MCPredictive, MeanFieldGaussian, variance_parameters
 
@@ -62,6 +62,7 @@ __all__ = [
     "VAL_LOGITS",
     "VARIATIONAL_WEIGHTS",
     "RunInfo",
+    "check_output_dir",
     "checkpoint_name",
     "clear_run",
     "epochs_done",
@@ -294,6 +295,25 @@ def run_predictor(run_dir: Path, recipe: Recipe, model: nn.Module) -> nn.Module:
 def checkpoint_name(epoch: int) -> str:
     """The checkpoint folder of ``epoch`` inside :data:`CHECKPOINTS`."""
     return f"{CHECKPOINT_PREFIX}{epoch:04d}"
+
+
+def check_output_dir(run_dir: Path) -> None:
+    """Refuse an ``output.dir`` that is, or lies inside, an existing file.
+
+    Checked before anything loads: creating the folder would otherwise fail only after the data
+    and model, with the bare ``[Errno 17] File exists`` (or ``Not a directory``).
+
+    Raises:
+        ConfigError: ``run_dir`` or a folder above it is a file.
+    """
+    for folder in (run_dir, *run_dir.parents):
+        if folder.is_dir():
+            return
+        if folder.exists():
+            where = "is a file" if folder == run_dir else f"lies inside {folder}, which is a file"
+            raise ConfigError(
+                f"output.dir {run_dir} {where}, not a folder: give a folder (created if missing)"
+            )
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

@@ -40,6 +40,7 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
 from fseb_ft.atomic import DiskFullError, write_text
+from fseb_ft.cli import run_entry
 from fseb_ft.config import (
     ConfigError,
     ContextConfig,
@@ -63,6 +64,7 @@ from fseb_ft.rundir import (
     RECIPE_FILE,
     RESULTS_JSON,
     RESULTS_MD,
+    check_output_dir,
     read_json,
     results_split,
     write_json,
@@ -197,6 +199,7 @@ def sweep(
     # The sweep prints a line per trial; Optuna's warnings for failed trials add tracebacks.
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     out = Path(recipe.output.dir)
+    check_output_dir(out)
     out.mkdir(parents=True, exist_ok=True)
     space = search_space(recipe)
     url = storage or f"sqlite:///{(out / STUDY_DB).resolve()}"
@@ -720,4 +723,4 @@ def main(argv: Sequence[str] | None = None, prog: str = "fseb-ft sweep") -> dict
 
 
 if __name__ == "__main__":
-    main()
+    run_entry(main, prog="python -m fseb_ft.sweep")

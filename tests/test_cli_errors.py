@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import runpy
+import subprocess
+import sys
+import warnings
 from pathlib import Path
 
 import huggingface_hub
@@ -9,12 +14,13 @@ import numpy as np
 import pytest
 from datasets import Dataset
 
-from fseb_ft import cli
+from fseb_ft import cli, logs
 from fseb_ft import finetune as finetune_module
 from fseb_ft.atomic import DiskFullError
 from tests.test_pipeline import _write_folder, poison_loss
 
-QUICKSTART = str(Path(__file__).parents[1] / "recipes" / "quickstart.yaml")
+ROOT = Path(__file__).parents[1]
+QUICKSTART = str(ROOT / "recipes" / "quickstart.yaml")
 
 
 def _fails(argv: list[str], capsys: pytest.CaptureFixture[str], code: int) -> str:
@@ -53,6 +59,12 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (["evaluate", "/no/such/run"], 2, "/no/such/run is not a finished run"),
         (["evaluate", "a", "--ensemble"], 2, "--ensemble needs at least two run directories"),
         (["push", "/no/such/run", "user/name"], 2, "is not a run directory"),
+        (
+            [QUICKSTART, "train.epochs=[1"],
+            2,
+            "override 'train.epochs=[1': its value is not valid YAML at line 1, column 3: "
+            "expected ',' or ']'",
+        ),
     ],
 )
 def test_command_line_mistakes(
@@ -74,10 +86,9 @@ def test_command_line_mistakes(
         ),
         (["model.name=no_such_net"], "model.name='no_such_net' is not a timm model"),
         (["model.name=local-dir:{root}/missing"], "does not exist"),
-        (["output.dir={root}/a-file/run"], "Not a directory"),
     ],
 )  # fmt: skip
-def test_data_model_and_output_mistakes_stop_before_training(
+def test_data_and_model_mistakes_stop_before_training(
     overrides: list[str], expected: str, data: Path, tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
@@ -118,6 +129,67 @@ def test_training_images_of_one_class_stop_before_anything_is_written(
     line = _fails([*(a.format(root=data) for a in argv + overrides)], capsys, 1)
     assert line.startswith(f"fseb-ft: error: {expected.format(root=data)}")
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["results.json"]
+
+
+@pytest.mark.parametrize(
+    ("output", "expected"),
+    [
+        ("{root}/a-file", "output.dir {root}/a-file is a file, not a folder"),
+        ("{root}/a-file/run", "{root}/a-file/run lies inside {root}/a-file, which is a file"),
+    ],
+)  # fmt: skip
+def test_an_output_dir_that_is_a_file_says_so(
+    output: str, expected: str, data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    line = _fails([QUICKSTART, f"output.dir={output.format(root=data)}"], capsys, 2)
+    assert expected.format(root=data) in line
+
+
+def test_a_yaml_syntax_error_is_one_line_under_python_m(tmp_path: Path) -> None:
+    # One real process (the README's form); the other forms run in-process below.
+    recipe = tmp_path / "broken.yaml"
+    recipe.write_text("model: {name: resnet18\ndata: [\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "fseb_ft.finetune", str(recipe)],
+        capture_output=True, text=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert len(done.stderr.splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
+    prog, _, message = done.stderr.partition(": error: ")
+    assert prog in ("fseb-ft", "python -m fseb_ft.finetune")
+    assert message.startswith(f"recipe file {recipe} is not valid YAML at line 2, column 5: ")
+
+
+@pytest.mark.parametrize(
+    ("module", "argv"),
+    [
+        ("fseb_ft", [QUICKSTART]),
+        ("fseb_ft.finetune", [QUICKSTART]),
+        ("fseb_ft.evaluate", ["runs/x"]),
+        ("fseb_ft.sweep", [QUICKSTART]),
+        ("fseb_ft.hub", ["runs/x"]),
+        ("fseb_ft.inference", ["runs/x", "images/"]),
+    ],
+)
+def test_every_module_entry_point_ends_an_error_as_fseb_ft_does(
+    module: str, argv: list[str], monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    def full_disk(verbose: bool = False) -> None:
+        raise OSError("no space left on device")
+
+    # Every command sets up logging once its command line is read. `python -m fseb_ft.X` runs X
+    # anew and so imports the patched one; `python -m fseb_ft` runs the imported finetune.
+    monkeypatch.setattr(logs, "configure_logging", full_disk)
+    monkeypatch.setattr(finetune_module, "configure_logging", full_disk)
+    monkeypatch.setattr(sys, "argv", [module, *argv])
+    with pytest.raises(SystemExit) as stop, warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # runpy: the module is imported already
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    assert stop.value.code == 1
+    assert (
+        capsys.readouterr().err == "fseb-ft: error: no space left on device (--debug shows where)\n"
+    )
 
 
 def _tiny(tmp_path: Path) -> list[str]:

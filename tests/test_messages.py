@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,8 +15,13 @@ import torch
 from huggingface_hub.errors import LocalEntryNotFoundError
 
 import fseb_ft.hub as hub
+from fseb_ft import cli
 from fseb_ft.config import ModelConfig, recipe_from_dict
 from fseb_ft.finetune import run
+from fseb_ft.imagecheck import check_image
+from fseb_ft.imagepaths import read_image
+from fseb_ft.inference import predict_images
+from fseb_ft.logs import configure_logging
 from fseb_ft.models import create_model
 from fseb_ft.regularizer import CholeskyJitterWarning, function_space_term
 from fseb_ft.train import NonFiniteLossError, TrainState, _non_finite_message
@@ -115,6 +122,52 @@ def test_pretrained_weights_offline_point_to_hf_hub_offline_and_local_dir(
         assert "HF_HUB_OFFLINE=1 is set and they are not in the Hugging Face cache" in message
     else:
         assert "Set HF_HUB_OFFLINE=1" in message and "Name or service not known" in message
+
+
+def test_an_unreachable_hub_fails_at_once_without_retrying(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", UNREACHABLE)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    start = time.monotonic()
+    with pytest.raises(OSError) as err, caplog.at_level(logging.WARNING):
+        create_model(ModelConfig(name="hf-hub:fseb-ft/no-such-model"), num_classes=3)
+    assert time.monotonic() - start < 10  # huggingface_hub's back-off alone takes 23 s
+    assert not [r for r in caplog.records if "Retrying" in r.getMessage()]
+    message = str(err.value)
+    assert "could not fetch pretrained weights" in message and "Set HF_HUB_OFFLINE=1" in message
+    assert huggingface_hub.constants.HF_HUB_OFFLINE is False  # the cache-only try is undone
+
+
+def test_huggingface_hub_lines_go_through_the_one_log_handler() -> None:
+    configure_logging()
+    # Its own stderr handler printed every line (each retry) a second time beside the root's.
+    assert logging.getLogger("huggingface_hub").handlers == []
+    assert logging.getLogger("huggingface_hub").propagate
+
+
+def test_an_empty_image_file_is_called_empty(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.png"
+    empty.write_bytes(b"")
+    assert check_image(empty) == check_image(b"") == "empty file (0 bytes)"  # before training
+    with pytest.raises(ValueError) as err:  # fseb-ft predict: its note shows the cause
+        read_image(empty, channels=3)
+    assert str(err.value.__cause__) == "empty file (0 bytes)"
+    assert str(err.value).endswith(f"(file {empty}): empty file (0 bytes)")
+
+
+@pytest.mark.parametrize("value", ["1.5", "0", "-0.1"])
+def test_coverage_out_of_range_names_one_range(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["predict", "runs/x", "images/", "--coverage", value])
+    assert stop.value.code == 2
+    expected = f"argument --coverage: must lie in (0, 1], got {float(value):g}"
+    assert capsys.readouterr().err.splitlines()[-1].endswith(expected)
+    with pytest.raises(ValueError, match=r"^coverage must lie in \(0, 1\], got "):
+        predict_images("runs/x", ["images/"], coverage=float(value))
 
 
 def _exactly_rank_6_features() -> torch.Tensor:

@@ -397,7 +397,7 @@ def test_mistakes_end_in_one_line(
     assert "is neither a run folder (recipe.yaml) nor a model folder" in message
     message = _fails([str(run_dir), str(images), "--out", str(tmp_path / "p.txt")], capsys)
     assert "use .csv or .jsonl, or give --format" in message
-    assert "--coverage: must lie in [0, 1]" in _fails([str(run_dir), "--coverage", "2"], capsys)
+    assert "--coverage: must lie in (0, 1]" in _fails([str(run_dir), "--coverage", "2"], capsys)
     assert "give IMAGES" in _fails([str(run_dir)], capsys)
 
     def offline(*args: object, **kwargs: object) -> None:

@@ -55,7 +55,7 @@ from fseb_ft.imagecheck import screen_splits
 from fseb_ft.images import IndexedImages, LabeledImages, as_labeled_images
 from fseb_ft.imagesplits import Splits, require_two_classes, stratified_split
 from fseb_ft.logs import configure_logging
-from fseb_ft.models import create_model, input_spec
+from fseb_ft.models import create_model, head_init, input_spec
 from fseb_ft.objective import FSEBObjective
 from fseb_ft.predict import eval_loader, predict_splits
 from fseb_ft.report import eval_results, markdown_table, method_title, split_note, write_results
@@ -224,6 +224,8 @@ def run(
         on_epoch_end=on_epoch_end,
         val_ood_loaders=val_ood_loaders,
         ood_score_name=recipe.eval.ood_scores[0],
+        # A zero head helps a pretrained backbone's random one, not a network trained from scratch.
+        suggest_zero_head=recipe.model.pretrained and head_init(recipe.model) != "zeros",
     )
     accelerator.wait_for_everyone()
     load_model(accelerator.unwrap_model(model), str(run_dir / MODEL_WEIGHTS))

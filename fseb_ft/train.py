@@ -202,6 +202,7 @@ def fit(
     on_epoch_end: Callable[[dict[str, float]], None] | None = None,
     val_ood_loaders: Mapping[str, DataLoader] | None = None,
     ood_score_name: str = "entropy",
+    suggest_zero_head: bool = False,
 ) -> TrainState:
     """Train for ``train.epochs``, validating, checkpointing and resuming as configured.
 
@@ -215,6 +216,8 @@ def fit(
     the trial) loses nothing.
     ``val_ood_loaders`` (prepared; ``data.val_ood``) are predicted after each validation and
     scored against it by ``ood_score_name``: ``val_ood_<name>_auroc`` in the record.
+    ``suggest_zero_head``: a divergence message advises ``model.head_init=zeros`` (for a
+    pretrained backbone with a random new head; a network trained from scratch needs that one).
     """
     state = TrainState()
     accelerator.register_for_checkpointing(scheduler)
@@ -251,7 +254,13 @@ def fit(
         state.epoch = epoch + 1
         record = {"epoch": state.epoch, "step": state.step, **train_summary}
         record["param_norm"] = param_norm(objective.model_parameters())
-        _check_divergence(record, log_probs, state.initial_param_norm, train.max_param_growth)
+        _check_divergence(
+            record,
+            log_probs,
+            state.initial_param_norm,
+            train.max_param_growth,
+            suggest_zero_head=suggest_zero_head,
+        )
         val = {k: float(v) for k, v in classification_metrics(log_probs, labels).items()}
         for name, loader in (val_ood_loaders or {}).items():
             val[val_ood_metric(name)] = _val_ood_auroc(
@@ -294,10 +303,16 @@ def param_norm(params: Sequence[Tensor]) -> float:
 
 
 def _check_divergence(
-    record: dict[str, float], val_log_probs: Tensor, start: float, limit: float | None
+    record: dict[str, float],
+    val_log_probs: Tensor,
+    start: float,
+    limit: float | None,
+    *,
+    suggest_zero_head: bool,
 ) -> None:
     """Stop when ‖θ‖ grew past ``limit`` × its start, or it or the validation predictions are
-    not finite: training diverged.
+    not finite: training diverged. ``suggest_zero_head`` adds ``model.head_init=zeros`` to the
+    remedies.
 
     A diverging run is otherwise silent: the training loss can stay finite while ‖θ‖ and
     ``R_θ`` grow by orders of magnitude and validation sits at chance, and the run would end
@@ -314,12 +329,13 @@ def _check_divergence(
         else f"the validation predictions are not finite (parameter norm {norm:.4g}, "
         f"{start:.4g} at the start)"
     )
+    head = ", start from model.head_init=zeros," if suggest_zero_head else ""
     raise TrainingDivergedError(
         f"training diverged in epoch {record['epoch']}: {what}; train_param_reg="
         f"{record.get('train_param_reg', float('nan')):.4g}, train_fs_reg="
         f"{record.get('train_fs_reg', float('nan')):.4g}. Stopped before saving this epoch; no "
-        "model card was written. Lower optim.lr, start from model.head_init=zeros, or widen "
-        "the prior (raise fseb.prior_cov_diag or prior_cov_scale)."
+        f"model card was written. Lower optim.lr{head} or widen the prior (raise "
+        "fseb.prior_cov_diag or prior_cov_scale)."
     )
 
 

@@ -273,8 +273,8 @@ def fit(
             if accelerator.is_main_process:
                 save_best(accelerator.unwrap_model(model))
         accelerator.log({k: v for k, v in record.items() if k != "epoch"}, step=state.step)
-        accelerator.print(_epoch_line(record, train.select_metric))
         record["seconds"] = time.perf_counter() - started
+        accelerator.print(_epoch_line(record, train.select_metric, train.epochs))
         state.seconds += record["seconds"]
         state.history.append(record)
         if state.epoch == train.epochs and all(_at_chance(r) for r in state.history):
@@ -527,8 +527,18 @@ def _fmt(values: dict[str, float], short: bool = False) -> dict[str, str] | str:
     return items if short else ", ".join(f"{k}={v}" for k, v in items.items())
 
 
-def _epoch_line(record: dict[str, float], select: str) -> str:
-    keys = ["train_loss", "train_nll", "train_fs_reg", "train_param_reg", "val_accuracy"]
-    keys += ["val_nll", "val_ece", *(k for k in record if k.startswith("val_ood_"))]
-    shown = " ".join(f"{k}={record[k]:.4f}" for k in keys if k in record)
-    return f"epoch {record['epoch']}: {shown} (selecting on val_{select})"
+EPOCH_LINE_WIDTH = 80
+"""Terminal columns the per-epoch summary fits in; every number is in ``run.json``'s history."""
+
+
+def _epoch_line(record: dict[str, float], select: str, epochs: int) -> str:
+    """The epoch's key numbers: training loss, validation accuracy and NLL, seconds, and the
+    selection metric ``select`` when it is another (on a second line when it does not fit)."""
+    head = f"epoch {record['epoch']}/{epochs}: train loss {record['train_loss']:.4g} | "
+    val = f"val acc {record['val_accuracy']:.2%}, nll {record['val_nll']:.4g}"
+    tail = f" | {record['seconds']:.1f} s"
+    if select in ("accuracy", "nll"):
+        return head + val + tail
+    extra = f"{select} {record[f'val_{select}']:.4g}"
+    line = f"{head}{val}, {extra}{tail}"
+    return line if len(line) <= EPOCH_LINE_WIDTH else f"{head}{val}{tail}\n  val {extra}"

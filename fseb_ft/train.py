@@ -30,6 +30,7 @@ from fseb_ft.atomic import cleaned_on_failure, publish
 from fseb_ft.config import VAL_OOD_METRIC_SUFFIX, OptimConfig, TrainConfig, val_ood_metric
 from fseb_ft.context import ContextStream
 from fseb_ft.errors import FsebError
+from fseb_ft.logs import above_progress_bars
 from fseb_ft.metrics import chance_accuracy, chance_nll, classification_metrics, ood_detection
 from fseb_ft.objective import FSEBObjective
 from fseb_ft.ood import ood_score
@@ -231,57 +232,58 @@ def fit(
     model = objective.model
     if state.initial_param_norm is None:
         state.initial_param_norm = param_norm(objective.model_parameters())
-    for epoch in range(state.epoch, train.epochs):
-        started = time.perf_counter()
-        train_summary = _train_epoch(
-            train,
-            optim,
-            num_workers,
-            run_dir,
-            accelerator,
-            objective,
-            optimizer,
-            scheduler,
-            train_loader,
-            context,
-            state,
-            epoch,
-        )
-        # FS-VI's predictor returns log-probabilities, which log_softmax leaves as they are.
-        predictor = objective.predictor(train.seed)
-        logits, labels = predict_logits(predictor, val_loader, accelerator)  # (N_v, K), (N_v,)
-        log_probs = torch.log_softmax(logits, dim=-1)  # (N_v, K)
-        state.epoch = epoch + 1
-        record = {"epoch": state.epoch, "step": state.step, **train_summary}
-        record["param_norm"] = param_norm(objective.model_parameters())
-        _check_divergence(
-            record,
-            log_probs,
-            state.initial_param_norm,
-            train.max_param_growth,
-            suggest_zero_head=suggest_zero_head,
-        )
-        val = {k: float(v) for k, v in classification_metrics(log_probs, labels).items()}
-        for name, loader in (val_ood_loaders or {}).items():
-            val[val_ood_metric(name)] = _val_ood_auroc(
-                predictor, loader, accelerator, ood_score_name, logits
+    with above_progress_bars():  # log lines and warnings above the bars, not in them
+        for epoch in range(state.epoch, train.epochs):
+            started = time.perf_counter()
+            train_summary = _train_epoch(
+                train,
+                optim,
+                num_workers,
+                run_dir,
+                accelerator,
+                objective,
+                optimizer,
+                scheduler,
+                train_loader,
+                context,
+                state,
+                epoch,
             )
-        record.update({f"val_{k}": v for k, v in val.items()})
-        record["val_chance_accuracy"] = float(chance_accuracy(labels))
-        if _improved(train.select_metric, val[train.select_metric], state.best_value):
-            state.best_value, state.best_epoch = val[train.select_metric], state.epoch
-            if accelerator.is_main_process:
-                save_best(accelerator.unwrap_model(model))
-        accelerator.log({k: v for k, v in record.items() if k != "epoch"}, step=state.step)
-        record["seconds"] = time.perf_counter() - started
-        accelerator.print(_epoch_line(record, train.select_metric, train.epochs))
-        state.seconds += record["seconds"]
-        state.history.append(record)
-        if state.epoch == train.epochs and all(_at_chance(r) for r in state.history):
-            _warn(state, accelerator, _chance_warning(state.history, labels))
-        _save_checkpoint(accelerator, run_dir, state)
-        if on_epoch_end is not None:
-            on_epoch_end(record)
+            # FS-VI's predictor returns log-probabilities, which log_softmax leaves as they are.
+            predictor = objective.predictor(train.seed)
+            logits, labels = predict_logits(predictor, val_loader, accelerator)  # (N_v, K), (N_v,)
+            log_probs = torch.log_softmax(logits, dim=-1)  # (N_v, K)
+            state.epoch = epoch + 1
+            record = {"epoch": state.epoch, "step": state.step, **train_summary}
+            record["param_norm"] = param_norm(objective.model_parameters())
+            _check_divergence(
+                record,
+                log_probs,
+                state.initial_param_norm,
+                train.max_param_growth,
+                suggest_zero_head=suggest_zero_head,
+            )
+            val = {k: float(v) for k, v in classification_metrics(log_probs, labels).items()}
+            for name, loader in (val_ood_loaders or {}).items():
+                val[val_ood_metric(name)] = _val_ood_auroc(
+                    predictor, loader, accelerator, ood_score_name, logits
+                )
+            record.update({f"val_{k}": v for k, v in val.items()})
+            record["val_chance_accuracy"] = float(chance_accuracy(labels))
+            if _improved(train.select_metric, val[train.select_metric], state.best_value):
+                state.best_value, state.best_epoch = val[train.select_metric], state.epoch
+                if accelerator.is_main_process:
+                    save_best(accelerator.unwrap_model(model))
+            accelerator.log({k: v for k, v in record.items() if k != "epoch"}, step=state.step)
+            record["seconds"] = time.perf_counter() - started
+            accelerator.print(_epoch_line(record, train.select_metric, train.epochs))
+            state.seconds += record["seconds"]
+            state.history.append(record)
+            if state.epoch == train.epochs and all(_at_chance(r) for r in state.history):
+                _warn(state, accelerator, _chance_warning(state.history, labels))
+            _save_checkpoint(accelerator, run_dir, state)
+            if on_epoch_end is not None:
+                on_epoch_end(record)
     return state
 
 

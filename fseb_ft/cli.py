@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["COMMANDS", "Command", "main", "run_entry"]
+__all__ = ["COMMANDS", "Command", "help_text", "main", "run_entry"]
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,23 @@ def _help() -> str:
         f"commands:\n{rows}\n\n"
         "`fseb-ft COMMAND --help` describes each; --version prints the version; --debug shows "
         "the traceback of an error."
+    )
+
+
+HELP_WIDTH = 79
+"""Columns a command's ``--help`` description is filled to (an 80-column terminal)."""
+_REST_ROLE = re.compile(r":[a-z]+:`(~?)([^`]+)`")  # :func:`name`, :data:`~module.NAME`
+
+
+def help_text(doc: str) -> str:
+    """A reST docstring as a command's ``--help`` description (with argparse's
+    ``RawDescriptionHelpFormatter``): roles and double-backtick literals as plain text, and
+    paragraphs refilled to :data:`HELP_WIDTH`; indented blocks (usage examples) stay as written."""
+    text = _REST_ROLE.sub(lambda m: m[2].rsplit(".", 1)[-1] if m[1] else m[2], doc)
+    paragraphs = text.replace("``", "").strip("\n").split("\n\n")
+    return "\n\n".join(
+        p if p.startswith(" ") else textwrap.fill(" ".join(p.split()), HELP_WIDTH)
+        for p in paragraphs
     )
 
 

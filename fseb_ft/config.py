@@ -301,11 +301,10 @@ class TrainConfig:
     """Stop as diverged when the trainable parameters' norm ‖θ‖ exceeds this multiple of its
     starting value at the end of an epoch (SGD on a stable objective moves ‖θ‖ by far less;
     a blow-up shows as orders of magnitude); ``null``: never stop for it."""
-    trackers: tuple[Literal["tensorboard", "wandb", "mlflow", "comet_ml", "aim"], ...] = (
-        "tensorboard",
-    )
-    """Accelerate trackers for per-epoch metrics; one whose package is not installed is skipped
-    with a log message (``pip install tensorboard`` to get the default)."""
+    trackers: tuple[Literal["tensorboard", "wandb", "mlflow", "comet_ml", "aim"], ...] = ()
+    """Accelerate trackers for per-epoch metrics (none by default; the history is in
+    ``run.json`` either way), e.g. ``[tensorboard]`` after ``pip install tensorboard``; one whose
+    package is not installed is skipped with a log message."""
 
     def __post_init__(self) -> None:
         check(self.epochs >= 1, "epochs", self.epochs, "must be ≥ 1")
@@ -539,12 +538,12 @@ _REFERENCE_INTRO = """\
 
 A recipe is a YAML file with the sections below; only `data.train` is required, every other key
 has a default. Any key can be overridden on the command line as `section.key=value`, the value
-parsed as YAML (`fseb.reg_scale=0`, `data.ood.other.source=imagefolder`, `train.trackers=[]`).
-An unknown key, a value of the wrong type or one out of range stops the run at load with a
-`ConfigError` naming the dotted key, the value and what is allowed. `null` is YAML's "none";
-lists are written `[a, b]`; a number such as `1e-5` is accepted although PyYAML reads it as a
-string. Every run saves its resolved recipe, defaults filled in, as `recipe.yaml` in its run
-directory.
+parsed as YAML (`fseb.reg_scale=0`, `data.ood.other.source=imagefolder`,
+`train.trackers=[tensorboard]`). An unknown key, a value of the wrong type or one out of range
+stops the run at load with a `ConfigError` naming the dotted key, the value and what is allowed.
+`null` is YAML's "none"; lists are written `[a, b]`; a number such as `1e-5` is accepted although
+PyYAML reads it as a string. Every run saves its resolved recipe, defaults filled in, as
+`recipe.yaml` in its run directory.
 """
 
 

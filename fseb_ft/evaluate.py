@@ -29,7 +29,7 @@ from accelerate import Accelerator, PartialState
 from torch import Tensor
 
 from fseb_ft.atomic import is_not_writable, write_text
-from fseb_ft.cli import run_entry
+from fseb_ft.cli import help_text, run_entry
 from fseb_ft.config import Recipe
 from fseb_ft.imagecheck import screen_splits
 from fseb_ft.logs import configure_logging
@@ -320,7 +320,9 @@ def expand_run_dirs(paths: Sequence[str | Path]) -> list[Path]:
 
 def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog,
+        description=help_text(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "run_dirs",

@@ -24,6 +24,7 @@ import json
 import logging
 import math
 import os
+import shlex
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -56,7 +57,7 @@ from fseb_ft.imagecheck import screen_splits
 from fseb_ft.images import IndexedImages, LabeledImages, as_labeled_images
 from fseb_ft.imagesplits import Splits, require_two_classes, stratified_split
 from fseb_ft.logs import configure_logging
-from fseb_ft.models import create_model, input_spec
+from fseb_ft.models import create_model, head_init, input_spec
 from fseb_ft.objective import FSEBObjective
 from fseb_ft.predict import eval_loader, predict_splits
 from fseb_ft.report import eval_results, markdown_table, method_title, split_note, write_results
@@ -227,6 +228,8 @@ def run(
         on_epoch_end=on_epoch_end,
         val_ood_loaders=val_ood_loaders,
         ood_score_name=recipe.eval.ood_scores[0],
+        # A zero head helps a pretrained backbone's random one, not a network trained from scratch.
+        suggest_zero_head=recipe.model.pretrained and head_init(recipe.model) != "zeros",
     )
     accelerator.wait_for_everyone()
     load_model(accelerator.unwrap_model(model), str(run_dir / MODEL_WEIGHTS))
@@ -276,23 +279,61 @@ def _check_resumable(recipe: Recipe, run_dir: Path) -> None:
 
     Resuming restores the weights, optimiser and schedule of the saved run, so a changed
     ``fseb.reg_scale`` or ``optim.lr`` would silently be ignored or mixed with the old one.
+    A changed ``train.epochs`` alone gets its own message: why, and how to train on.
     """
     saved = run_dir / RECIPE_FILE
     if recipe.train.resume != "auto" or latest_checkpoint(run_dir) is None or not saved.exists():
         return
-    old = _flat(dataclasses.asdict(load_recipe(saved)))
+    old_recipe = load_recipe(saved)
+    old = _flat(dataclasses.asdict(old_recipe))
     new = _flat(dataclasses.asdict(recipe))
-    changed = [
-        f"{key}: {old.get(key)!r} → {new.get(key)!r}"
+    keys = [
+        key
         for key in sorted(set(old) | set(new))
         if old.get(key) != new.get(key) and not key.startswith(_RESUME_FREE)
     ]
-    if changed:
+    if keys == ["train.epochs"]:
+        raise RecipeMismatchError(_epochs_message(run_dir, old_recipe, recipe.train.epochs))
+    if keys:
+        changed = "; ".join(f"{key}: {old.get(key)!r} → {new.get(key)!r}" for key in keys)
         raise RecipeMismatchError(
-            f"{run_dir} holds checkpoints of a run with a different recipe ({'; '.join(changed)});"
+            f"{run_dir} holds checkpoints of a run with a different recipe ({changed});"
             " resuming would mix the two. Use another output.dir, or train.resume=never to "
             "start over in this one."
         )
+
+
+def _epochs_message(run_dir: Path, old: Recipe, epochs: int) -> str:
+    """Why a rerun into ``run_dir`` cannot change ``train.epochs`` from ``old``'s to ``epochs``,
+    and, for more epochs, the command that trains on from the run's exported weights."""
+    was, optim = old.train.epochs, old.optim
+    cosine = optim.schedule == "cosine"
+    end_lr = optim.lr * (optim.min_lr_ratio if cosine else 1.0)
+    why = (
+        f"its cosine schedule decays the learning rate to its end (optim.lr × optim.min_lr_ratio"
+        f" = {end_lr:.3g}) over those epochs, and train.epochs={epochs} would "
+        "change the schedule of the epochs already trained"
+        if cosine
+        else "a run is only resumed with its own recipe"
+    )
+    said = f"{run_dir} holds a run of train.epochs={was}, which a rerun cannot change: {why}."
+    if epochs < was:
+        return f"{said} Use another output.dir, or train.resume=never to start over in this one."
+    # model.head_init=timm keeps the trained head (auto would zero a pretrained model's head).
+    warmup = ["optim.warmup_steps=0"] if optim.warmup_steps else []
+    command = shlex.join([
+        "fseb-ft", str(run_dir / RECIPE_FILE), f"model.name=local-dir:{run_dir / MODEL_DIR}",
+        "model.pretrained=true", "model.head_init=timm", "optim.schedule=constant",
+        f"optim.lr={end_lr:.3g}", *warmup, f"train.epochs={epochs - was}",
+        f"output.dir={run_dir}-more",
+    ])  # fmt: skip
+    finished = (run_dir / MODEL_DIR / "config.json").is_file()
+    first = "" if finished else f"finish it first (rerun it with train.epochs={was}), then "
+    return (
+        f"{said} To train {epochs - was} more epoch(s), {first}start a new run from its exported "
+        "weights (the epoch best on validation; they are then also its φ0) at a constant "
+        f"learning rate: {command}"
+    )
 
 
 # What a resumed run must find as it was: the classes, the images of every split and the context.

@@ -49,7 +49,7 @@ import yaml
 from torch import Tensor
 
 from fseb_ft.atomic import write_text
-from fseb_ft.cli import run_entry
+from fseb_ft.cli import help_text, run_entry
 from fseb_ft.config import DatasetSpec
 from fseb_ft.errors import FsebError
 from fseb_ft.hub import write_model_card
@@ -545,7 +545,9 @@ def summary(meta: Mapping[str, Any], out: str | Path | None) -> str:
 
 def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog,
+        description=help_text(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("model", help="run folder, model folder or hf-hub:owner/name")
     parser.add_argument("images", nargs="*", help="image files, folders (recursive) and globs")

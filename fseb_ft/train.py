@@ -30,6 +30,7 @@ from fseb_ft.atomic import cleaned_on_failure, publish
 from fseb_ft.config import VAL_OOD_METRIC_SUFFIX, OptimConfig, TrainConfig, val_ood_metric
 from fseb_ft.context import ContextStream
 from fseb_ft.errors import FsebError
+from fseb_ft.logs import above_progress_bars
 from fseb_ft.metrics import chance_accuracy, chance_nll, classification_metrics, ood_detection
 from fseb_ft.objective import FSEBObjective
 from fseb_ft.ood import ood_score
@@ -202,6 +203,7 @@ def fit(
     on_epoch_end: Callable[[dict[str, float]], None] | None = None,
     val_ood_loaders: Mapping[str, DataLoader] | None = None,
     ood_score_name: str = "entropy",
+    suggest_zero_head: bool = False,
 ) -> TrainState:
     """Train for ``train.epochs``, validating, checkpointing and resuming as configured.
 
@@ -215,6 +217,8 @@ def fit(
     the trial) loses nothing.
     ``val_ood_loaders`` (prepared; ``data.val_ood``) are predicted after each validation and
     scored against it by ``ood_score_name``: ``val_ood_<name>_auroc`` in the record.
+    ``suggest_zero_head``: a divergence message advises ``model.head_init=zeros`` (for a
+    pretrained backbone with a random new head; a network trained from scratch needs that one).
     """
     state = TrainState()
     accelerator.register_for_checkpointing(scheduler)
@@ -228,51 +232,58 @@ def fit(
     model = objective.model
     if state.initial_param_norm is None:
         state.initial_param_norm = param_norm(objective.model_parameters())
-    for epoch in range(state.epoch, train.epochs):
-        started = time.perf_counter()
-        train_summary = _train_epoch(
-            train,
-            optim,
-            num_workers,
-            run_dir,
-            accelerator,
-            objective,
-            optimizer,
-            scheduler,
-            train_loader,
-            context,
-            state,
-            epoch,
-        )
-        # FS-VI's predictor returns log-probabilities, which log_softmax leaves as they are.
-        predictor = objective.predictor(train.seed)
-        logits, labels = predict_logits(predictor, val_loader, accelerator)  # (N_v, K), (N_v,)
-        log_probs = torch.log_softmax(logits, dim=-1)  # (N_v, K)
-        state.epoch = epoch + 1
-        record = {"epoch": state.epoch, "step": state.step, **train_summary}
-        record["param_norm"] = param_norm(objective.model_parameters())
-        _check_divergence(record, log_probs, state.initial_param_norm, train.max_param_growth)
-        val = {k: float(v) for k, v in classification_metrics(log_probs, labels).items()}
-        for name, loader in (val_ood_loaders or {}).items():
-            val[val_ood_metric(name)] = _val_ood_auroc(
-                predictor, loader, accelerator, ood_score_name, logits
+    with above_progress_bars():  # log lines and warnings above the bars, not in them
+        for epoch in range(state.epoch, train.epochs):
+            started = time.perf_counter()
+            train_summary = _train_epoch(
+                train,
+                optim,
+                num_workers,
+                run_dir,
+                accelerator,
+                objective,
+                optimizer,
+                scheduler,
+                train_loader,
+                context,
+                state,
+                epoch,
             )
-        record.update({f"val_{k}": v for k, v in val.items()})
-        record["val_chance_accuracy"] = float(chance_accuracy(labels))
-        if _improved(train.select_metric, val[train.select_metric], state.best_value):
-            state.best_value, state.best_epoch = val[train.select_metric], state.epoch
-            if accelerator.is_main_process:
-                save_best(accelerator.unwrap_model(model))
-        accelerator.log({k: v for k, v in record.items() if k != "epoch"}, step=state.step)
-        accelerator.print(_epoch_line(record, train.select_metric))
-        record["seconds"] = time.perf_counter() - started
-        state.seconds += record["seconds"]
-        state.history.append(record)
-        if state.epoch == train.epochs and all(_at_chance(r) for r in state.history):
-            _warn(state, accelerator, _chance_warning(state.history, labels))
-        _save_checkpoint(accelerator, run_dir, state)
-        if on_epoch_end is not None:
-            on_epoch_end(record)
+            # FS-VI's predictor returns log-probabilities, which log_softmax leaves as they are.
+            predictor = objective.predictor(train.seed)
+            logits, labels = predict_logits(predictor, val_loader, accelerator)  # (N_v, K), (N_v,)
+            log_probs = torch.log_softmax(logits, dim=-1)  # (N_v, K)
+            state.epoch = epoch + 1
+            record = {"epoch": state.epoch, "step": state.step, **train_summary}
+            record["param_norm"] = param_norm(objective.model_parameters())
+            _check_divergence(
+                record,
+                log_probs,
+                state.initial_param_norm,
+                train.max_param_growth,
+                suggest_zero_head=suggest_zero_head,
+            )
+            val = {k: float(v) for k, v in classification_metrics(log_probs, labels).items()}
+            for name, loader in (val_ood_loaders or {}).items():
+                val[val_ood_metric(name)] = _val_ood_auroc(
+                    predictor, loader, accelerator, ood_score_name, logits
+                )
+            record.update({f"val_{k}": v for k, v in val.items()})
+            record["val_chance_accuracy"] = float(chance_accuracy(labels))
+            if _improved(train.select_metric, val[train.select_metric], state.best_value):
+                state.best_value, state.best_epoch = val[train.select_metric], state.epoch
+                if accelerator.is_main_process:
+                    save_best(accelerator.unwrap_model(model))
+            accelerator.log({k: v for k, v in record.items() if k != "epoch"}, step=state.step)
+            record["seconds"] = time.perf_counter() - started
+            accelerator.print(_epoch_line(record, train.select_metric, train.epochs))
+            state.seconds += record["seconds"]
+            state.history.append(record)
+            if state.epoch == train.epochs and all(_at_chance(r) for r in state.history):
+                _warn(state, accelerator, _chance_warning(state.history, labels))
+            _save_checkpoint(accelerator, run_dir, state)
+            if on_epoch_end is not None:
+                on_epoch_end(record)
     return state
 
 
@@ -294,10 +305,16 @@ def param_norm(params: Sequence[Tensor]) -> float:
 
 
 def _check_divergence(
-    record: dict[str, float], val_log_probs: Tensor, start: float, limit: float | None
+    record: dict[str, float],
+    val_log_probs: Tensor,
+    start: float,
+    limit: float | None,
+    *,
+    suggest_zero_head: bool,
 ) -> None:
     """Stop when ‖θ‖ grew past ``limit`` × its start, or it or the validation predictions are
-    not finite: training diverged.
+    not finite: training diverged. ``suggest_zero_head`` adds ``model.head_init=zeros`` to the
+    remedies.
 
     A diverging run is otherwise silent: the training loss can stay finite while ‖θ‖ and
     ``R_θ`` grow by orders of magnitude and validation sits at chance, and the run would end
@@ -314,12 +331,13 @@ def _check_divergence(
         else f"the validation predictions are not finite (parameter norm {norm:.4g}, "
         f"{start:.4g} at the start)"
     )
+    head = ", start from model.head_init=zeros," if suggest_zero_head else ""
     raise TrainingDivergedError(
         f"training diverged in epoch {record['epoch']}: {what}; train_param_reg="
         f"{record.get('train_param_reg', float('nan')):.4g}, train_fs_reg="
         f"{record.get('train_fs_reg', float('nan')):.4g}. Stopped before saving this epoch; no "
-        "model card was written. Lower optim.lr, start from model.head_init=zeros, or widen "
-        "the prior (raise fseb.prior_cov_diag or prior_cov_scale)."
+        f"model card was written. Lower optim.lr{head} or widen the prior (raise "
+        "fseb.prior_cov_diag or prior_cov_scale)."
     )
 
 
@@ -511,8 +529,18 @@ def _fmt(values: dict[str, float], short: bool = False) -> dict[str, str] | str:
     return items if short else ", ".join(f"{k}={v}" for k, v in items.items())
 
 
-def _epoch_line(record: dict[str, float], select: str) -> str:
-    keys = ["train_loss", "train_nll", "train_fs_reg", "train_param_reg", "val_accuracy"]
-    keys += ["val_nll", "val_ece", *(k for k in record if k.startswith("val_ood_"))]
-    shown = " ".join(f"{k}={record[k]:.4f}" for k in keys if k in record)
-    return f"epoch {record['epoch']}: {shown} (selecting on val_{select})"
+EPOCH_LINE_WIDTH = 80
+"""Terminal columns the per-epoch summary fits in; every number is in ``run.json``'s history."""
+
+
+def _epoch_line(record: dict[str, float], select: str, epochs: int) -> str:
+    """The epoch's key numbers: training loss, validation accuracy and NLL, seconds, and the
+    selection metric ``select`` when it is another (on a second line when it does not fit)."""
+    head = f"epoch {record['epoch']}/{epochs}: train loss {record['train_loss']:.4g} | "
+    val = f"val acc {record['val_accuracy']:.2%}, nll {record['val_nll']:.4g}"
+    tail = f" | {record['seconds']:.1f} s"
+    if select in ("accuracy", "nll"):
+        return head + val + tail
+    extra = f"{select} {record[f'val_{select}']:.4g}"
+    line = f"{head}{val}, {extra}{tail}"
+    return line if len(line) <= EPOCH_LINE_WIDTH else f"{head}{val}{tail}\n  val {extra}"

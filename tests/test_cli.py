@@ -22,6 +22,37 @@ def test_help_lists_every_command_of_the_table(capsys: pytest.CaptureFixture[str
         assert f"  {name}" in out and command.summary in out
 
 
+@pytest.mark.parametrize("command", [[], *([name] for name in cli.COMMANDS)], ids=str)
+def test_no_help_shows_rest_markup(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    # predict --help showed its docstring's :func:`predict_images` and ``fseb-ft predict``.
+    try:
+        cli.main([*command, "--help"])
+    except SystemExit as stop:  # argparse exits 0 after the help of a command
+        assert stop.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: ")
+    for markup in (":func:", ":class:", ":data:", ":mod:", ":meth:", "``"):
+        assert markup not in out, markup
+
+
+def test_help_text_turns_rest_into_plain_text_filled_to_80_columns() -> None:
+    doc = (
+        "The ``fseb-ft x`` command and :func:`predict_images` (:data:`~fseb_ft.options.OOD_SCORES`"
+        ", :mod:`fseb_ft.ood`) with some more words to fill the first line past eighty columns.\n\n"
+        "    fseb-ft x ``kept`` as written, however long the example line is, past eighty columns\n"
+    )
+    paragraph, example = cli.help_text(doc).split("\n\n")
+    assert " ".join(paragraph.splitlines()) == (
+        "The fseb-ft x command and predict_images (OOD_SCORES, fseb_ft.ood) with some more words "
+        "to fill the first line past eighty columns."
+    )
+    assert [len(line) < 80 for line in paragraph.splitlines()] == [True, True]
+    assert (
+        example
+        == "    fseb-ft x kept as written, however long the example line is, past eighty columns"
+    )
+
+
 def test_an_unknown_command_names_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as stop:
         cli.main(["evalute", "runs/x"])

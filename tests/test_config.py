@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from fseb_ft.config import (
     recipe_from_dict,
 )
 from fseb_ft.schema import RenamedKeyWarning
+from fseb_ft.train import _trackers
 
 RECIPES = sorted((Path(__file__).parents[1] / "recipes").glob("*.yaml"))
 MINIMAL = {"data": {"train": {"source": "sklearn_digits"}}}
@@ -112,3 +114,16 @@ def test_the_method_is_named_once_from_reg_scale_and_method(
 ) -> None:
     fseb = recipe_from_dict(apply_overrides(MINIMAL, overrides)).fseb
     assert (fseb.method_name, fseb.is_ps_map) == (name, ps_map)
+
+
+def test_no_tracker_by_default_so_a_run_logs_nothing_about_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # tensorboard is no dependency: as the default, every run logged that it was not installed.
+    recipes = [recipe_from_dict(MINIMAL), *(load_recipe(path) for path in RECIPES)]
+    assert [r.train.trackers for r in recipes] == [()] * len(recipes)
+    with caplog.at_level(logging.INFO, logger="fseb_ft"):
+        assert _trackers(recipes[0].train.trackers) == []
+    assert caplog.records == []
+    named = recipe_from_dict({**MINIMAL, "train": {"trackers": ["tensorboard", "wandb"]}})
+    assert named.train.trackers == ("tensorboard", "wandb")

@@ -74,13 +74,29 @@ def test_chance_warning_points_at_the_training_when_nothing_was_learned(
 def test_divergence_check_stops_on_norm_growth_or_non_finite_predictions() -> None:
     finite = torch.zeros(4, 3)  # (N, K) validation log-probabilities
     record = {"epoch": 3, "param_norm": 9.0, "train_param_reg": 1.0, "train_fs_reg": 2.0}
-    _check_divergence(record, finite, start=1.0, limit=10.0)  # 9× is within the limit
+    kw = {"suggest_zero_head": False}
+    _check_divergence(record, finite, start=1.0, limit=10.0, **kw)  # 9× is within the limit
     record["param_norm"] = 11.0
     with pytest.raises(TrainingDivergedError, match=r"epoch 3: the parameter norm grew from 1 to"):
-        _check_divergence(record, finite, start=1.0, limit=10.0)
-    _check_divergence(record, finite, start=1.0, limit=None)
+        _check_divergence(record, finite, start=1.0, limit=10.0, **kw)
+    _check_divergence(record, finite, start=1.0, limit=None, **kw)
     with pytest.raises(TrainingDivergedError, match=r"validation predictions are not finite"):
-        _check_divergence(record, torch.full((4, 3), float("nan")), start=1.0, limit=None)
+        _check_divergence(record, torch.full((4, 3), float("nan")), start=1.0, limit=None, **kw)
+
+
+@pytest.mark.parametrize("suggest", [True, False])
+def test_divergence_advises_a_zero_head_only_when_asked(suggest: bool) -> None:
+    record = {"epoch": 1, "param_norm": 11.0}
+    with pytest.raises(TrainingDivergedError) as stop:
+        _check_divergence(record, torch.zeros(4, 3), 1.0, 10.0, suggest_zero_head=suggest)
+    message = str(stop.value)
+    assert ("model.head_init=zeros" in message) == suggest
+    assert message.endswith(
+        "Lower optim.lr, start from model.head_init=zeros, or widen the prior (raise "
+        "fseb.prior_cov_diag or prior_cov_scale)."
+        if suggest
+        else "Lower optim.lr or widen the prior (raise fseb.prior_cov_diag or prior_cov_scale)."
+    )
 
 
 def test_a_diverging_run_stops_before_it_writes_results_or_a_model_card(
@@ -91,8 +107,10 @@ def test_a_diverging_run_stops_before_it_writes_results_or_a_model_card(
     recipe["model"]["head_init"] = "timm"
     recipe["fseb"].update(prior_cov_scale=1e-5, prior_cov_diag=1e-2)
     recipe["optim"]["lr"] = 0.05
-    with pytest.raises(TrainingDivergedError, match=r"training diverged in epoch 1"):
+    with pytest.raises(TrainingDivergedError, match=r"training diverged in epoch 1") as stop:
         run(recipe_from_dict(recipe))
+    # Trained from scratch (model.pretrained: false), its random head is needed: no zero head.
+    assert "head_init" not in str(stop.value) and "Lower optim.lr or widen" in str(stop.value)
     assert not (tmp_path / "run" / "results.json").exists()
     assert not (tmp_path / "run" / "model" / "README.md").exists()
 
@@ -123,4 +141,5 @@ def test_a_run_that_never_beats_chance_warns_in_its_results_and_model_card(
     assert [(r.name, r.levelname) for r in logged] == [("fseb_ft", "WARNING")]
     out = capsys.readouterr().out
     epoch_lines = [line for line in out.splitlines() if line.startswith("epoch ")]
-    assert len(epoch_lines) == 1 and all("train_param_reg=" in line for line in epoch_lines)
+    assert len(epoch_lines) == 1 and epoch_lines[0].startswith("epoch 1/1: train loss ")
+    assert "val acc 33.33%, nll " in epoch_lines[0] and len(epoch_lines[0]) <= 80

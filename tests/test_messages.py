@@ -24,7 +24,7 @@ from fseb_ft.inference import predict_images
 from fseb_ft.logs import configure_logging
 from fseb_ft.models import create_model
 from fseb_ft.regularizer import CholeskyJitterWarning, function_space_term
-from fseb_ft.train import NonFiniteLossError, TrainState, _non_finite_message
+from fseb_ft.train import NonFiniteLossError, TrainState, _epoch_line, _non_finite_message
 from tests.test_pipeline import _recipe_dict, _write_folder, poison_loss
 
 UNREACHABLE = "http://127.0.0.1:9"  # discard port: nothing listens
@@ -222,3 +222,30 @@ def test_jitter_warning_counts_duplicate_context_points() -> None:
     F = torch.randn(12, 2, generator=g, dtype=torch.float64)
     with pytest.warns(CholeskyJitterWarning, match="8 of the 12 context points repeat an earlier"):
         function_space_term(F, H, 1.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("select", "shown", "lines"),
+    [
+        ("nll", "", 1),
+        ("accuracy", "", 1),
+        ("ece", ", ece 0.01234 |", 1),
+        ("ood_digits_5_9_train_auroc", "\n  val ood_digits_5_9_train_auroc 0.9876", 2),
+    ],
+)
+def test_the_epoch_summary_fits_80_columns_with_the_key_numbers(
+    select: str, shown: str, lines: int
+) -> None:
+    record = {
+        "epoch": 7, "step": 70, "train_loss": 0.41234, "train_nll": 0.39, "train_fs_reg": 12.5,
+        "train_param_reg": 70085.16, "lr": 0.01, "param_norm": 374.2, "val_accuracy": 0.91234,
+        "val_nll": 0.30121, "val_ece": 0.01234, "val_brier": 0.2, "val_chance_accuracy": 0.34,
+        "val_ood_digits_5_9_train_auroc": 0.9876, "seconds": 12.34,
+    }  # fmt: skip
+    text = _epoch_line(record, select, epochs=20)
+    assert text.startswith("epoch 7/20: train loss 0.4123 | val acc 91.23%, nll 0.3012")
+    assert "| 12.3 s" in text and shown in text and "param_reg" not in text
+    assert [len(line) <= 80 for line in text.splitlines()] == [True] * lines
+    # A long run going badly: the widest numbers still fit.
+    record |= {"epoch": 100, "train_loss": 70085.16, "val_nll": 12345.6, "seconds": 1234.56}
+    assert all(len(line) <= 80 for line in _epoch_line(record, select, 100).splitlines())

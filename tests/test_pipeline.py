@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import zlib
@@ -18,9 +19,11 @@ from PIL import Image
 from safetensors.torch import load_file
 
 import fseb_ft.train as train_module
-from fseb_ft.config import recipe_from_dict
+from fseb_ft import cli
+from fseb_ft.config import load_recipe, recipe_from_dict
 from fseb_ft.evaluate import evaluate_run
 from fseb_ft.finetune import RecipeMismatchError, run
+from fseb_ft.models import create_model
 from fseb_ft.objective import FSEBObjective
 from fseb_ft.train import NonFiniteLossError
 
@@ -188,6 +191,10 @@ def test_killed_run_resumes_to_the_same_weights(
         run(recipe_from_dict(_recipe_dict(folders, resumed)))
     monkeypatch.setattr(train_module, "_save_checkpoint", original_save)
     assert [p.name for p in (resumed / "checkpoints").iterdir()] == ["epoch-0001"]
+    with pytest.raises(
+        RecipeMismatchError, match=r"finish it first \(rerun it with train.epochs=2"
+    ):
+        run(recipe_from_dict(_recipe_dict(folders, resumed, epochs=3)))
 
     epochs_trained = []
     original_epoch = train_module._train_epoch
@@ -209,6 +216,33 @@ def test_killed_run_resumes_to_the_same_weights(
         assert a.keys() == b.keys()
         for key in a:
             assert np.array_equal(a[key].numpy(), b[key].numpy()), f"{name}: {key}"
+
+
+def test_more_epochs_for_a_finished_run_say_why_and_the_command_that_trains_on(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    recipe = _recipe_dict(folders, out, epochs=1)
+    recipe["fseb"]["reg_scale"] = 0.0  # PS-MAP: no context pool, a faster run
+    run(recipe_from_dict(recipe))
+    recipe["train"]["epochs"] = 2
+    with pytest.raises(RecipeMismatchError) as refused:
+        run(recipe_from_dict(recipe))
+    message = str(refused.value)
+    assert "train.epochs=1, which a rerun cannot change: its cosine schedule decays" in message
+    assert "To train 1 more epoch(s), start a new run from its exported weights" in message
+    command = shlex.split(message.split("at a constant learning rate: ", 1)[1])
+    assert command[:2] == ["fseb-ft", str(out / "recipe.yaml")]
+
+    cli.main(command[1:])  # the command of the message trains on
+    more = load_recipe(tmp_path / "run-more" / "recipe.yaml")
+    assert (more.train.epochs, more.optim.schedule, more.optim.warmup_steps) == (1, "constant", 0)
+    assert more.optim.lr == pytest.approx(0.05 * more.optim.min_lr_ratio)  # where cosine ended
+    assert (tmp_path / "run-more" / "results.json").is_file()
+    # ... from the run's exported weights, its trained head included.
+    start = create_model(more.model, num_classes=3).state_dict()
+    for key, value in load_file(out / "model" / "model.safetensors").items():
+        assert torch.equal(start[key], value), key
 
 
 def test_two_process_run_counts_every_test_sample_once(

@@ -1,0 +1,88 @@
+"""Log lines and warnings of the training loop go above its progress bars, not into them."""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from fseb_ft.config import recipe_from_dict
+from fseb_ft.finetune import run
+from fseb_ft.logs import above_progress_bars
+from fseb_ft.objective import FSEBObjective
+from tests.test_pipeline import _recipe_dict, _write_folder
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("data")
+    _write_folder(root / "ind", "train", {"cat": 8, "dog": 8})
+    _write_folder(root / "ind", "test", {"cat": 2, "dog": 2})
+    return {"ind": root / "ind", "ood": root / "ind"}
+
+
+@contextmanager
+def _console() -> Iterator[None]:
+    """A console handler on stderr as ``configure_logging`` sets up (pytest's root has none);
+    made in the test, where ``capsys`` has replaced ``sys.stderr``."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logging.root.addHandler(handler)
+    try:
+        yield
+    finally:
+        logging.root.removeHandler(handler)
+
+
+def _starts_a_line(err: str, text: str) -> bool:
+    """Every ``text`` in ``err`` begins a line: after a newline, or after the ``\\r`` with which
+    ``tqdm.write`` clears a bar, never after a bar's own text."""
+    found = [m.start() for m in re.finditer(re.escape(text), err)]
+    return bool(found) and all(i == 0 or err[i - 1] in "\r\n" for i in found)
+
+
+def test_lines_and_warnings_of_the_training_loop_go_above_its_bars(
+    folders: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    original = FSEBObjective.forward
+
+    def noisy(self, *args, **kwargs):
+        logging.getLogger("fseb_ft").warning("a line from the loop")
+        warnings.warn("a warning from the loop", UserWarning, stacklevel=1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(FSEBObjective, "forward", noisy)
+    recipe = _recipe_dict(folders, tmp_path / "run", epochs=1)
+    recipe["fseb"]["reg_scale"] = 0.0  # PS-MAP: no context pool, a faster run
+    with _console():
+        run(recipe_from_dict(recipe), evaluate_test=False)
+    err = capsys.readouterr().err
+    assert "epoch 1/1: " in err  # the bar was drawn
+    assert _starts_a_line(err, "WARNING fseb_ft: a line from the loop")
+    assert _starts_a_line(err, "WARNING py.warnings: ")
+    assert "UserWarning: a warning from the loop" in err
+
+
+def test_above_progress_bars_undoes_what_it_changed() -> None:
+    with _console():
+        handlers, shown = list(logging.root.handlers), warnings.showwarning
+        with above_progress_bars():
+            assert logging.root.handlers != handlers and warnings.showwarning is not shown
+        assert logging.root.handlers == handlers and warnings.showwarning is shown
+    logging.captureWarnings(True)  # already captured (the commands): it stays captured
+    try:
+        captured = warnings.showwarning
+        with above_progress_bars():
+            pass
+        assert warnings.showwarning is captured
+    finally:
+        logging.captureWarnings(False)

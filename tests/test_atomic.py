@@ -7,6 +7,7 @@ import errno
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -153,9 +154,11 @@ def test_a_run_removes_the_temporary_files_a_killed_run_left(
         path.write_bytes(b"partial")
 
     def stop(*args: object, **kwargs: object) -> None:
-        raise _StopError  # everything the test needs happened before the data is read
+        raise _StopError  # everything the test needs happened before the images are read
 
-    monkeypatch.setattr(finetune_module, "build_splits", stop)
+    monkeypatch.setattr(finetune_module, "build_splits", lambda *args: SimpleNamespace(train=None))
+    monkeypatch.setattr(finetune_module, "_require_two_classes", lambda *args: None)
+    monkeypatch.setattr(finetune_module, "screen_splits", stop)
     recipe = recipe_from_dict(
         {
             "model": {"name": "test_byobnet", "pretrained": False},

@@ -39,6 +39,7 @@ import io
 import json
 import logging
 import math
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,7 @@ from fseb_ft.temperature import TEMPERATURE_RANGE, temperature_identified
 __all__ = [
     "DEFAULT_COVERAGE",
     "ImagePredictions",
+    "format_rows",
     "main",
     "meta_path",
     "predict_images",
@@ -441,16 +443,21 @@ def meta_path(out: str | Path) -> Path:
 
 def _write(out: Path, fmt: str, rows: list[dict[str, Any]], meta: Mapping[str, Any]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    if fmt == "csv":
-        buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-        text = buffer.getvalue()
-    else:
-        text = "".join(json.dumps(row) + "\n" for row in rows)
-    write_text(out, text)
+    write_text(out, format_rows(rows, fmt))
     write_json(meta_path(out), {**meta, "predictions": str(out), "format": fmt})
+
+
+def format_rows(rows: list[dict[str, Any]], fmt: str) -> str:
+    """The rows as CSV (with a header) or JSON Lines text."""
+    if fmt != "csv":
+        return "".join(json.dumps(row) + "\n" for row in rows)
+    if not rows:
+        return ""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
 
 
 # --------------------------------------------------------------------------------------------
@@ -485,7 +492,13 @@ def main(
         batch_size=args.batch_size, num_workers=args.num_workers, progress=not args.no_progress,
         keep=args.keep,
     )  # fmt: skip
-    print(summary(result.meta, args.out))
+    if args.out is None:  # the rows are the answer: to stdout, so `> file` keeps them alone
+        sys.stdout.write(format_rows(result.rows, args.format or "csv"))
+        print(summary(result.meta, None), file=sys.stderr)
+        print("(rows above; --out FILE.csv or .jsonl writes them and a meta record)",
+              file=sys.stderr)  # fmt: skip
+    else:
+        print(summary(result.meta, args.out))
     return result
 
 
@@ -556,7 +569,11 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         help='a recipe dataset spec instead of IMAGES: "{source: idx, path: data, split: t10k}"',
     )  # fmt: skip
     parser.add_argument("--out", type=Path, help="predictions file, .csv or .jsonl")
-    parser.add_argument("--format", choices=("csv", "jsonl"), help="default: by --out's extension")
+    parser.add_argument(
+        "--format",
+        choices=("csv", "jsonl"),
+        help="default: by --out's extension; without --out, csv to standard output",
+    )
     rule = parser.add_mutually_exclusive_group()
     rule.add_argument(
         "--coverage", type=_fraction("coverage"), metavar="A",

@@ -127,7 +127,8 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _predict(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     cli.main(["predict", *argv, "--no-progress"])
-    return capsys.readouterr().out
+    printed = capsys.readouterr()
+    return printed.out + printed.err
 
 
 def _fails(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -371,6 +372,16 @@ def test_a_labelled_dataset_spec(run_dir: Path, capsys: pytest.CaptureFixture[st
     results = read_json(run_dir / "results.json")
     assert result.meta["accuracy_all"] == pytest.approx(results["test"]["accuracy"])
     assert result.rows[0]["label"] in ("0", "1", "2")
+
+
+def test_without_out_the_rows_go_to_standard_output(
+    run_dir: Path, images: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cli.main(["predict", str(run_dir), str(images), "--threshold", "0.5", "--no-progress"])
+    printed = capsys.readouterr()
+    rows = list(csv.DictReader(io.StringIO(printed.out)))
+    assert len(rows) == N_GOOD and {"prediction", "abstain"} <= set(rows[0])
+    assert "threshold: abstain when" in printed.err and "--out FILE" in printed.err
 
 
 def test_the_output_of_compare_means_its_fseb_run(run_dir: Path, tmp_path: Path) -> None:

@@ -428,8 +428,10 @@ def _requeue_interrupted(study: optuna.Study) -> None:
 
 
 def _alive(pid: int | None) -> bool:
+    """Whether the process ``pid`` of this machine runs; unknown (``None``) counts as alive, for
+    the heartbeat to settle."""
     if pid is None:
-        return False
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -463,8 +465,9 @@ def _objective(
             raise optuna.TrialPruned("the other workers' trials took the budget")
         # Seeded by its number: a continued sweep draws new values, and so does each worker.
         study.sampler = _sampler(recipe.sweep.seed + trial.number)
-        trial.set_user_attr(_HOST, socket.gethostname())
+        # The process before the host: a worker that sees this host also sees a process to ask.
         trial.set_user_attr(_PID, os.getpid())
+        trial.set_user_attr(_HOST, socket.gethostname())
         params = {key: _suggest(trial, key, param) for key, param in space.items()}
         folder = out / TRIALS_DIR / _folder_name(params)  # a retry's values: the same folder
         trial.set_user_attr(_DIR, str(folder))

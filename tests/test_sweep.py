@@ -143,7 +143,7 @@ def test_two_workers_on_one_study_run_its_budget_of_trials_together(
 ) -> None:
     out = tmp_path / "workers"
     recipe = load_recipe(_recipe_file(folders, out))
-    both_busy = threading.Barrier(2, timeout=10)
+    both_busy = threading.Barrier(2, timeout=120)  # generous: a loaded machine is slow
     trained: list[str] = []
 
     def train(trial_recipe: Recipe, on_epoch_end, evaluate_test: bool) -> dict:

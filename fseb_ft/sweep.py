@@ -702,8 +702,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "fseb-ft sweep") -> dict
     )
     parser.add_argument(
         "--storage",
-        help="Optuna storage URL, e.g. postgresql://user:pass@host/db to share one study between "
-        "machines (default: sqlite:///OUTPUT/study.db)",
+        help="Optuna storage URL, e.g. postgresql+psycopg2://user:pass@host/db to share one study "
+        "between machines (default: sqlite:///OUTPUT/study.db)",
     )
     parser.add_argument("--study-name", help="study name (default: the output folder's name)")
     parser.add_argument(

@@ -17,7 +17,7 @@ from datasets import Dataset
 from fseb_ft import cli, logs
 from fseb_ft import finetune as finetune_module
 from fseb_ft.atomic import DiskFullError
-from tests.test_pipeline import _write_folder, poison_loss
+from tests.test_pipeline import _write_folder, poison_loss, snapshot
 
 ROOT = Path(__file__).parents[1]
 QUICKSTART = str(ROOT / "recipes" / "quickstart.yaml")
@@ -231,10 +231,6 @@ def test_debug_shows_the_traceback(data: Path, tmp_path: Path) -> None:
         cli.main(argv)
 
 
-def _files(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
-
-
 def test_a_cholesky_failure_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # s (‖h‖² + 1) overflows float64: Kc has inf entries and cannot be factorised at all.
     line = _fails([*_tiny(tmp_path), "fseb.prior_cov_scale=1e308"], capsys, 1)
@@ -256,8 +252,8 @@ def test_a_refused_rerun_leaves_the_finished_run_byte_identical(
 ) -> None:
     cli.main(_tiny(tmp_path))
     run_dir = tmp_path / "run"
-    before = _files(run_dir)
+    before = snapshot(run_dir)
     assert "results.json" in before and any(k.startswith("checkpoints") for k in before)
     line = _fails([*_tiny(tmp_path), "optim.lr=0.5"], capsys, 2)
     assert "holds checkpoints of a run with a different recipe" in line
-    assert _files(run_dir) == before
+    assert snapshot(run_dir) == before

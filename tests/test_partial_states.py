@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 import fseb_ft.finetune as finetune_module
-import fseb_ft.train as train_module
 from fseb_ft import cli
 from fseb_ft.config import DatasetSpec, recipe_from_dict
 from fseb_ft.errors import FsebError
@@ -18,7 +17,7 @@ from fseb_ft.evaluate import evaluate_ensemble, evaluate_run
 from fseb_ft.finetune import run
 from fseb_ft.report import markdown_table
 from fseb_ft.sources import load_split
-from tests.test_pipeline import _recipe_dict, _write_folder
+from tests.test_pipeline import _recipe_dict, _write_folder, kill_after_checkpoint
 
 QUICKSTART = Path(__file__).parents[1] / "recipes" / "quickstart.yaml"
 
@@ -32,13 +31,7 @@ def test_evaluating_a_killed_run_says_it_is_unfinished(
     raw = _recipe_dict({"ind": data, "ood": data}, tmp_path / "run", epochs=3)
     raw["data"]["ood"] = {}
     raw["fseb"]["reg_scale"] = 0.0  # PS-MAP: no context pool, a faster run
-    save = train_module._save_checkpoint
-
-    def save_then_die(accelerator: Any, run_dir: Path, state: Any) -> None:
-        save(accelerator, run_dir, state)
-        raise KeyboardInterrupt("simulated kill after the first epoch's checkpoint")
-
-    monkeypatch.setattr(train_module, "_save_checkpoint", save_then_die)
+    kill_after_checkpoint(monkeypatch)  # the first epoch's
     with pytest.raises(KeyboardInterrupt):
         run(recipe_from_dict(raw))
     results = evaluate_run(tmp_path / "run", cpu=True)

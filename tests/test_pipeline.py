@@ -78,6 +78,27 @@ def poison_loss(monkeypatch: pytest.MonkeyPatch, after: int = 0) -> None:
     monkeypatch.setattr(FSEBObjective, "forward", poisoned)
 
 
+def kill_after_checkpoint(monkeypatch: pytest.MonkeyPatch, count: int = 1) -> list[Path]:
+    """Kill a run (``KeyboardInterrupt``) right after the ``count``-th epoch checkpoint written
+    from now on; checkpoints after it are written as usual. Returns the run folder of each."""
+    original = train_module._save_checkpoint
+    saved: list[Path] = []
+
+    def save_then_die(accelerator, run_dir, state) -> None:
+        original(accelerator, run_dir, state)
+        saved.append(run_dir)
+        if len(saved) == count:
+            raise KeyboardInterrupt(f"simulated kill after checkpoint {count}")
+
+    monkeypatch.setattr(train_module, "_save_checkpoint", save_then_die)
+    return saved
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (relative path → bytes): what a reader of it would see."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
 def _recipe_dict(folders: dict[str, Path], out: Path, epochs: int = 2) -> dict:
     return {
         "model": {"name": "test_byobnet", "pretrained": False, "input_size": 16},
@@ -179,17 +200,9 @@ def test_killed_run_resumes_to_the_same_weights(
     run(recipe_from_dict(_recipe_dict(folders, straight)))
 
     resumed = tmp_path / "resumed"
-    original_save = train_module._save_checkpoint
-
-    def save_then_die(accelerator, run_dir, state) -> None:
-        original_save(accelerator, run_dir, state)
-        if state.epoch == 1:
-            raise KeyboardInterrupt("simulated kill after the first epoch's checkpoint")
-
-    monkeypatch.setattr(train_module, "_save_checkpoint", save_then_die)
+    kill_after_checkpoint(monkeypatch)  # the first epoch's
     with pytest.raises(KeyboardInterrupt):
         run(recipe_from_dict(_recipe_dict(folders, resumed)))
-    monkeypatch.setattr(train_module, "_save_checkpoint", original_save)
     assert [p.name for p in (resumed / "checkpoints").iterdir()] == ["epoch-0001"]
     with pytest.raises(
         RecipeMismatchError, match=r"finish it first \(rerun it with train.epochs=2"

@@ -31,6 +31,7 @@ from fseb_ft.rundir import VAL_LOGITS, load_run_model, read_json, read_run, read
 from fseb_ft.selective import top_class_log_odds
 from fseb_ft.sources import build_splits, load_sklearn_digits
 from fseb_ft.transforms import eval_transform
+from tests.test_pipeline import snapshot
 
 COLUMNS = ["image", "prediction", "probability", "log_odds", "abstain", "entropy", "ood_entropy"]
 N_GOOD = 12  # readable PNGs in the image folder
@@ -61,11 +62,6 @@ def train_tiny_run(out: Path) -> Path:
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return train_tiny_run(tmp_path_factory.mktemp("run") / "digits")
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    """Every file under ``folder`` (relative path → bytes): what a reader of it would see."""
-    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
 
 def read_only(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:

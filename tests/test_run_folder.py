@@ -13,7 +13,7 @@ from fseb_ft.config import recipe_from_dict
 from fseb_ft.evaluate import expand_run_dirs
 from fseb_ft.evaluate import main as evaluate_main
 from fseb_ft.finetune import run
-from tests.test_pipeline import _recipe_dict, _write_folder
+from tests.test_pipeline import _recipe_dict, _write_folder, snapshot
 
 
 def test_a_compare_output_folder_stands_for_its_runs(tmp_path: Path) -> None:
@@ -87,11 +87,6 @@ def test_a_run_killed_before_its_results_file_has_already_recorded_its_training(
     assert (training["epochs"], training["best_epoch"]) == (1, 1)
 
 
-def _snapshot(run_dir: Path) -> dict[str, bytes]:
-    """Every file of a run folder, by relative path: what a refused rerun must leave alone."""
-    return {str(p.relative_to(run_dir)): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
-
-
 def test_a_rerun_on_changed_data_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     data = tmp_path / "data"
     _write_folder(data, "train", {"airplane": 6, "cat": 6, "ship": 6})
@@ -101,13 +96,13 @@ def test_a_rerun_on_changed_data_is_refused_before_anything_is_written(tmp_path:
     raw["data"]["ood"] = {}
     raw["fseb"]["reg_scale"] = 0.0  # PS-MAP: no context pool, a faster run
     run(recipe_from_dict(raw))
-    finished = _snapshot(out)
+    finished = snapshot(out)
 
     def refused(match: str) -> None:
         with pytest.raises(finetune_module.RecipeMismatchError, match=match) as err:
             run(recipe_from_dict(raw))
         assert "\n" not in str(err.value) and "train.resume=never" in str(err.value)
-        assert _snapshot(out) == finished  # run.json, model/config.json: as trained
+        assert snapshot(out) == finished  # run.json, model/config.json: as trained
 
     (data / "train" / "ship").rename(data / "train" / "deer")
     (data / "test" / "ship").rename(data / "test" / "deer")

@@ -19,11 +19,10 @@ from optuna.trial import TrialState
 import fseb_ft.evaluate as evaluate_module
 import fseb_ft.finetune as finetune_module
 import fseb_ft.sweep as sweep_module
-import fseb_ft.train as train_module
 from fseb_ft.config import ConfigError, Recipe, SweepParam, load_recipe, recipe_from_dict
 from fseb_ft.finetune import resolve_recipe
 from fseb_ft.sweep import compare_sweeps, default_space, main, psmap_point, search_space, sweep
-from tests.test_pipeline import _recipe_dict, _write_folder
+from tests.test_pipeline import _recipe_dict, _write_folder, kill_after_checkpoint
 
 SPACE = {"optim.lr": {"low": 0.01, "high": 0.1, "log": True}}
 
@@ -100,19 +99,9 @@ def test_a_killed_sweep_continues_and_resumes_the_killed_trial(
 ) -> None:
     out = tmp_path / "killed"
     recipe = load_recipe(_recipe_file(folders, out))
-    original_save = train_module._save_checkpoint
-    saved = []
-
-    def save_then_die(accelerator, run_dir, state) -> None:
-        original_save(accelerator, run_dir, state)
-        saved.append(run_dir)
-        if len(saved) == 2:
-            raise KeyboardInterrupt("simulated kill in the second trial")
-
-    monkeypatch.setattr(train_module, "_save_checkpoint", save_then_die)
+    saved = kill_after_checkpoint(monkeypatch, 2)  # in the second trial
     with pytest.raises(KeyboardInterrupt):
         sweep(recipe, trials=3)
-    monkeypatch.setattr(train_module, "_save_checkpoint", original_save)
     killed = saved[1]
     assert [t.state for t in _study(out).trials] == [
         optuna.trial.TrialState.COMPLETE,
@@ -180,16 +169,7 @@ def test_a_dead_workers_trial_is_retried_by_another_in_its_folder(
     params = {"optim.lr": trial.suggest_float("optim.lr", 0.01, 0.1, log=True)}
     folder = out / "trials" / sweep_module._folder_name(params)
     trial.set_user_attr("host", "lost-machine")  # not this one: only its heartbeat tells
-    original_save = train_module._save_checkpoint
-    saves: list[Path] = []
-
-    def save(accelerator, run_dir, state) -> None:
-        original_save(accelerator, run_dir, state)
-        saves.append(run_dir)
-        if len(saves) == 1:
-            raise KeyboardInterrupt("the machine is lost after its checkpoint")
-
-    monkeypatch.setattr(train_module, "_save_checkpoint", save)
+    saves = kill_after_checkpoint(monkeypatch)  # the machine is lost after its checkpoint
     with pytest.raises(KeyboardInterrupt):
         finetune_module.run(sweep_module._trial_recipe(recipe, params, folder), evaluate_test=False)
     sweep_module._storage(url).record_heartbeat(trial._trial_id)

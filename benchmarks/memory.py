@@ -40,7 +40,7 @@ import numpy as np
 import yaml
 from PIL import Image
 
-from fseb_ft.allocator import DISABLE_ENV
+from fseb_ft.engine.allocator import DISABLE_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 WEIGHTS = ROOT.parent / "shared" / "weights" / "efficientnet_lite0.in1k"

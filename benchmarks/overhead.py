@@ -17,7 +17,7 @@ SGD step) alternate after a warm-up, and the median step times are compared:
   sampled forward over x, an eval-mode forward over x̂ and K Cholesky factors of M × M; its
   row's "FS-EB ms" column is the FS-VI step and the floor is the cached one.
 
-On CPU the process first asks glibc to keep freed memory (:mod:`fseb_ft.allocator`, as
+On CPU the process first asks glibc to keep freed memory (:mod:`fseb_ft.engine.allocator`, as
 ``fseb_ft.finetune`` does); ``--no-mallopt`` measures the allocator's defaults.
 
 The inputs are synthetic tensors already on the device: the step's cost does not depend on
@@ -39,9 +39,9 @@ import timm
 import torch
 from torch import Tensor
 
-import fseb_ft.models  # noqa: F401  (registers fseb_cnn with timm)
-from fseb_ft.allocator import keep_freed_memory
-from fseb_ft.objective import FSEBObjective
+import fseb_ft.method.models  # noqa: F401  (registers fseb_cnn with timm)
+from fseb_ft.engine.allocator import keep_freed_memory
+from fseb_ft.method.objective import FSEBObjective
 
 B = 128
 POOL = 1024

@@ -56,9 +56,9 @@ from benchmarks.paper_fmnist import (
     training_record,
     write_section,
 )
-from fseb_ft.config import load_recipe
 from fseb_ft.finetune import run
-from fseb_ft.plots import learning_curves
+from fseb_ft.recipe import load_recipe
+from fseb_ft.runs.plots import learning_curves
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "cifar10.yaml"
@@ -376,8 +376,9 @@ def main() -> None:
     if args.corruptions:
         shift = (
             f"CIFAR-10 test, a stratified {args.corruption_limit:,}-image subset under "
-            f"{', '.join(args.corruptions)} corruptions (`fseb_ft.corruptions`), accuracy / ECE "
-            f"averaged over corruptions; the runs above. Δ rows: FS-EB − PS-MAP paired by seed "
+            f"{', '.join(args.corruptions)} corruptions (`fseb_ft.data.corruptions`), "
+            f"accuracy / ECE averaged over corruptions; the runs above. Δ rows: FS-EB − PS-MAP "
+            f"paired by seed "
             f"(mean ± standard error of the per-seed differences), in points.\n\n"
             + corruption_table(all_results, args.severities)
             + shift_deltas(all_results, args.severities)

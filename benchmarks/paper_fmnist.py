@@ -37,9 +37,9 @@ from pathlib import Path
 
 from benchmarks import paper_rows
 from benchmarks.seeds import cell
-from fseb_ft.config import load_recipe
 from fseb_ft.finetune import run
-from fseb_ft.plots import learning_curves
+from fseb_ft.recipe import load_recipe
+from fseb_ft.runs.plots import learning_curves
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -373,7 +373,7 @@ def main() -> None:
     if args.corruptions:
         shift = (
             f"FashionMNIST test under {', '.join(args.corruptions)} corruptions (CIFAR-10-C "
-            f"parameters, `fseb_ft.corruptions`), accuracy / ECE averaged over corruptions; "
+            f"parameters, `fseb_ft.data.corruptions`), accuracy / ECE averaged over corruptions; "
             f"`python -m benchmarks.paper_fmnist --epochs {args.epochs} --seeds "
             f"{' '.join(map(str, args.seeds))} --corruptions {' '.join(args.corruptions)} "
             f"--severities {' '.join(map(str, args.severities))}`.\n\n"

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from fseb_ft.atomic import write_text
+from fseb_ft.runs.atomic import write_text
 
 NUMBERS = Path(__file__).with_name("paper_numbers.yaml")
 COMMAND = "python -m benchmarks.paper_rows --write docs/results.md docs/performance.md"

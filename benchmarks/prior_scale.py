@@ -6,7 +6,7 @@
 The prior variance of a logit at a context point is ``s (‖h(x̂; φ0)‖² + 1) + d``
 (docs/method.md, "A prior stated in units that transfer"). This measures m, the mean of
 ``‖h‖²`` over the context pool, exactly as a run resolves ``fseb.prior_std``
-(:func:`fseb_ft.context.mean_sq_feature_norm`), for the perturbed context pool ("train-corr",
+(:func:`fseb_ft.method.context.mean_sq_feature_norm`), for the perturbed context pool ("train-corr",
 the recipes' default) and for the clean training images, and prints the prior standard deviation
 and feature share that the recipe's (s, d) give at each m:
 
@@ -29,12 +29,12 @@ from pathlib import Path
 
 import torch
 
-from fseb_ft.config import load_recipe
-from fseb_ft.context import build_context_pool, mean_sq_feature_norm
-from fseb_ft.models import create_model, input_spec
-from fseb_ft.objective import FSEBObjective
-from fseb_ft.regularizer import prior_std_of
-from fseb_ft.sources import load_split
+from fseb_ft.data.sources import load_split
+from fseb_ft.method.context import build_context_pool, mean_sq_feature_norm
+from fseb_ft.method.models import create_model, input_spec
+from fseb_ft.method.objective import FSEBObjective
+from fseb_ft.method.regularizer import prior_std_of
+from fseb_ft.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

@@ -5,8 +5,8 @@
 Three ways of turning ``root/<split>/<class>/*.jpg`` into labelled samples are timed on the
 CIFAR-10 JPEGs of ``../shared`` (extracted once into ``--cache``):
 
-- ``fseb_ft``: :func:`fseb_ft.sources.load_imagefolder` (``os.scandir`` listing, see
-  :mod:`fseb_ft.imagefiles`);
+- ``fseb_ft``: :func:`fseb_ft.data.sources.load_imagefolder` (``os.scandir`` listing, see
+  :mod:`fseb_ft.data.files`);
 - ``datasets``: ``datasets.load_dataset("imagefolder", ...)`` as fseb_ft called it before,
   with its Arrow cache already built (what every run after the first paid);
 - ``torchvision``: ``torchvision.datasets.ImageFolder``.
@@ -39,9 +39,9 @@ import numpy as np
 import torch
 from torchvision.datasets import ImageFolder
 
-from fseb_ft.imagecheck import check_image
-from fseb_ft.images import LabeledImages
-from fseb_ft.sources import load_imagefolder
+from fseb_ft.data.images import LabeledImages
+from fseb_ft.data.screening import check_image
+from fseb_ft.data.sources import load_imagefolder
 
 REPO = Path(__file__).resolve().parents[1]
 CIFAR_TAR = REPO.parent / "shared" / "data" / "cifar10-jpeg" / "CIFAR-10-images.tar"
@@ -106,7 +106,7 @@ def header_only(data: LabeledImages) -> None:
 
 
 def the_check(data: LabeledImages) -> None:
-    """:func:`fseb_ft.imagecheck.check_image` on every image (``find_bad_images`` without its
+    """:func:`fseb_ft.data.screening.check_image` on every image (``find_bad_images`` without its
     per-process memo)."""
     for i in range(len(data)):
         check_image(data.encoded(i)[1])

@@ -28,7 +28,7 @@ from typing import Any
 
 from benchmarks import paper_rows
 from benchmarks.seeds import cell
-from fseb_ft.rundir import RUN_INFO_FILE, TRAINER_STATE, latest_checkpoint
+from fseb_ft.runs.rundir import RUN_INFO_FILE, TRAINER_STATE, latest_checkpoint
 
 ARMS = ("psmap", "fseb")
 LABELS = {"psmap": "PS-MAP", "fseb": "FS-EB"}

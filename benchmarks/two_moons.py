@@ -6,7 +6,8 @@ on scikit-learn's two moons with a plain Gaussian parameter prior (PS-MAP) extra
 over-confidently far from the data, while the same network trained with the function-space
 empirical-Bayes prior (FS-EB) reverts to high predictive entropy there yet still fits the moons.
 
-Both methods go through the same :func:`train` loop and :class:`fseb_ft.objective.FSEBObjective`;
+Both methods go through the same :func:`train` loop and
+:class:`fseb_ft.method.objective.FSEBObjective`;
 only ``reg_scale`` differs (0 for PS-MAP, 1 for FS-EB). Same initialisation (φ0), same seed.
 
 Settings (constants below; ``--steps`` and ``--seed`` on the command line):
@@ -41,7 +42,7 @@ import torch
 from sklearn.datasets import make_moons
 from torch import Tensor, nn
 
-from fseb_ft.objective import FSEBObjective
+from fseb_ft.method.objective import FSEBObjective
 
 N_SAMPLES = 1000
 NOISE = 0.1

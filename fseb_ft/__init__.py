@@ -9,7 +9,8 @@ Fine-tuning from Python (imports the training stack on first use)::
     import fseb_ft
     results = fseb_ft.finetune("recipes/cifar10.yaml", train=train_ds, test=test_ds)
 
-Predicting new images with abstention (``fseb-ft predict``; ``fseb_ft.predict`` is the module
+Predicting new images with abstention (``fseb-ft predict``; ``fseb_ft.evaluation.predictions`` is
+the module
 of evaluation-set predictions, so the function has its own name)::
 
     out = fseb_ft.predict_images("runs/quickstart/fseb", ["photos/"], coverage=0.9)
@@ -26,13 +27,13 @@ import os
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
 _LAZY = {
-    "CholeskyJitterWarning": "fseb_ft.regularizer",
-    "FSEBObjective": "fseb_ft.objective",
-    "function_space_term": "fseb_ft.regularizer",
-    "parameter_term": "fseb_ft.regularizer",
-    "predict_images": "fseb_ft.inference",
-    "prior_covariance": "fseb_ft.regularizer",
-    "timm_features": "fseb_ft.objective",
+    "CholeskyJitterWarning": "fseb_ft.method.regularizer",
+    "FSEBObjective": "fseb_ft.method.objective",
+    "function_space_term": "fseb_ft.method.regularizer",
+    "parameter_term": "fseb_ft.method.regularizer",
+    "predict_images": "fseb_ft.predict",
+    "prior_covariance": "fseb_ft.method.regularizer",
+    "timm_features": "fseb_ft.method.objective",
 }
 __all__ = sorted(_LAZY)
 __version__ = "0.1.0"

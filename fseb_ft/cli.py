@@ -47,12 +47,12 @@ COMMANDS: dict[str, Command] = {
     "evaluate": Command(
         "fseb_ft.evaluate", "re-evaluate finished runs, or evaluate their ensemble (--ensemble)"
     ),
-    "push": Command("fseb_ft.hub", "upload a run's model folder to the Hugging Face Hub"),
+    "push": Command("fseb_ft.push", "upload a run's model folder to the Hugging Face Hub"),
     "sweep": Command(
         "fseb_ft.sweep", "search a recipe's hyper-parameters on validation data (Optuna)"
     ),
     "predict": Command(
-        "fseb_ft.inference", "predict new images, abstaining below a threshold chosen on validation"
+        "fseb_ft.predict", "predict new images, abstaining below a threshold chosen on validation"
     ),
 }
 """Every ``fseb-ft`` subcommand, in help order. A new command is one entry here."""

@@ -28,14 +28,15 @@ import torch
 from accelerate import Accelerator, PartialState
 from torch import Tensor
 
-from fseb_ft.atomic import is_not_writable, write_text
 from fseb_ft.cli import help_text, run_entry
-from fseb_ft.config import Recipe
-from fseb_ft.imagecheck import screen_splits
+from fseb_ft.data.screening import screen_splits
+from fseb_ft.data.sources import build_splits
+from fseb_ft.evaluation.metrics import ensemble_log_probs
+from fseb_ft.evaluation.predictions import Predictions, predict_splits
 from fseb_ft.logs import configure_logging
-from fseb_ft.metrics import ensemble_log_probs
-from fseb_ft.predict import Predictions, predict_splits
-from fseb_ft.report import (
+from fseb_ft.recipe import Recipe
+from fseb_ft.runs.atomic import is_not_writable, write_text
+from fseb_ft.runs.report import (
     EvalResults,
     corruption_markdown,
     eval_results,
@@ -47,7 +48,7 @@ from fseb_ft.report import (
     write_plots,
     write_results,
 )
-from fseb_ft.rundir import (
+from fseb_ft.runs.rundir import (
     MODEL_WEIGHTS,
     RECIPE_FILE,
     RESULTS_JSON,
@@ -62,7 +63,6 @@ from fseb_ft.rundir import (
     runs_in,
     write_json,
 )
-from fseb_ft.sources import build_splits
 
 __all__ = [
     "default_ensemble_dir",
@@ -145,7 +145,8 @@ def evaluate_ensemble(
     size and normalisation; docs/cli.md, "Ensembles"). The runs must share the class list and the
     identities of the test and OOD data recorded in their ``run.json`` (seeds, backbones and FS-EB
     settings may differ); otherwise a :class:`ValueError` names the runs and what differs. The
-    ensemble's log-probabilities are :func:`~fseb_ft.metrics.ensemble_log_probs` of the members'
+    ensemble's log-probabilities are :func:`~fseb_ft.evaluation.metrics.ensemble_log_probs` of the
+    members'
     float64 log-probabilities, so its NLL is that of the averaged probabilities.
 
     Writes ``results.json`` (the ensemble's ``test``/``ood`` metrics at the top level, as for a
@@ -380,7 +381,7 @@ def _predict_run(
     run_dir: Path, recipe: Recipe, info: RunInfo, accelerator: Accelerator
 ) -> Predictions:
     """Load the run's best weights and predict its test split and OOD sets (FS-VI: with the
-    Monte-Carlo predictive of its saved q(θ), :func:`~fseb_ft.rundir.run_predictor`)."""
+    Monte-Carlo predictive of its saved q(θ), :func:`~fseb_ft.runs.rundir.run_predictor`)."""
     # The images training left out (data.bad_images: skip) are left out again, so the numbers
     # are the run's; with ``stop``, an image damaged since is one clear error, not a traceback.
     splits, _, _ = screen_splits(

@@ -35,10 +35,31 @@ from accelerate.utils import set_seed
 from safetensors.torch import load_file, load_model, save_model
 from torch import nn
 
-from fseb_ft.allocator import keep_freed_memory
-from fseb_ft.atomic import DiskFullError, cleaned_on_failure, publish, remove_orphans, write_text
 from fseb_ft.cli import run_entry
-from fseb_ft.config import (
+from fseb_ft.data.images import IndexedImages, LabeledImages, as_labeled_images
+from fseb_ft.data.screening import screen_splits
+from fseb_ft.data.sources import build_splits, load_split
+from fseb_ft.data.splits import Splits, require_two_classes, stratified_split
+from fseb_ft.data.transforms import TransformedImages, make_loader, train_transform
+from fseb_ft.engine.allocator import keep_freed_memory
+from fseb_ft.engine.loop import (
+    NonFiniteLossError,
+    TrainingDivergedError,
+    applied_precision,
+    build_optimizer,
+    build_scheduler,
+    fit,
+    launch_warnings,
+    make_accelerator,
+)
+from fseb_ft.errors import FsebError
+from fseb_ft.evaluation.predictions import eval_loader, predict_splits
+from fseb_ft.logs import configure_logging
+from fseb_ft.method.context import context_sets, context_stream, resolve_prior_on_pool
+from fseb_ft.method.models import create_model, head_init, input_spec
+from fseb_ft.method.objective import FSEBObjective
+from fseb_ft.push import share_run
+from fseb_ft.recipe import (
     ConfigError,
     DatasetSpec,
     Recipe,
@@ -49,19 +70,23 @@ from fseb_ft.config import (
     read_recipe_file,
     recipe_from_dict,
 )
-from fseb_ft.context_setup import context_sets, context_stream, resolve_prior_on_pool
-from fseb_ft.data_config import IN_MEMORY
-from fseb_ft.errors import FsebError
-from fseb_ft.hub import share_run
-from fseb_ft.imagecheck import screen_splits
-from fseb_ft.images import IndexedImages, LabeledImages, as_labeled_images
-from fseb_ft.imagesplits import Splits, require_two_classes, stratified_split
-from fseb_ft.logs import configure_logging
-from fseb_ft.models import create_model, head_init, input_spec
-from fseb_ft.objective import FSEBObjective
-from fseb_ft.predict import eval_loader, predict_splits
-from fseb_ft.report import eval_results, markdown_table, method_title, split_note, write_results
-from fseb_ft.rundir import (
+from fseb_ft.recipe.datasets import IN_MEMORY
+from fseb_ft.recipe.schema import plain_tree, set_key
+from fseb_ft.runs.atomic import (
+    DiskFullError,
+    cleaned_on_failure,
+    publish,
+    remove_orphans,
+    write_text,
+)
+from fseb_ft.runs.report import (
+    eval_results,
+    markdown_table,
+    method_title,
+    split_note,
+    write_results,
+)
+from fseb_ft.runs.rundir import (
     COMPARISON_JSON,
     COMPARISON_MD,
     MODEL_DIR,
@@ -79,19 +104,6 @@ from fseb_ft.rundir import (
     write_json,
     write_tensors,
 )
-from fseb_ft.schema import plain_tree, set_key
-from fseb_ft.sources import build_splits, load_split
-from fseb_ft.train import (
-    NonFiniteLossError,
-    TrainingDivergedError,
-    applied_precision,
-    build_optimizer,
-    build_scheduler,
-    fit,
-    launch_warnings,
-    make_accelerator,
-)
-from fseb_ft.transforms import TransformedImages, make_loader, train_transform
 
 __all__ = ["compare", "finetune", "main", "resolve_recipe", "run"]
 
@@ -547,7 +559,7 @@ def compare(recipe: Recipe | str | Path, overrides: Sequence[str] = ()) -> dict[
         note = split_note(results["PS-MAP"])  # both runs report on the same split
         write_text(out / COMPARISON_MD, f"# {title}\n\n{note}{table}")
         write_json(out / COMPARISON_JSON, results)
-        from fseb_ft.report import write_comparison_plots
+        from fseb_ft.runs.report import write_comparison_plots
 
         # comparison_reliability.png / comparison_selective.png from run()'s predictions.
         predictions = {k: getattr(v, "predictions", None) for k, v in results.items()}
@@ -579,14 +591,14 @@ def finetune(
     """Fine-tune with FS-EB (or PS-MAP, ``fseb__reg_scale=0``) on in-memory datasets.
 
     Args:
-        recipe: a YAML recipe path, a :class:`~fseb_ft.config.Recipe`, a mapping of sections as
+        recipe: a YAML recipe path, a :class:`~fseb_ft.recipe.Recipe`, a mapping of sections as
             in a YAML file, or ``None`` for all defaults (ImageNet-pretrained ResNet-18).
         train: the training data: a ``datasets.Dataset`` (image and label columns found from
             their ``Image`` / ``ClassLabel`` features, else ``image``/``img`` and
             ``label``/``labels``), any map-style torch ``Dataset`` of ``(image, label)`` pairs
             (image: PIL, numpy (H, W[, C]) or a (C, H, W) tensor, in uint8, uint16 (16-bit,
-            scaled ``>> 8``) or float in [0, 1]; :func:`fseb_ft.pixels.as_uint8`), or a
-            :class:`fseb_ft.images.LabeledImages`.
+            scaled ``>> 8``) or float in [0, 1]; :func:`fseb_ft.data.pixels.as_uint8`), or a
+            :class:`fseb_ft.data.images.LabeledImages`.
         val: validation data for model selection; ``None`` holds out a stratified, seeded
             ``data.val_fraction`` of ``train``.
         test: the in-distribution test data the results are reported on; ``None``: they are

@@ -1,236 +1,654 @@
-"""Predictions of a model on the evaluation sets: the test split (the validation split when the
-recipe has no ``data.test``), the OOD sets and that split corrupted by ``eval.corruptions``,
-each sample counted once across processes.
+"""Use a fine-tuned model on new images: predictions with abstention, the ``fseb-ft predict``
+command and :func:`predict_images` (``fseb_ft.predict_images``).
 
-The metrics and files made from them are :mod:`fseb_ft.report`'s.
+    fseb-ft predict MODEL IMAGES... [--out predictions.csv] [--coverage 0.9 | --max-risk 0.02 |
+                    --threshold 0.8] [--keep] [--top-k 3] [--ood-score energy] [--device cuda]
+    fseb-ft predict runs/quickstart/fseb photos/ --coverage 0.9 --out predictions.csv
+    fseb-ft predict runs/quickstart/fseb photos/ --max-risk 0.02 --keep  # and from now on
+    fseb-ft predict RUN --dataset "{source: idx, path: data/mnist, split: t10k}" --out p.jsonl
+
+MODEL is a run folder (``output.dir``; the OUTPUT of ``--compare`` means its ``fseb`` run), a
+model folder in timm's Hub format (a run's ``model/``, exported or downloaded) or
+``hf-hub:owner/name``. IMAGES are files, folders (searched recursively for image files) and
+glob patterns; ``--dataset`` takes a recipe's dataset spec instead (its labels are kept).
+
+Each image gets its predicted class and probability, the top-k classes, the predictive entropy,
+an OOD score (:mod:`fseb_ft.evaluation.ood`) and an ``abstain`` flag: the model abstains when its
+confidence,
+the maximum class probability after the run's temperature scaling, is below a threshold ``τ``.
+``--coverage`` and ``--max-risk`` choose ``τ`` on the run's validation split, rebuilt from its
+recipe as training built it (:mod:`fseb_ft.evaluation.selective`); ``--threshold`` sets it. Without
+any of
+them the model's kept threshold is used, else a run chooses one for coverage 0.9, else nothing
+abstains. Choosing is a query: it changes nothing the run does. Only ``--keep`` stores the
+threshold with the run (``abstention.json``, the model folder's ``fseb.json`` and card), so that
+later calls, a model folder exported from it and a pushed copy abstain the same way. The
+validation logits are cached with the run (``val_logits.safetensors``) so the next choice needs
+no second pass over validation; a run folder that cannot be written to is only read.
+
+The predictions go to ``--out`` (CSV, or JSON Lines for ``.jsonl``) and what produced them —
+model, temperature, threshold, validation coverage and risk, files left out — to
+``<out stem>.meta.json`` beside it, both written atomically. A file that cannot be read is left
+out of the predictions and named in a note and in the meta file.
 """
 
 from __future__ import annotations
 
+import argparse
+import csv
 import dataclasses
+import io
+import json
+import logging
+import math
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
-from accelerate import Accelerator
-from torch import Tensor, nn
-from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
+import yaml
+from torch import Tensor
 
-from fseb_ft.config import EvalConfig
-from fseb_ft.images import IndexedImages, LabeledImages
-from fseb_ft.imagesplits import Splits, stratified_split
-from fseb_ft.models import InputSpec
-from fseb_ft.rundir import TEST_SPLIT, VALIDATION_SPLIT
-from fseb_ft.transforms import TransformedImages, eval_transform, make_loader
+from fseb_ft.cli import help_text, run_entry
+from fseb_ft.errors import FsebError
+from fseb_ft.evaluation.metrics import predictive_entropy
+from fseb_ft.evaluation.ood import ood_score
+from fseb_ft.evaluation.selective import (
+    abstention_outcome,
+    abstention_threshold,
+    top_class_log_odds,
+)
+from fseb_ft.evaluation.temperature import TEMPERATURE_RANGE, temperature_identified
+from fseb_ft.logs import configure_logging
+from fseb_ft.push import write_model_card
+from fseb_ft.recipe import DatasetSpec
+from fseb_ft.recipe.options import OOD_SCORES
+from fseb_ft.runs.atomic import write_text
+from fseb_ft.runs.loading import (
+    ImageInputs,
+    LoadedModel,
+    first_line,
+    gather_inputs,
+    load_model,
+    predict_logits,
+    validation_split,
+)
+from fseb_ft.runs.rundir import (
+    ABSTENTION_FILE,
+    MODEL_DIR,
+    RESULTS_JSON,
+    read_val_logits,
+    write_json,
+    write_val_logits,
+)
 
 __all__ = [
-    "Predictions",
-    "corruption_subset",
-    "eval_loader",
-    "predict",
-    "predict_corruptions",
-    "predict_logits",
-    "predict_splits",
+    "DEFAULT_COVERAGE",
+    "ImagePredictions",
+    "format_rows",
+    "main",
+    "meta_path",
+    "predict_images",
+    "summary",
 ]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_COVERAGE = 0.9
+"""The coverage a run's threshold is chosen for when nothing else is asked or kept."""
+_FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+_SHOWN = 10  # files named in a note before "… and N more"
 
 
 @dataclasses.dataclass
-class Predictions:
-    """One model's (or ensemble's) predictions on the evaluation sets, on CPU."""
+class ImagePredictions:
+    """What :func:`predict_images` returns: the rows written to ``out`` and the meta record."""
 
-    test: tuple[Tensor, Tensor]
-    """(log-probabilities (N, K), labels (N,)) on the in-distribution split reported on: the
-    test split, or the validation split when there is none (``split`` names it)."""
-    ood: dict[str, Tensor] = dataclasses.field(default_factory=dict)
-    """OOD set name → log-probabilities (N_o, K)."""
-    corruptions: dict[str, dict[int, Tensor]] = dataclasses.field(default_factory=dict)
-    """Corruption name → severity → log-probabilities (N_c, K) on the corrupted test split (the
-    test images, or the ``eval.corruption_limit`` subset of them; see
-    :func:`predict_corruptions`)."""
-    corruption_labels: Tensor | None = None
-    """Labels (N_c,) of the corrupted images; ``None``: those of ``test`` (no subset)."""
-    test_logits: Tensor | None = None
-    """Logits (N, K) behind ``test``; ``None`` for an ensemble (averaged probabilities)."""
-    ood_logits: dict[str, Tensor] = dataclasses.field(default_factory=dict)
-    """OOD set name → logits (N_o, K); empty for an ensemble."""
-    val: tuple[Tensor, Tensor] | None = None
-    """(logits (N_v, K), labels (N_v,)) on the validation split, for ``eval.temperature_scaling``
-    (an ensemble's: its log-probabilities, which softmax treats alike); ``None`` when it is
-    off."""
-    split: str = TEST_SPLIT
-    """The split behind ``test`` and the corruptions: ``TEST_SPLIT`` or ``VALIDATION_SPLIT``."""
-
-    def scaled(self, temperature: float) -> Predictions:
-        """The predictions of ``logits / temperature`` on the test split, the OOD sets and the
-        corruptions (no val).
-
-        Log-probabilities suffice, so the corruptions and an ensemble (no logits) are scaled
-        too: ``log p = z − c`` with ``c`` the same for every class of an image, and softmax
-        ignores that shift, so ``log_softmax(log p / T) = log_softmax(z / T)``. Where logits are
-        kept they are used (bit for bit the model's at ``T`` = 1) and scaled, for the logit-based
-        OOD scores.
-        """
-
-        def scale(z: Tensor) -> Tensor:
-            return torch.log_softmax(z / temperature, -1)  # (N, K)
-
-        test_logits = None if self.test_logits is None else self.test_logits / temperature
-        ood_logits = {name: z / temperature for name, z in self.ood_logits.items()}
-        return Predictions(
-            test=(
-                scale(self.test[0] if self.test_logits is None else self.test_logits),
-                self.test[1],
-            ),
-            ood={name: scale(self.ood_logits.get(name, lp)) for name, lp in self.ood.items()},
-            corruptions={
-                name: {sev: scale(lp) for sev, lp in by_sev.items()}
-                for name, by_sev in self.corruptions.items()
-            },
-            corruption_labels=self.corruption_labels,
-            test_logits=test_logits,
-            ood_logits=ood_logits,
-            split=self.split,
-        )
+    rows: list[dict[str, Any]]
+    """One mapping per readable image, in input order (the CSV / JSON Lines rows)."""
+    meta: dict[str, Any]
+    """Model, temperature, threshold with its validation coverage and risk, counts, files left
+    out: what ``<out stem>.meta.json`` holds."""
 
 
-def predict(
-    model: nn.Module, loader: DataLoader, accelerator: Accelerator
-) -> tuple[Tensor, Tensor]:
-    """Float32 log-probabilities (N, K) and labels (N,) on CPU, each sample counted once."""
-    logits, labels = predict_logits(model, loader, accelerator)
-    return torch.log_softmax(logits, dim=-1), labels
+# --------------------------------------------------------------------------------------------
+# The Python API
+# --------------------------------------------------------------------------------------------
 
 
-@torch.no_grad()
-def predict_logits(
-    model: nn.Module, loader: DataLoader, accelerator: Accelerator
-) -> tuple[Tensor, Tensor]:
-    """Float32 logits (N, K) and labels (N,) on CPU, each sample counted once.
+def predict_images(
+    model: str | Path | LoadedModel,
+    images: Sequence[str | Path] = (),
+    *,
+    dataset: DatasetSpec | Mapping[str, Any] | None = None,
+    out: str | Path | None = None,
+    fmt: str | None = None,
+    coverage: float | None = None,
+    max_risk: float | None = None,
+    threshold: float | None = None,
+    top_k: int = 3,
+    ood: str | None = None,
+    temperature: float | None = None,
+    device: str | None = None,
+    batch_size: int = 64,
+    num_workers: int = 0,
+    progress: bool = True,
+    keep: bool = False,
+) -> ImagePredictions:
+    """Predict ``images`` (or a ``dataset``) with ``model``, abstaining below a threshold.
 
-    ``gather_for_metrics`` drops the samples Accelerate duplicated to even out the last batch
-    across processes, so N is the dataset size whatever the process count.
-    """
-    was_training = model.training
-    model.eval()
-    all_logits, labels = [], []
-    for x, y in tqdm(loader, desc="predict", disable=not accelerator.is_main_process, leave=False):
-        with accelerator.autocast():
-            logits = model(x)  # (B, K)
-        logits, y = accelerator.gather_for_metrics((logits.float(), y))
-        all_logits.append(logits.cpu())
-        labels.append(y.cpu())
-    model.train(was_training)
-    return torch.cat(all_logits), torch.cat(labels)
-
-
-def predict_splits(
-    model: nn.Module,
-    splits: Splits,
-    spec: InputSpec,
-    cfg: EvalConfig,
-    accelerator: Accelerator,
-    num_workers: int,
-    seed: int,
-) -> Predictions:
-    """Predict the test split, every OOD set and every corruption of ``cfg.corruptions`` (and
-    the validation split's logits with ``cfg.temperature_scaling``).
-
-    Without a test split (``data.test`` unset) the validation split stands in for it, and the
-    predictions say so (``split``): its numbers are those model selection saw, so optimistic.
-    ``num_workers`` and ``seed`` are the loaders' (``data.num_workers``, ``train.seed``).
-    """
-    split, reported = (
-        (TEST_SPLIT, splits.test) if splits.test is not None else (VALIDATION_SPLIT, splits.val)
-    )
-
-    def loader(data: Any) -> DataLoader:
-        return accelerator.prepare(eval_loader(data, spec, cfg.batch_size, num_workers, seed))
-
-    test_logits, test_labels = predict_logits(model, loader(reported), accelerator)
-    ood_logits = {
-        name: predict_logits(model, loader(data), accelerator)[0]
-        for name, data in splits.ood.items()
-    }
-    val = None
-    if cfg.temperature_scaling and reported is splits.val:
-        val = (test_logits, test_labels)  # predicted already: the same images
-    elif cfg.temperature_scaling and splits.val is not None:
-        val = predict_logits(model, loader(splits.val), accelerator)
-    corrupted = corruption_subset(reported, cfg.corruption_limit, cfg.corruption_seed)
-    corruptions = predict_corruptions(model, corrupted, spec, cfg, accelerator, num_workers, seed)
-    labels = None if corrupted is reported else torch.as_tensor(corrupted.labels, dtype=torch.long)
-    for name, by_severity in corruptions.items():
-        for severity, lp in by_severity.items():
-            if lp.shape[0] != len(corrupted):
-                raise RuntimeError(
-                    f"{name} severity {severity}: {lp.shape[0]} predictions for "
-                    f"{len(corrupted)} corrupted {split} images"
-                )
-    return Predictions(
-        test=(torch.log_softmax(test_logits, -1), test_labels),
-        ood={name: torch.log_softmax(z, -1) for name, z in ood_logits.items()},
-        corruptions=corruptions,
-        corruption_labels=labels,
-        test_logits=test_logits,
-        ood_logits=ood_logits,
-        val=val,
-        split=split,
-    )
-
-
-def predict_corruptions(
-    model: nn.Module,
-    test: Any,
-    spec: InputSpec,
-    cfg: EvalConfig,
-    accelerator: Accelerator,
-    num_workers: int,
-    seed: int,
-) -> dict[str, dict[int, Tensor]]:
-    """Predict ``test`` under every corruption and severity of ``cfg`` (the ``eval`` section).
-
-    Each (corruption, severity) is a :class:`~fseb_ft.corruptions.CorruptedImages` of the
-    test images (the raw pixels corrupted, then the model's evaluation transform), loaded from
-    ``eval.corruption_cache`` or computed there by the main process first, then read by the
-    others. Empty when ``eval.corruptions`` is.
+    Args:
+        model: a run folder, a model folder, ``hf-hub:owner/name`` or a :class:`LoadedModel`.
+        images: files, folders (searched recursively) and glob patterns.
+        dataset: a recipe dataset spec (``{source: idx, path: …, split: t10k}``) instead.
+        out: where to write the rows (``.csv`` or ``.jsonl``) and, beside it,
+            ``<stem>.meta.json``; ``None`` writes nothing.
+        fmt: ``csv`` or ``jsonl``; ``None`` goes by the extension of ``out``.
+        coverage: choose ``τ`` on the run's validation split to accept this fraction, in
+            (0, 1].
+        max_risk: choose ``τ`` there for at most this error rate among accepted predictions,
+            in [0, 1).
+        threshold: ``τ`` itself, in [0, 1] (a run still reports its validation coverage and
+            risk).
+        top_k: how many classes each row ranks.
+        ood: the OOD score reported (:data:`~fseb_ft.recipe.options.OOD_SCORES`); default: the
+            run's.
+        temperature: overrides the model's temperature (1: raw outputs).
+        device: ``cpu``, ``cuda``, ``cuda:1``, …; default: CUDA when there is one.
+        batch_size, num_workers: the loader's.
+        progress: show progress bars.
+        keep: store the threshold with the run (its ``abstention.json``, model card and
+            ``fseb.json``): later calls and the model's card use it. Without it nothing the
+            run does changes (its validation logits may be cached, a folder that cannot be
+            written to is only read).
 
     Returns:
-        corruption name → severity → log-probabilities (N, K), in the order of ``test`` (pass
-        :func:`corruption_subset` of the test split to honour ``eval.corruption_limit``).
+        The rows and the meta record (:class:`ImagePredictions`).
     """
-    if not cfg.corruptions:
-        return {}
-    from fseb_ft.corruptions import CorruptedImages
+    if sum(x is not None for x in (coverage, max_risk, threshold)) > 1:
+        raise ValueError("give at most one of coverage, max_risk and threshold")
+    if top_k < 1:
+        raise ValueError(f"top_k must be at least 1, got {top_k}")
+    if ood is not None and ood not in OOD_SCORES:
+        raise ValueError(f"ood score must be one of {list(OOD_SCORES)}, got {ood!r}")
+    if temperature is not None and not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    for name, value in (("coverage", coverage), ("max_risk", max_risk), ("threshold", threshold)):
+        if value is not None and (problem := _out_of_range(name, value)) is not None:
+            raise ValueError(f"{name} {problem}")
+    fmt = _output_format(out, fmt)
+    images = [images] if isinstance(images, str | Path) else list(images)
+    loaded = model if isinstance(model, LoadedModel) else load_model(model)
+    if keep and loaded.run_dir is None:
+        raise FsebError(
+            f"--keep stores the threshold in a run folder ({ABSTENTION_FILE}), and MODEL is "
+            f"{loaded.where}: predict with the run folder, or leave out --keep"
+        )
+    ood = ood or loaded.default_ood_score
+    temp = loaded.temperature if temperature is None else float(temperature)
+    run_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    net = loaded.model.to(run_device).eval()
+    loader_kw = {"batch_size": batch_size, "num_workers": num_workers, "progress": progress}
 
-    main = accelerator.is_main_process
-    pairs = [(name, severity) for name in cfg.corruptions for severity in cfg.severities]
-    out: dict[str, dict[int, Tensor]] = {}
-    for name, severity in tqdm(pairs, desc="corruptions", disable=not main):
-        with accelerator.main_process_first():
-            data = CorruptedImages(
-                test, name, severity, cfg.corruption_seed, cfg.corruption_cache, progress=main
+    inputs, names, labels, skipped = gather_inputs(loaded, images, dataset)
+    rule = _threshold(loaded, temp, coverage, max_risk, threshold, run_device, loader_kw)
+    logits, errors = predict_logits(net, inputs, loaded, run_device, "predict", **loader_kw)
+    readable = [i for i, err in enumerate(errors) if not err]
+    unreadable = [f"{names[i]}: {errors[i]}" for i in range(len(names)) if errors[i]]
+    if not readable:
+        raise ValueError(f"none of the {len(names)} images could be read: {unreadable[0]}")
+    z = logits[readable].double() / (temp or 1.0)  # (M, K) temperature-scaled logits
+    probs = torch.softmax(z, dim=-1)  # (M, K)
+    log_odds = top_class_log_odds(z)  # (M,) the confidence τ applies to, never rounded to 1
+    abstain = log_odds < rule["log_odds_threshold"]  # (M,)
+    columns = {
+        "entropy": predictive_entropy(probs),  # (M,)
+        f"ood_{ood}": ood_score(ood, probs, z),  # (M,)
+    }
+    rows = _rows(
+        [names[i] for i in readable],
+        None if labels is None else [labels[i] for i in readable],
+        probs, log_odds, abstain, columns, loaded.class_names, top_k,
+    )  # fmt: skip
+    meta = {
+        "model": loaded.where,
+        "temperature": temp,
+        "warnings": _temperature_warnings(temp) if temperature is None else [],
+        "abstention": rule,
+        "ood_score": ood,
+        "images": len(rows),
+        "abstained": int(abstain.sum()),
+        "unreadable": unreadable,
+        "left_out": [str(p) for p in skipped],
+        "device": str(run_device),
+    }
+    if labels is not None:
+        meta["accuracy_accepted"] = _accuracy([r for r in rows if not r["abstain"]])
+        meta["accuracy_all"] = _accuracy(rows)
+    if keep and loaded.run_dir is not None and rule.get("chosen_on") != "kept":
+        meta["kept_in"] = str(_keep(loaded.run_dir, rule))
+    if out is not None:
+        _write(Path(out), fmt, rows, meta)
+    return ImagePredictions(rows=rows, meta=meta)
+
+
+# --------------------------------------------------------------------------------------------
+# The threshold
+# --------------------------------------------------------------------------------------------
+
+
+def _threshold(
+    loaded: LoadedModel,
+    temperature: float | None,
+    coverage: float | None,
+    max_risk: float | None,
+    threshold: float | None,
+    device: torch.device,
+    loader_kw: dict[str, Any],
+) -> dict[str, Any]:
+    """The abstention rule: ``τ``, how it was chosen, and its validation coverage and risk.
+
+    At most one of ``coverage``, ``max_risk`` and ``threshold`` is given.
+    """
+    # Confidence is the maximum probability of softmax(logits / T): τ holds for this T only.
+    rule: dict[str, Any] = {"temperature": temperature}
+    if coverage is None and max_risk is None and threshold is None:
+        kept = loaded.kept
+        if kept and kept.get("temperature") == temperature:
+            return {**_with_log_odds(kept), "chosen_on": "kept"}
+        if loaded.run_dir is None:
+            return {**rule, "criterion": "none", **_probability_threshold(0.0), "validation": None}
+        coverage = DEFAULT_COVERAGE
+    if threshold is not None:
+        rule |= {"criterion": "threshold", "target": threshold, **_probability_threshold(threshold)}
+    else:
+        target = coverage if coverage is not None else max_risk
+        rule |= {"criterion": "coverage" if coverage is not None else "max_risk", "target": target}
+    if loaded.run_dir is None:
+        if threshold is None:
+            raise FsebError(
+                f"--{rule['criterion'].replace('_', '-')} chooses the threshold on a run's "
+                f"validation split, and {loaded.where} has none: predict with the run folder, "
+                "or give --threshold"
             )
-        loader = accelerator.prepare(eval_loader(data, spec, cfg.batch_size, num_workers, seed))
-        out.setdefault(name, {})[severity] = predict(model, loader, accelerator)[0]
-        del data, loader
-    return out
+        return {**rule, "validation": None}
+    try:
+        confidence, correct = _validation(loaded, loaded.run_dir, temperature, device, loader_kw)
+    except FsebError:
+        if threshold is None:
+            raise
+        return {**rule, "validation": None}  # τ given; the run's validation data is not at hand
+    if threshold is None:
+        found = abstention_threshold(confidence, correct, coverage=coverage, max_risk=max_risk)
+        log_odds = float(found["threshold"])
+        rule["threshold"] = float(torch.sigmoid(found["threshold"]))  # as a probability
+        rule["log_odds_threshold"] = log_odds
+        rule["chosen_on"] = "validation"
+    else:
+        found = abstention_outcome(
+            confidence, correct, torch.tensor(rule["log_odds_threshold"], dtype=torch.float64)
+        )
+    risk = float(found["risk"])
+    rule["validation"] = {
+        "n": len(confidence),
+        "accepted": int(found["accepted"]),
+        "coverage": float(found["coverage"]),
+        "risk": None if math.isnan(risk) else risk,
+    }
+    return rule
 
 
-def corruption_subset(test: LabeledImages, limit: int | None, seed: int) -> LabeledImages:
-    """The seeded, class-stratified subset of ``test`` that ``eval.corruption_limit`` asks for.
+def _validation(
+    loaded: LoadedModel,
+    run_dir: Path,
+    temperature: float | None,
+    device: torch.device,
+    loader_kw: dict[str, Any],
+) -> tuple[Tensor, Tensor]:
+    """Confidences (top-class log-odds, (N_v,)) and correctness (N_v,) on the validation split.
 
-    Corrupting every test image at every corruption and severity costs 70 passes over the
-    split; a stratified subset keeps the class balance of the clean test set.
+    The logits come from the run's (``run_dir``) :data:`~fseb_ft.runs.rundir.VAL_LOGITS` when they
+    are as new as its weights; otherwise they are predicted (the whole validation split) and
+    cached there when the folder can be written to.
     """
-    if limit is None or limit >= len(test):
-        return test
-    _, keep = stratified_split(test.labels, limit / len(test), seed)  # (≈limit,) sorted
-    return IndexedImages(test, keep)
+    cached = read_val_logits(run_dir)
+    if cached is not None:
+        logits, labels = cached  # (N_v, K), (N_v,)
+    else:
+        val = validation_split(loaded.recipe, loaded.info)
+        logits, errors = predict_logits(
+            loaded.model, ImageInputs(None, val, loaded), loaded, device, "validation", **loader_kw
+        )
+        bad = [e for e in errors if e]
+        if bad:
+            raise ValueError(f"{len(bad)} validation image(s) cannot be read: {bad[0]}")
+        labels = torch.as_tensor(val.labels, dtype=torch.long)  # (N_v,)
+        try:
+            write_val_logits(run_dir, logits, labels)
+        except OSError as err:  # a cache: a read-only run folder (or a full disk) is only read
+            logger.info("validation logits not cached in %s: %s", run_dir, _reason(err))
+    return top_class_log_odds(logits, temperature or 1.0), logits.argmax(dim=-1) == labels
 
 
-def eval_loader(
-    data: Any, spec: InputSpec, batch_size: int, num_workers: int, seed: int
-) -> DataLoader:
-    """Un-augmented, un-shuffled loader (resize + normalise) for evaluation."""
-    dataset = TransformedImages(data, eval_transform(spec.size, spec.mean, spec.std))
-    return make_loader(dataset, batch_size, shuffle=False, num_workers=num_workers, seed=seed)
+def _probability_threshold(threshold: float) -> dict[str, float]:
+    """τ as a probability and as the top-class log-odds ``log(τ / (1 - τ))`` it equals."""
+    with np.errstate(divide="ignore"):
+        log_odds = float(np.log(threshold) - np.log1p(-threshold))  # ±inf at τ = 0 or 1
+    return {"threshold": float(threshold), "log_odds_threshold": log_odds}
+
+
+def _with_log_odds(rule: Mapping[str, Any]) -> dict[str, Any]:
+    """A kept rule with its log-odds threshold (derived from τ when a record lacks it)."""
+    if "log_odds_threshold" in rule:
+        return dict(rule)
+    return {**rule, **_probability_threshold(rule["threshold"])}
+
+
+def _keep(run_dir: Path, rule: Mapping[str, Any]) -> Path:
+    """Store ``rule`` with the run, its ``fseb.json`` and its card; return where it is kept.
+
+    Raises:
+        FsebError: the run folder cannot be written to (the message names the file).
+    """
+    kept = target = run_dir / ABSTENTION_FILE
+    try:
+        write_json(kept, {k: v for k, v in rule.items() if k != "chosen_on"})
+        target = run_dir / MODEL_DIR
+        if (target / "fseb.json").is_file() and (run_dir / RESULTS_JSON).is_file():
+            write_model_card(run_dir)
+    except OSError as err:
+        if isinstance(err, FsebError):  # a full disk: already one line naming the folder
+            raise
+        raise FsebError(
+            f"--keep could not write {target} ({_reason(err)}): make the run folder writable, "
+            "or leave out --keep"
+        ) from err
+    return kept
+
+
+def _reason(err: OSError) -> str:
+    """An OS error's reason without the temporary file it named (``Permission denied``)."""
+    return err.strerror or first_line(err)
+
+
+# --------------------------------------------------------------------------------------------
+# Rows and files
+# --------------------------------------------------------------------------------------------
+
+
+def _rows(
+    names: list[str],
+    labels: list[str] | None,
+    probs: Tensor,
+    log_odds: Tensor,
+    abstain: Tensor,
+    columns: Mapping[str, Tensor],
+    class_names: list[str],
+    top_k: int,
+) -> list[dict[str, Any]]:
+    k = min(top_k, probs.shape[1])
+    top_p, top_i = probs.topk(k, dim=-1)  # (M, k) each
+    rows = []
+    for i, name in enumerate(names):
+        row: dict[str, Any] = {"image": name}
+        if labels is not None:
+            row["label"] = labels[i]
+        row |= {
+            "prediction": class_names[int(top_i[i, 0])],
+            "probability": float(top_p[i, 0]),
+            "log_odds": float(log_odds[i]),
+            "abstain": bool(abstain[i]),
+            **{key: float(values[i]) + 0.0 for key, values in columns.items()},  # no -0.0
+        }
+        for j in range(k):
+            row[f"top{j + 1}"] = class_names[int(top_i[i, j])]
+            row[f"top{j + 1}_probability"] = float(top_p[i, j])
+        rows.append(row)
+    return rows
+
+
+def _temperature_warnings(temperature: float | None) -> list[str]:
+    """A temperature at an end of the fitted range means the fit ran into it, not a minimum."""
+    if temperature is None or temperature_identified(temperature):
+        return []
+    why = " (the validation split is predicted perfectly: its NLL falls as T → 0)"
+    return [
+        f"the temperature T = {temperature:.4g} is at an end of the range temperature scaling "
+        f"searches, [{TEMPERATURE_RANGE[0]:g}, {TEMPERATURE_RANGE[1]:g}]"
+        f"{why if temperature < 1 else ''}: the fit "
+        "found no minimum inside it; --temperature 1 gives the raw outputs"
+    ]
+
+
+def _accuracy(rows: list[dict[str, Any]]) -> float | None:
+    return sum(r["prediction"] == r["label"] for r in rows) / len(rows) if rows else None
+
+
+def _output_format(out: str | Path | None, fmt: str | None) -> str:
+    if fmt is not None:
+        if fmt not in ("csv", "jsonl"):
+            raise ValueError(f"format must be csv or jsonl, got {fmt!r}")
+        return fmt
+    if out is None:
+        return "csv"
+    suffix = Path(out).suffix.lower()
+    if suffix not in _FORMATS:
+        raise ValueError(
+            f"cannot tell the format of --out {out} from its extension: use .csv or .jsonl, "
+            "or give --format"
+        )
+    return _FORMATS[suffix]
+
+
+def meta_path(out: str | Path) -> Path:
+    """The meta file beside ``out``: ``predictions.csv`` → ``predictions.meta.json``."""
+    out = Path(out)
+    return out.with_name(f"{out.stem}.meta.json")
+
+
+def _write(out: Path, fmt: str, rows: list[dict[str, Any]], meta: Mapping[str, Any]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_text(out, format_rows(rows, fmt))
+    write_json(meta_path(out), {**meta, "predictions": str(out), "format": fmt})
+
+
+def format_rows(rows: list[dict[str, Any]], fmt: str) -> str:
+    """The rows as CSV (with a header) or JSON Lines text."""
+    if fmt != "csv":
+        return "".join(json.dumps(row) + "\n" for row in rows)
+    if not rows:
+        return ""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+# --------------------------------------------------------------------------------------------
+# The command
+# --------------------------------------------------------------------------------------------
+
+
+def main(
+    argv: Sequence[str] | None = None, prog: str = "python -m fseb_ft.predict"
+) -> ImagePredictions:
+    """CLI ``fseb-ft predict MODEL IMAGES... --out predictions.csv``; prints a summary."""
+    parser = _parser(prog)
+    args = parser.parse_args(argv)
+    if not args.images and args.dataset is None:
+        parser.error("give IMAGES (files, folders, globs) or --dataset")
+    dataset = None
+    if args.dataset is not None:
+        try:
+            dataset = yaml.safe_load(args.dataset)
+        except yaml.YAMLError as err:
+            parser.error(f"--dataset is not a YAML mapping: {first_line(err)}")
+        if not isinstance(dataset, dict):
+            parser.error(
+                "--dataset takes a YAML mapping like "
+                f'"{{source: idx, path: data, split: t10k}}", got {args.dataset!r}'
+            )
+    configure_logging(args.verbose)
+    result = predict_images(
+        args.model, args.images, dataset=dataset, out=args.out, fmt=args.format,
+        coverage=args.coverage, max_risk=args.max_risk, threshold=args.threshold,
+        top_k=args.top_k, ood=args.ood_score, temperature=args.temperature, device=args.device,
+        batch_size=args.batch_size, num_workers=args.num_workers, progress=not args.no_progress,
+        keep=args.keep,
+    )  # fmt: skip
+    if args.out is None:  # the rows are the answer: to stdout, so `> file` keeps them alone
+        sys.stdout.write(format_rows(result.rows, args.format or "csv"))
+        print(summary(result.meta, None), file=sys.stderr)
+        print("(rows above; --out FILE.csv or .jsonl writes them and a meta record)",
+              file=sys.stderr)  # fmt: skip
+    else:
+        print(summary(result.meta, args.out))
+    return result
+
+
+def summary(meta: Mapping[str, Any], out: str | Path | None) -> str:
+    """The lines the command prints: model, threshold and its validation numbers, counts."""
+    rule = meta["abstention"]
+    temp = meta["temperature"]
+    lines = [f"model: {meta['model']}" + ("" if temp is None else f" (temperature T = {temp:.4g})")]
+    tau = rule["threshold"]
+    how = {
+        "coverage": f"chosen on the validation split for coverage {rule.get('target')}",
+        "max_risk": f"chosen on the validation split for risk ≤ {rule.get('target')}",
+        "threshold": "given",
+    }.get(rule["criterion"])
+    if rule.get("chosen_on") == "kept":
+        how = f"kept with the model ({how})"
+    if how is None:
+        lines.append("threshold: none kept or given, so nothing abstains (give --threshold)")
+    else:
+        lines.append(
+            f"threshold: abstain when max probability < {tau:.6g} (top-class log-odds < "
+            f"{rule['log_odds_threshold']:.4g}), {how}"
+        )
+    val = rule.get("validation")
+    if val:
+        risk = "n/a" if val["risk"] is None else f"{val['risk']:.4f}"
+        lines.append(
+            f"validation: coverage {val['coverage']:.4f} ({val['accepted']}/{val['n']} images), "
+            f"risk {risk} (error rate among accepted)"
+        )
+    elif rule["criterion"] != "none":
+        lines.append("validation: coverage and risk unknown (no validation data with this model)")
+    n, abstained = meta["images"], meta["abstained"]
+    lines.append(f"predicted {n} image(s): {n - abstained} accepted, {abstained} abstained")
+    if meta.get("accuracy_accepted") is not None or meta.get("accuracy_all") is not None:
+        acc = meta.get("accuracy_accepted")
+        lines.append(
+            f"accuracy on the labelled dataset: {meta['accuracy_all']:.4f} on all, "
+            + ("n/a" if acc is None else f"{acc:.4f}")
+            + " on the accepted"
+        )
+    lines += [f"warning: {text}" for text in meta.get("warnings", [])]
+    for key, what in (
+        ("unreadable", "unreadable image(s) left out"),
+        ("left_out", "file(s) without an image extension left out"),
+    ):
+        if meta[key]:
+            shown = "; ".join(meta[key][:_SHOWN])
+            more = f"; … and {len(meta[key]) - _SHOWN} more" if len(meta[key]) > _SHOWN else ""
+            lines.append(f"note: {len(meta[key])} {what}: {shown}{more}")
+    if meta.get("kept_in"):
+        lines.append(f"kept in {meta['kept_in']}: later `predict` calls and the model card use it")
+    if out is not None:
+        lines.append(f"written to {out} and {meta_path(out)}")
+    return "\n".join(lines)
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=help_text(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("model", help="run folder, model folder or hf-hub:owner/name")
+    parser.add_argument("images", nargs="*", help="image files, folders (recursive) and globs")
+    parser.add_argument(
+        "--dataset", metavar="SPEC",
+        help='a recipe dataset spec instead of IMAGES: "{source: idx, path: data, split: t10k}"',
+    )  # fmt: skip
+    parser.add_argument("--out", type=Path, help="predictions file, .csv or .jsonl")
+    parser.add_argument(
+        "--format",
+        choices=("csv", "jsonl"),
+        help="default: by --out's extension; without --out, csv to standard output",
+    )
+    rule = parser.add_mutually_exclusive_group()
+    rule.add_argument(
+        "--coverage", type=_fraction("coverage"), metavar="A",
+        help="the threshold that accepts the fraction A of the validation split (default "
+        f"{DEFAULT_COVERAGE} for a run without a kept threshold)",
+    )  # fmt: skip
+    rule.add_argument(
+        "--max-risk", type=_fraction("max_risk"), metavar="R",
+        help="the lowest threshold whose error rate among accepted validation predictions is ≤ R",
+    )  # fmt: skip
+    rule.add_argument(
+        "--threshold",
+        type=_fraction("threshold"),
+        metavar="T",
+        help="abstain when max probability < T",
+    )
+    parser.add_argument(
+        "--top-k", type=int, default=3, metavar="K", help="classes ranked per image"
+    )
+    parser.add_argument(
+        "--ood-score",
+        choices=OOD_SCORES,
+        help="default: the run's first eval.ood_scores, else entropy",
+    )
+    parser.add_argument(
+        "--temperature", type=float, help="override the model's temperature (1: raw outputs)"
+    )
+    parser.add_argument("--device", help="cpu, cuda, cuda:1, … (default: cuda when available)")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--num-workers", type=int, default=0, help="image-reading processes")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    parser.add_argument(
+        "--keep", action="store_true",
+        help="store the threshold in the run (abstention.json, fseb.json, model card): later "
+        "predict calls and the model card use it; without --keep the run is left as it was",
+    )  # fmt: skip
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="also show the libraries' INFO lines"
+    )
+    return parser
+
+
+_RANGES = {"coverage": "(0, 1]", "max_risk": "[0, 1)", "threshold": "[0, 1]"}
+"""The values each abstention option takes, in interval notation (as docs/cli.md states them)."""
+
+
+def _out_of_range(name: str, value: float) -> str | None:
+    """Why ``value`` is no valid ``name`` (a key of :data:`_RANGES`); None when it is one."""
+    interval = _RANGES[name]
+    above = value > 0 if interval[0] == "(" else value >= 0
+    below = value < 1 if interval[-1] == ")" else value <= 1
+    return None if above and below else f"must lie in {interval}, got {value:g}"
+
+
+def _fraction(name: str) -> Callable[[str], float]:
+    """The argparse type of the abstention option ``name``: a number in its range."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if (problem := _out_of_range(name, value)) is not None:
+            raise argparse.ArgumentTypeError(problem)
+        return value
+
+    return parse
+
+
+if __name__ == "__main__":
+    run_entry(main, prog="python -m fseb_ft.predict")

@@ -39,9 +39,13 @@ from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
-from fseb_ft.atomic import DiskFullError, write_text
 from fseb_ft.cli import run_entry
-from fseb_ft.config import (
+from fseb_ft.engine.loop import NonFiniteLossError, TrainingDivergedError, higher_is_better
+from fseb_ft.evaluate import evaluate_run
+from fseb_ft.finetune import RecipeMismatchError, run
+from fseb_ft.logs import configure_logging
+from fseb_ft.push import export_run
+from fseb_ft.recipe import (
     ConfigError,
     ContextConfig,
     Recipe,
@@ -51,14 +55,12 @@ from fseb_ft.config import (
     plain_tree,
     recipe_from_dict,
 )
-from fseb_ft.evaluate import evaluate_run
-from fseb_ft.finetune import RecipeMismatchError, run
-from fseb_ft.hub import export_run
-from fseb_ft.logs import configure_logging
-from fseb_ft.options import CONTEXT_KINDS
-from fseb_ft.plots import sweep_plot
-from fseb_ft.report import markdown_table, method_title, split_note
-from fseb_ft.rundir import (
+from fseb_ft.recipe.options import CONTEXT_KINDS
+from fseb_ft.recipe.schema import set_key
+from fseb_ft.runs.atomic import DiskFullError, write_text
+from fseb_ft.runs.plots import sweep_plot
+from fseb_ft.runs.report import markdown_table, method_title, split_note
+from fseb_ft.runs.rundir import (
     COMPARISON_JSON,
     COMPARISON_MD,
     RECIPE_FILE,
@@ -69,8 +71,6 @@ from fseb_ft.rundir import (
     results_split,
     write_json,
 )
-from fseb_ft.schema import set_key
-from fseb_ft.train import NonFiniteLossError, TrainingDivergedError, higher_is_better
 
 __all__ = ["compare_sweeps", "default_space", "main", "psmap_point", "search_space", "sweep"]
 

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from fseb_ft.allocator import DISABLE_ENV, keep_freed_memory
+from fseb_ft.engine.allocator import DISABLE_ENV, keep_freed_memory
 
-CHECK = "from fseb_ft.allocator import keep_freed_memory; print(keep_freed_memory())"
+CHECK = "from fseb_ft.engine.allocator import keep_freed_memory; print(keep_freed_memory())"
 
 
 def _run(env: dict[str, str], code: str = CHECK) -> str:
@@ -37,8 +37,8 @@ def test_environment_variable_disables_it() -> None:
 WORKER_CHECK = """
 import ctypes, json, os
 import torch
-from fseb_ft.allocator import keep_freed_memory
-from fseb_ft.transforms import make_loader
+from fseb_ft.engine.allocator import keep_freed_memory
+from fseb_ft.data.transforms import make_loader
 
 MIB = 2**20
 libc = ctypes.CDLL("libc.so.6")

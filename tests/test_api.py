@@ -16,9 +16,9 @@ from torch.utils.data import Dataset, Subset
 
 import fseb_ft
 import fseb_ft.api
-from fseb_ft.config import ConfigError, load_recipe
-from fseb_ft.images import HFImages, TorchImages, as_labeled_images
-from fseb_ft.imagesplits import TooFewClassesError
+from fseb_ft.data.images import HFImages, TorchImages, as_labeled_images
+from fseb_ft.data.splits import TooFewClassesError
+from fseb_ft.recipe import ConfigError, load_recipe
 
 REPO = Path(__file__).parents[1]
 CLASSES = ["cat", "dog", "fox"]

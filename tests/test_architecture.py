@@ -6,50 +6,100 @@ import ast
 import re
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
 PACKAGE = ROOT / "fseb_ft"
-ROW = re.compile(r"^\| `(\w+)` \| (\d) [a-z]+ \| (.+) \|$")
+LAYERS = ("recipe", "data", "method", "evaluation", "runs", "engine")
+"""The package's folders, lowest first: a module imports only from its own folder or lower ones."""
+BASE = ("errors", "logs")
+"""Top-level modules every layer may import; they import nothing from fseb_ft."""
+ENTRY_POINTS = (
+    "__init__",
+    "__main__",
+    "api",
+    "cli",
+    "config",
+    "evaluate",
+    "finetune",
+    "predict",
+    "push",
+    "sweep",
+)
+"""Top-level modules above every folder: the package, the commands and their shims."""
 
 
-def _layers() -> dict[str, int]:
-    text = (ROOT / "docs" / "architecture.md").read_text()
-    return {m[1]: int(m[2]) for line in text.splitlines() if (m := ROW.match(line))}
+def _name(path: Path) -> str:
+    """``fseb_ft/data/images.py`` → ``data.images``; ``fseb_ft/data/__init__.py`` → ``data``."""
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" and len(parts) > 1 else parts)
 
 
-def _imports(path: Path) -> set[str]:
-    """fseb_ft modules ``path`` imports anywhere (top level or inside functions)."""
-    found = set()
+def _modules() -> dict[str, Path]:
+    return {_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _imports(path: Path, modules: Iterable[str] = ()) -> set[str]:
+    """fseb_ft modules ``path`` imports anywhere (top level or inside functions).
+
+    ``from fseb_ft.data import images`` is the module ``data.images`` when that is a module,
+    else the package ``data``.
+    """
+    known, found = set(modules), set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module == "fseb_ft":
-                found.update(alias.name for alias in node.names)
-            elif node.module.startswith("fseb_ft."):
-                found.add(node.module.split(".")[1])
+            if node.module == "fseb_ft" or node.module.startswith("fseb_ft."):
+                base = node.module.removeprefix("fseb_ft").lstrip(".")
+                for alias in node.names:
+                    full = f"{base}.{alias.name}".lstrip(".")
+                    found.add(full if full in known or not base else base)
         elif isinstance(node, ast.Import):
-            found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("fseb_ft."))
+            found.update(
+                a.name[len("fseb_ft.") :] for a in node.names if a.name.startswith("fseb_ft.")
+            )
     return found
 
 
 def _graph() -> dict[str, set[str]]:
-    modules = {p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
-    return {m: _imports(PACKAGE / f"{m}.py") & modules for m in modules}
+    modules = _modules()
+    return {m: _imports(p, modules) & set(modules) - {m} for m, p in modules.items()}
 
 
-def test_every_module_is_in_the_architecture_table() -> None:
-    graph, layers = _graph(), _layers()
-    assert sorted(set(graph) - set(layers)) == [], "add these modules to docs/architecture.md"
-    assert sorted(set(layers) - set(graph)) == [], "docs/architecture.md lists removed modules"
+def _layer(module: str) -> int:
+    """0 for the base modules, 1… for the folders in :data:`LAYERS` order, above them the
+    entries."""
+    top = module.split(".")[0]
+    if top in LAYERS:
+        return 1 + LAYERS.index(top)
+    return 0 if module in BASE else len(LAYERS) + 1
+
+
+def test_every_module_is_in_a_folder_or_named_as_base_or_entry_point() -> None:
+    stray = [m for m in _modules() if "." not in m and m not in (*LAYERS, *BASE, *ENTRY_POINTS)]
+    assert stray == [], "put these modules in a layer folder (or name a new command here)"
+    folders = sorted({p.parent.name for p in PACKAGE.rglob("*.py") if p.parent != PACKAGE})
+    assert set(folders) <= {*LAYERS, "sources"}, f"{folders}: name new folders in LAYERS"
+
+
+def test_every_module_is_on_the_architecture_map() -> None:
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    modules = _modules()
+    missing = [
+        m
+        for m, path in modules.items()
+        if m != "__init__"
+        and f"`{m.split('.')[-1]}{'/' if path.name == '__init__.py' else ''}`" not in text
+    ]
+    assert missing == [], "add these modules to docs/architecture.md"
 
 
 def test_no_module_imports_from_a_higher_layer() -> None:
-    graph, layers = _graph(), _layers()
     upward = [
-        f"{m} (layer {layers[m]}) imports {d} (layer {layers[d]})"
-        for m, deps in sorted(graph.items())
+        f"{m} imports {d}"
+        for m, deps in sorted(_graph().items())
         for d in sorted(deps)
-        if layers.get(d, 0) > layers.get(m, 0)
+        if _layer(d) > _layer(m) or (m in BASE and d not in BASE)
     ]
     assert upward == []
 
@@ -75,14 +125,21 @@ def test_the_import_graph_has_no_circle() -> None:
 
 
 def test_an_import_inside_a_function_counts(tmp_path: Path) -> None:
-    (tmp_path / "a.py").write_text("def f():\n    from fseb_ft.b import g\n")
-    assert _imports(tmp_path / "a.py") == {"b"}
+    (tmp_path / "a.py").write_text(
+        "def f():\n    from fseb_ft.data.images import g\n    from fseb_ft.runs import plots\n"
+    )
+    assert _imports(tmp_path / "a.py", {"runs.plots"}) == {"data.images", "runs.plots"}
+
+
+def test_a_module_that_imports_upwards_is_found() -> None:
+    assert _layer("recipe.options") < _layer("data.images") < _layer("engine.loop")
+    assert _layer("errors") < _layer("recipe.schema") and _layer("sweep") > _layer("engine.loop")
 
 
 def test_light_modules_load_neither_accelerate_nor_albumentations() -> None:
     # One interpreter for all: importing more modules only adds to sys.modules, so none of them
     # loads either library if, together, they load neither.
-    light = ("fseb_ft.hub", "fseb_ft.corruptions", "fseb_ft.cli")
+    light = ("fseb_ft.push", "fseb_ft.data.corruptions", "fseb_ft.cli")
     code = (
         f"import sys, {', '.join(light)}; "
         "print(sorted(m for m in ('accelerate', 'albumentations') if m in sys.modules))"
@@ -94,13 +151,13 @@ def test_light_modules_load_neither_accelerate_nor_albumentations() -> None:
 
 
 def test_every_file_is_written_through_a_temporary_name() -> None:
-    """Run files are written atomically: to a temporary name, then renamed (fseb_ft.atomic)."""
+    """Run files are written atomically: to a temporary name, then renamed (fseb_ft.runs.atomic)."""
     writer = re.compile(r"\.write_text\(|\.write_bytes\(|open\([^)]*[\"']w|\.savefig\(|np\.save")
     direct = [
         f"{path.name}:{number}: {line.strip()}"
-        for path in sorted(PACKAGE.glob("*.py"))
+        for path in sorted(PACKAGE.rglob("*.py"))
         if path.name != "atomic.py"
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if writer.search(line) and "tmp" not in line and "lambda f:" not in line
     ]
-    assert direct == [], "write through fseb_ft.atomic (or a temporary path that is renamed)"
+    assert direct == [], "write through fseb_ft.runs.atomic (or a temporary path that is renamed)"

@@ -17,11 +17,16 @@ from safetensors.torch import load_file
 from torch import nn
 
 import fseb_ft.finetune as finetune_module
-from fseb_ft.atomic import DiskFullError, cleaned_on_failure, default_file_mode, is_not_writable
-from fseb_ft.config import recipe_from_dict
-from fseb_ft.report import write_results
-from fseb_ft.rundir import latest_checkpoint
-from fseb_ft.train import TrainState, _save_checkpoint
+from fseb_ft.engine.loop import TrainState, _save_checkpoint
+from fseb_ft.recipe import recipe_from_dict
+from fseb_ft.runs.atomic import (
+    DiskFullError,
+    cleaned_on_failure,
+    default_file_mode,
+    is_not_writable,
+)
+from fseb_ft.runs.report import write_results
+from fseb_ft.runs.rundir import latest_checkpoint
 
 # What each writer raises when the disk fills up (torch's text is from a real full tmpfs).
 DISK_FULL = {

@@ -37,14 +37,15 @@ def test_no_help_shows_rest_markup(command: list[str], capsys: pytest.CaptureFix
 
 def test_help_text_turns_rest_into_plain_text_filled_to_80_columns() -> None:
     doc = (
-        "The ``fseb-ft x`` command and :func:`predict_images` (:data:`~fseb_ft.options.OOD_SCORES`"
-        ", :mod:`fseb_ft.ood`) with some more words to fill the first line past eighty columns.\n\n"
+        "The ``fseb-ft x`` command and :func:`predict_images` "
+        "(:data:`~fseb_ft.recipe.options.OOD_SCORES`, :mod:`fseb_ft.evaluation.ood`) "
+        "with some more words to fill the first line past eighty columns.\n\n"
         "    fseb-ft x ``kept`` as written, however long the example line is, past eighty columns\n"
     )
     paragraph, example = cli.help_text(doc).split("\n\n")
     assert " ".join(paragraph.splitlines()) == (
-        "The fseb-ft x command and predict_images (OOD_SCORES, fseb_ft.ood) with some more words "
-        "to fill the first line past eighty columns."
+        "The fseb-ft x command and predict_images (OOD_SCORES, fseb_ft.evaluation.ood) "
+        "with some more words to fill the first line past eighty columns."
     )
     assert [len(line) < 80 for line in paragraph.splitlines()] == [True, True]
     assert (

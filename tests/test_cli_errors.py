@@ -16,7 +16,7 @@ from datasets import Dataset
 
 from fseb_ft import cli, logs
 from fseb_ft import finetune as finetune_module
-from fseb_ft.atomic import DiskFullError
+from fseb_ft.runs.atomic import DiskFullError
 from tests.test_pipeline import _write_folder, poison_loss, snapshot
 
 ROOT = Path(__file__).parents[1]
@@ -167,8 +167,8 @@ def test_a_yaml_syntax_error_is_one_line_under_python_m(tmp_path: Path) -> None:
         ("fseb_ft.finetune", [QUICKSTART]),
         ("fseb_ft.evaluate", ["runs/x"]),
         ("fseb_ft.sweep", [QUICKSTART]),
-        ("fseb_ft.hub", ["runs/x"]),
-        ("fseb_ft.inference", ["runs/x", "images/"]),
+        ("fseb_ft.push", ["runs/x"]),
+        ("fseb_ft.predict", ["runs/x", "images/"]),
     ],
 )
 def test_every_module_entry_point_ends_an_error_as_fseb_ft_does(

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fseb_ft.config import (
+from fseb_ft.engine.loop import _trackers
+from fseb_ft.recipe import (
     ConfigError,
     DatasetSpec,
     apply_overrides,
@@ -15,8 +16,7 @@ from fseb_ft.config import (
     load_recipe,
     recipe_from_dict,
 )
-from fseb_ft.schema import RenamedKeyWarning
-from fseb_ft.train import _trackers
+from fseb_ft.recipe.schema import RenamedKeyWarning
 
 RECIPES = sorted((Path(__file__).parents[1] / "recipes").glob("*.yaml"))
 MINIMAL = {"data": {"train": {"source": "sklearn_digits"}}}

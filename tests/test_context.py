@@ -1,4 +1,4 @@
-"""Tests for fseb_ft.context: pools, mixtures, perturbation transform and context batches."""
+"""Tests for fseb_ft.method.context: pools, mixtures, perturbation transform and context batches."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from fseb_ft.context import (
+from fseb_ft.data.images import ArrayImages
+from fseb_ft.data.transforms import eval_transform, perturbation_transform
+from fseb_ft.method.context import (
     ContextPool,
     ContextStream,
     build_context_pool,
     context_loader,
     infinite_batches,
 )
-from fseb_ft.images import ArrayImages
-from fseb_ft.transforms import eval_transform, perturbation_transform
 
 MEAN, STD = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)  # identity normalisation: pixel value / 255
 SIZE = (8, 8)

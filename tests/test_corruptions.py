@@ -14,18 +14,22 @@ from PIL import Image
 from scipy import ndimage
 from test_pipeline import N_TEST, _recipe_dict, _write_folder
 
-import fseb_ft.corruptions as C
-from fseb_ft import plots
-from fseb_ft.config import ConfigError, recipe_from_dict
+import fseb_ft.data.corruptions as C
+from fseb_ft.data.images import ArrayImages
+from fseb_ft.data.splits import stratified_split
+from fseb_ft.data.transforms import TransformedImages, eval_transform
 from fseb_ft.evaluate import evaluate_ensemble, evaluate_run
 from fseb_ft.evaluate import main as evaluate_main
+from fseb_ft.evaluation.predictions import Predictions
 from fseb_ft.finetune import run
-from fseb_ft.images import ArrayImages
-from fseb_ft.imagesplits import stratified_split
-from fseb_ft.predict import Predictions
-from fseb_ft.report import corruption_markdown, evaluate_predictions, temperature_scaled_results
-from fseb_ft.rundir import CORRUPTION_PLOT
-from fseb_ft.transforms import TransformedImages, eval_transform
+from fseb_ft.recipe import ConfigError, options, recipe_from_dict
+from fseb_ft.runs import plots
+from fseb_ft.runs.report import (
+    corruption_markdown,
+    evaluate_predictions,
+    temperature_scaled_results,
+)
+from fseb_ft.runs.rundir import CORRUPTION_PLOT
 
 NOISE = ("gaussian_noise", "shot_noise", "impulse_noise", "speckle_noise")
 # Corruptions whose mean pixel change must grow strictly with the severity.
@@ -53,6 +57,7 @@ def _change(a: np.ndarray, b: np.ndarray) -> float:
 def test_names_all_and_the_error_listing_them() -> None:
     assert len(C.BENCHMARK) == 14 and "frost" not in C.CORRUPTIONS
     assert set(C.BENCHMARK) | set(C.EXTRA) == set(C.CORRUPTIONS)
+    assert tuple(C.CORRUPTIONS) == options.CORRUPTIONS, "the registry and the recipe's names"
     assert C.resolve_corruptions(["contrast", "all", "contrast"]) == (
         "contrast",
         *(n for n in C.BENCHMARK if n != "contrast"),

@@ -1,4 +1,4 @@
-"""Tests for fseb_ft.images, sources and transforms: loaders, splits, label checks, transforms.
+"""Tests for fseb_ft.data.images, sources and transforms: loaders, splits, label checks, transforms.
 
 Fixtures are tiny generated files in tmp_path; the real-data tests read ../shared in place (or
 extract a few members to tmp_path) and skip when it is absent.
@@ -20,20 +20,10 @@ import timm
 import torch
 from PIL import Image
 
-from fseb_ft import sources as fdata
-from fseb_ft.config import DatasetSpec, recipe_from_dict
-from fseb_ft.errors import FsebError
-from fseb_ft.images import ArrayImages, HFImages, IndexedImages, as_labeled_images
-from fseb_ft.imagesplits import (
-    TooFewClassesError,
-    allocate,
-    check_labels,
-    require_two_classes,
-    stratified_split,
-)
-from fseb_ft.models import EVAL_RESIZE
-from fseb_ft.schema import ConfigError
-from fseb_ft.sources import (
+from fseb_ft.data import sources as fdata
+from fseb_ft.data.images import ArrayImages, HFImages, IndexedImages, as_labeled_images
+from fseb_ft.data.inputs import EVAL_RESIZE
+from fseb_ft.data.sources import (
     FASHION_MNIST_CLASSES,
     load_arrays,
     load_disk,
@@ -44,13 +34,23 @@ from fseb_ft.sources import (
     load_spec,
     read_idx,
 )
-from fseb_ft.transforms import (
+from fseb_ft.data.splits import (
+    TooFewClassesError,
+    allocate,
+    check_labels,
+    require_two_classes,
+    stratified_split,
+)
+from fseb_ft.data.transforms import (
     TransformedImages,
     eval_transform,
     is_deterministic,
     make_loader,
     train_transform,
 )
+from fseb_ft.errors import FsebError
+from fseb_ft.recipe import DatasetSpec, recipe_from_dict
+from fseb_ft.recipe.schema import ConfigError
 
 SHARED = Path(__file__).parents[1] / ".." / "shared"
 SHARED_DATA = SHARED / "data"

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from fseb_ft.config import recipe_from_dict
+from fseb_ft.engine.loop import TrainingDivergedError, _chance_warning, _check_divergence
+from fseb_ft.evaluation.metrics import chance_accuracy, chance_nll
 from fseb_ft.finetune import run
-from fseb_ft.metrics import chance_accuracy, chance_nll
-from fseb_ft.train import TrainingDivergedError, _chance_warning, _check_divergence
+from fseb_ft.recipe import recipe_from_dict
 from tests.test_pipeline import _recipe_dict, _write_folder
 
 

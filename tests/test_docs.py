@@ -18,8 +18,8 @@ from typing import Any, get_args, get_origin, get_type_hints
 import pytest
 import yaml
 
-from fseb_ft import config, schema
-from fseb_ft.config import Recipe, override_path, recipe_from_dict, reference_markdown
+from fseb_ft import recipe as config
+from fseb_ft.recipe import Recipe, override_path, recipe_from_dict, reference_markdown, schema
 
 ROOT = Path(__file__).parents[1]
 DOCS = ROOT / "docs"

@@ -19,11 +19,11 @@ from test_pipeline import N_OOD, N_TEST, _recipe_dict, _write_folder
 from fseb_ft import evaluate
 from fseb_ft.cli import main as cli
 from fseb_ft.evaluate import default_ensemble_dir, evaluate_ensemble, evaluate_run
+from fseb_ft.evaluation.metrics import classification_metrics
+from fseb_ft.evaluation.ood import ood_metrics
+from fseb_ft.evaluation.temperature import fit_temperature
 from fseb_ft.finetune import compare
-from fseb_ft.metrics import classification_metrics
-from fseb_ft.ood import ood_metrics
-from fseb_ft.rundir import COMPARISON_PLOTS, PLOTS
-from fseb_ft.temperature import fit_temperature
+from fseb_ft.runs.rundir import COMPARISON_PLOTS, PLOTS
 
 
 @pytest.fixture(scope="module")

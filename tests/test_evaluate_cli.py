@@ -9,7 +9,7 @@ import pytest
 
 from fseb_ft import cli, evaluate
 from fseb_ft.evaluate import main as evaluate_main
-from fseb_ft.rundir import read_json
+from fseb_ft.runs.rundir import read_json
 from tests.test_predict_cli import read_only, snapshot, train_tiny_run
 
 

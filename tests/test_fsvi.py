@@ -8,10 +8,10 @@ from torch import nn
 from torch.autograd.functional import jacobian
 from torch.func import functional_call
 
-from fseb_ft.fsvi import FUNCTION_JITTER, function_kl, inverse_softplus, softplus_std
-from fseb_ft.objective import FSEBObjective
-from fseb_ft.regularizer import function_space_term, prior_covariance
-from fseb_ft.variational import (
+from fseb_ft.method.fsvi import FUNCTION_JITTER, function_kl, inverse_softplus, softplus_std
+from fseb_ft.method.objective import FSEBObjective
+from fseb_ft.method.regularizer import function_space_term, prior_covariance
+from fseb_ft.method.variational import (
     MCPredictive,
     MeanFieldGaussian,
     _jacobian_covariance,
@@ -177,10 +177,10 @@ def test_fsvi_run_trains_evaluates_and_exports_the_mean(tmp_path) -> None:
     import timm
     from safetensors.torch import load_file
 
-    from fseb_ft.config import recipe_from_dict
     from fseb_ft.evaluate import evaluate_run
     from fseb_ft.finetune import run
-    from fseb_ft.rundir import (
+    from fseb_ft.recipe import recipe_from_dict
+    from fseb_ft.runs.rundir import (
         MODEL_WEIGHTS,
         VARIATIONAL_WEIGHTS,
         load_run_model,
@@ -266,6 +266,6 @@ def test_sigma_moves_under_sgd_at_the_shared_learning_rate(monkeypatch) -> None:
     steps leave it within 1 %: the stuck σ this parametrisation fixes."""
     before, after = _sigma_after_sgd(20)
     assert before == pytest.approx(1e-3) and after > 10 * before
-    monkeypatch.setattr("fseb_ft.fsvi.STD_SCALE", 1.0)
+    monkeypatch.setattr("fseb_ft.method.fsvi.STD_SCALE", 1.0)
     before, after = _sigma_after_sgd(20)
     assert after == pytest.approx(before, rel=1e-2)

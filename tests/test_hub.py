@@ -34,15 +34,15 @@ from PIL import Image
 from test_pipeline import _write_folder
 
 import fseb_ft.finetune as finetune_module
-import fseb_ft.hub as hub
+import fseb_ft.push as hub
 from fseb_ft import cli
-from fseb_ft.config import ConfigError, OutputConfig, dump_recipe, recipe_from_dict
+from fseb_ft.data.files import read_image
+from fseb_ft.data.transforms import eval_transform
 from fseb_ft.finetune import run
-from fseb_ft.imagepaths import read_image
-from fseb_ft.published import scrub
-from fseb_ft.report import markdown_table
-from fseb_ft.rundir import COMPARISON_PLOTS
-from fseb_ft.transforms import eval_transform
+from fseb_ft.recipe import ConfigError, OutputConfig, dump_recipe, recipe_from_dict
+from fseb_ft.runs.published import scrub
+from fseb_ft.runs.report import markdown_table
+from fseb_ft.runs.rundir import COMPARISON_PLOTS
 
 UNREACHABLE = "http://127.0.0.1:9"  # discard port: nothing listens, connections are refused
 REPO_ID = "user/tiny-fseb"
@@ -105,14 +105,14 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
         return original(model, *args, **kwargs)
 
     records = _Records()
-    logging.getLogger("fseb_ft.hub").addHandler(records)
+    logging.getLogger("fseb_ft.push").addHandler(records)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(finetune_module, "share_run", spy)  # the name run() calls
         mp.setenv("HF_ENDPOINT", UNREACHABLE)
         start = time.perf_counter()
         results = run(recipe)
         seconds = time.perf_counter() - start
-    logging.getLogger("fseb_ft.hub").removeHandler(records)
+    logging.getLogger("fseb_ft.push").removeHandler(records)
     return SimpleNamespace(
         dir=out,
         folder=out / "model",
@@ -501,7 +501,7 @@ def test_cli_push_exports_a_missing_folder_and_uploads_it(
 
 
 def test_one_channel_fseb_model_round_trips(tmp_path: Path) -> None:
-    import fseb_ft.models  # noqa: F401  (registers fseb_cnn with timm)
+    import fseb_ft.method.models  # noqa: F401  (registers fseb_cnn with timm)
 
     model = timm.create_model("fseb_cnn", num_classes=4, in_chans=1).eval()
     recipe = recipe_from_dict(
@@ -536,7 +536,7 @@ def test_one_channel_fseb_model_round_trips(tmp_path: Path) -> None:
     text = (folder / "README.md").read_text()
     assert ModelCard(text).data.license == "mit" and "ps-map" in ModelCard(text).data.tags
     assert "License: not known" not in text  # the recipe's output.license
-    assert "import fseb_ft.models" in text and '.convert("L")' in text
+    assert "import fseb_ft.method.models" in text and '.convert("L")' in text
     assert json.loads((folder / "fseb.json").read_text())["context"] is None
 
 

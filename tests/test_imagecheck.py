@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fseb_ft.config import recipe_from_dict
+from fseb_ft.data.images import ArrayImages, HFImages, IndexedImages
+from fseb_ft.data.screening import BadImagesError, check_image, find_bad_images, screen
+from fseb_ft.data.sources import load_imagefolder
 from fseb_ft.evaluate import evaluate_run
 from fseb_ft.finetune import run
-from fseb_ft.imagecheck import BadImagesError, check_image, find_bad_images, screen
-from fseb_ft.images import ArrayImages, HFImages, IndexedImages
-from fseb_ft.sources import load_imagefolder
+from fseb_ft.recipe import recipe_from_dict
 from tests.test_cli_errors import QUICKSTART, _fails
 from tests.test_pipeline import _recipe_dict, _write_folder
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fseb_ft.imagefiles import FileImages, list_split
-from fseb_ft.images import HFImages
-from fseb_ft.sources import load_imagefolder
+from fseb_ft.data.files import FileImages, list_split
+from fseb_ft.data.images import HFImages
+from fseb_ft.data.sources import load_imagefolder
 
 datasets.disable_progress_bars()
 

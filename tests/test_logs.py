@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from fseb_ft.config import recipe_from_dict
 from fseb_ft.finetune import run
 from fseb_ft.logs import above_progress_bars
-from fseb_ft.objective import FSEBObjective
+from fseb_ft.method.objective import FSEBObjective
+from fseb_ft.recipe import recipe_from_dict
 from tests.test_pipeline import _recipe_dict, _write_folder
 
 

@@ -14,17 +14,17 @@ import timm
 import torch
 from huggingface_hub.errors import LocalEntryNotFoundError
 
-import fseb_ft.hub as hub
+import fseb_ft.push as hub
 from fseb_ft import cli
-from fseb_ft.config import ModelConfig, recipe_from_dict
+from fseb_ft.data.files import read_image
+from fseb_ft.data.screening import check_image
+from fseb_ft.engine.loop import NonFiniteLossError, TrainState, _epoch_line, _non_finite_message
 from fseb_ft.finetune import run
-from fseb_ft.imagecheck import check_image
-from fseb_ft.imagepaths import read_image
-from fseb_ft.inference import predict_images
 from fseb_ft.logs import configure_logging
-from fseb_ft.models import create_model
-from fseb_ft.regularizer import CholeskyJitterWarning, function_space_term
-from fseb_ft.train import NonFiniteLossError, TrainState, _epoch_line, _non_finite_message
+from fseb_ft.method.models import create_model
+from fseb_ft.method.regularizer import CholeskyJitterWarning, function_space_term
+from fseb_ft.predict import predict_images
+from fseb_ft.recipe import ModelConfig, recipe_from_dict
 from tests.test_pipeline import _recipe_dict, _write_folder, poison_loss
 
 UNREACHABLE = "http://127.0.0.1:9"  # discard port: nothing listens

@@ -1,4 +1,4 @@
-"""Tests for fseb_ft.metrics against hand-worked cases and independent references.
+"""Tests for fseb_ft.evaluation.metrics against hand-worked cases and independent references.
 
 References are scikit-learn / scipy where they compute the same definition, otherwise naive
 float64 loops written directly from the definitions in design.md section 3 (never the
@@ -15,9 +15,9 @@ import torch
 from scipy.stats import entropy as scipy_entropy
 from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 
-from fseb_ft import metrics as M
-from fseb_ft import ood as O
-from fseb_ft import temperature as T
+from fseb_ft.evaluation import metrics as M
+from fseb_ft.evaluation import ood as O
+from fseb_ft.evaluation import temperature as T
 
 # --------------------------------------------------------------------------------------------
 # Independent references

@@ -10,10 +10,10 @@ import timm
 import torch
 from timm.models import save_for_hf
 
-from fseb_ft.config import ConfigError, DataConfig, DatasetSpec, ModelConfig, recipe_from_dict
 from fseb_ft.logs import configure_logging
-from fseb_ft.models import create_model, input_spec
-from fseb_ft.objective import timm_features
+from fseb_ft.method.models import create_model, input_spec
+from fseb_ft.method.objective import timm_features
+from fseb_ft.recipe import ConfigError, DataConfig, DatasetSpec, ModelConfig, recipe_from_dict
 
 DIGITS = DataConfig(train=DatasetSpec(source="sklearn_digits"))
 

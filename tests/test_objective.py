@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as nnf
 from torch import nn
 
-from fseb_ft.config import FSEBConfig
-from fseb_ft.objective import RESOLVED_BY_RUN, FSEBObjective, timm_features
+from fseb_ft.method.objective import RESOLVED_BY_RUN, FSEBObjective, timm_features
+from fseb_ft.recipe import FSEBConfig
 
 N_TRAIN = 500
 

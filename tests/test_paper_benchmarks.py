@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import paper_cifar10, paper_fmnist
-from fseb_ft.config import load_recipe
+from fseb_ft.recipe import load_recipe
 
 
 @pytest.mark.parametrize("protocol", ["far", "near"])

@@ -11,12 +11,12 @@ import pytest
 
 import fseb_ft.finetune as finetune_module
 from fseb_ft import cli
-from fseb_ft.config import DatasetSpec, recipe_from_dict
+from fseb_ft.data.sources import load_split
 from fseb_ft.errors import FsebError
 from fseb_ft.evaluate import evaluate_ensemble, evaluate_run
 from fseb_ft.finetune import run
-from fseb_ft.report import markdown_table
-from fseb_ft.sources import load_split
+from fseb_ft.recipe import DatasetSpec, recipe_from_dict
+from fseb_ft.runs.report import markdown_table
 from tests.test_pipeline import _recipe_dict, _write_folder, kill_after_checkpoint
 
 QUICKSTART = Path(__file__).parents[1] / "recipes" / "quickstart.yaml"

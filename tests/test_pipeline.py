@@ -18,14 +18,14 @@ from accelerate.state import AcceleratorState
 from PIL import Image
 from safetensors.torch import load_file
 
-import fseb_ft.train as train_module
+import fseb_ft.engine.loop as train_module
 from fseb_ft import cli
-from fseb_ft.config import load_recipe, recipe_from_dict
+from fseb_ft.engine.loop import NonFiniteLossError
 from fseb_ft.evaluate import evaluate_run
 from fseb_ft.finetune import RecipeMismatchError, run
-from fseb_ft.models import create_model
-from fseb_ft.objective import FSEBObjective
-from fseb_ft.train import NonFiniteLossError
+from fseb_ft.method.models import create_model
+from fseb_ft.method.objective import FSEBObjective
+from fseb_ft.recipe import load_recipe, recipe_from_dict
 
 REPO = Path(__file__).parents[1]
 N_TEST = 13  # odd, so two processes see an uneven last batch

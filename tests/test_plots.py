@@ -1,4 +1,5 @@
-"""fseb_ft.plots and evaluate.write_plots: valid, readable PNGs for multi-class and binary tasks."""
+"""fseb_ft.runs.plots and evaluate.write_plots: valid, readable PNGs for multi-class and binary
+tasks."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 from PIL import Image
 
-from fseb_ft import plots
-from fseb_ft.predict import Predictions
-from fseb_ft.report import write_comparison_plots, write_corruption_plot, write_plots
-from fseb_ft.rundir import COMPARISON_PLOTS, PLOTS
+from fseb_ft.evaluation.predictions import Predictions
+from fseb_ft.runs import plots
+from fseb_ft.runs.report import write_comparison_plots, write_corruption_plot, write_plots
+from fseb_ft.runs.rundir import COMPARISON_PLOTS, PLOTS
 
 
 def _predictions(n: int, k: int, seed: int, sharpness: float = 1.5) -> tuple[torch.Tensor, ...]:

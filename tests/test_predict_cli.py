@@ -22,15 +22,18 @@ from PIL import Image
 from safetensors import SafetensorError
 
 import fseb_ft
-from fseb_ft import api, cli, inference, predictor, rundir
-from fseb_ft.config import recipe_from_dict
+from fseb_ft import api, cli
+from fseb_ft import predict as inference
+from fseb_ft.data.sources import build_splits, load_sklearn_digits
+from fseb_ft.data.transforms import eval_transform
+from fseb_ft.evaluation.predictions import eval_loader
+from fseb_ft.evaluation.selective import top_class_log_odds
 from fseb_ft.finetune import run
-from fseb_ft.predict import eval_loader
-from fseb_ft.predictor import load_model
-from fseb_ft.rundir import VAL_LOGITS, load_run_model, read_json, read_run, read_val_logits
-from fseb_ft.selective import top_class_log_odds
-from fseb_ft.sources import build_splits, load_sklearn_digits
-from fseb_ft.transforms import eval_transform
+from fseb_ft.recipe import recipe_from_dict
+from fseb_ft.runs import loading as predictor
+from fseb_ft.runs import rundir
+from fseb_ft.runs.loading import load_model
+from fseb_ft.runs.rundir import VAL_LOGITS, load_run_model, read_json, read_run, read_val_logits
 from tests.test_pipeline import snapshot
 
 COLUMNS = ["image", "prediction", "probability", "log_odds", "abstain", "entropy", "ood_entropy"]

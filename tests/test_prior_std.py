@@ -10,12 +10,12 @@ import torch
 import yaml
 from torch import Tensor, nn
 
-import fseb_ft.objective as objective_module
-from fseb_ft.config import ConfigError, FSEBConfig, recipe_from_dict
-from fseb_ft.context import mean_sq_feature_norm
+import fseb_ft.method.objective as objective_module
 from fseb_ft.finetune import run
-from fseb_ft.objective import FSEBObjective
-from fseb_ft.regularizer import prior_std_of, resolve_prior
+from fseb_ft.method.context import mean_sq_feature_norm
+from fseb_ft.method.objective import FSEBObjective
+from fseb_ft.method.regularizer import prior_std_of, resolve_prior
+from fseb_ft.recipe import ConfigError, FSEBConfig, recipe_from_dict
 from tests.test_pipeline import _recipe_dict, _write_folder
 
 

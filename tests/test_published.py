@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fseb_ft.published import folder_name, model_label, placeholders, scrub
+from fseb_ft.runs.published import folder_name, model_label, placeholders, scrub
 
 
 @pytest.mark.parametrize(

@@ -21,16 +21,16 @@ import pytest
 
 import fseb_ft.evaluate as evaluate_module
 import fseb_ft.finetune as finetune_module
-import fseb_ft.inference as inference_module
+import fseb_ft.predict as inference_module
 import fseb_ft.sweep as sweep_module
 from fseb_ft import cli
-from fseb_ft.config import dump_recipe
-from fseb_ft.rundir import RECIPE_FILE, TRAINER_STATE, checkpoint_name
+from fseb_ft.recipe import dump_recipe
+from fseb_ft.runs.rundir import RECIPE_FILE, TRAINER_STATE, checkpoint_name
 
 ROOT = Path(__file__).parents[1]
 MODULE_COMMANDS = {"fseb_ft.finetune": "train", "fseb_ft.evaluate": "evaluate",
-                   "fseb_ft.sweep": "sweep", "fseb_ft.inference": "predict",
-                   "fseb_ft.hub": "push"}  # fmt: skip
+                   "fseb_ft.sweep": "sweep", "fseb_ft.predict": "predict",
+                   "fseb_ft.push": "push"}  # fmt: skip
 
 
 def command_lines(markdown: str) -> list[str]:

@@ -18,9 +18,9 @@ import torch
 from PIL import Image
 from test_data import CIFAR10_CLASSES
 
-from fseb_ft.config import DatasetSpec, Recipe, load_recipe
+from fseb_ft.evaluation.metrics import classification_metrics
 from fseb_ft.finetune import run
-from fseb_ft.metrics import classification_metrics
+from fseb_ft.recipe import DatasetSpec, Recipe, load_recipe
 
 RECIPES = Path(__file__).parents[1] / "recipes"
 TRAIN_PER_CLASS = 4  # enough for a stratified validation split of every class

@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from fseb_ft.regularizer import (
+from fseb_ft.method.regularizer import (
     CholeskyJitterWarning,
     function_space_term,
     parameter_term,
@@ -169,7 +169,7 @@ def test_parameter_term_matches_naive() -> None:
 
 def test_device_path_selects_the_jittered_factor_without_host_sync() -> None:
     # The accelerator path is plain tensor code, so it is checked on CPU directly.
-    from fseb_ft.regularizer import _DEVICE_FALLBACK_JITTER, _cholesky_on_device
+    from fseb_ft.method.regularizer import _DEVICE_FALLBACK_JITTER, _cholesky_on_device
 
     g = torch.Generator().manual_seed(4)
     H = torch.randn(5, 3, generator=g, dtype=torch.float64)
@@ -189,7 +189,7 @@ def test_device_path_selects_the_jittered_factor_without_host_sync() -> None:
 def test_device_path_treats_a_tiny_pivot_as_singular(monkeypatch: pytest.MonkeyPatch) -> None:
     """A singular matrix that the BLAS factorises with a pivot of rounding size (as some CPUs'
     do) gets the jittered factor on the device path too."""
-    from fseb_ft.regularizer import _DEVICE_FALLBACK_JITTER, _cholesky_on_device
+    from fseb_ft.method.regularizer import _DEVICE_FALLBACK_JITTER, _cholesky_on_device
 
     H = torch.tensor([[1.0, 2.0], [1.0, 2.0], [0.0, 1.0]], dtype=torch.float64)  # rows 0 = 1
     singular = prior_covariance(H, 1.0, 0.0)  # (3, 3), exactly rank 2
@@ -207,7 +207,7 @@ def test_device_path_treats_a_tiny_pivot_as_singular(monkeypatch: pytest.MonkeyP
 
 
 def test_pivot_threshold_accepts_well_conditioned_and_rejects_rank_deficient() -> None:
-    from fseb_ft.regularizer import _well_conditioned
+    from fseb_ft.method.regularizer import _well_conditioned
 
     exact = torch.tensor([[4.0, 2.0], [2.0, 2.0]], dtype=torch.float64)  # L = [[2, 0], [1, 1]]
     L = torch.linalg.cholesky(exact)

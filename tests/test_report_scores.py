@@ -5,9 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fseb_ft.predict import Predictions
-from fseb_ft.report import eval_results, markdown_table
-from fseb_ft.temperature import TEMPERATURE_RANGE, fit_temperature, temperature_identified
+from fseb_ft.evaluation.predictions import Predictions
+from fseb_ft.evaluation.temperature import (
+    TEMPERATURE_RANGE,
+    fit_temperature,
+    temperature_identified,
+)
+from fseb_ft.runs.report import eval_results, markdown_table
 
 
 def _predictions(with_logits: bool = True, with_val: bool = False) -> Predictions:

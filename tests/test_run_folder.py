@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 import fseb_ft.finetune as finetune_module
-from fseb_ft.config import recipe_from_dict
 from fseb_ft.evaluate import expand_run_dirs
 from fseb_ft.evaluate import main as evaluate_main
 from fseb_ft.finetune import run
+from fseb_ft.recipe import recipe_from_dict
 from tests.test_pipeline import _recipe_dict, _write_folder, snapshot
 
 

@@ -1,4 +1,5 @@
-"""fseb_ft.rundir: run.json as RunInfo, read back exactly; a folder that is not a run says so."""
+"""fseb_ft.runs.rundir: run.json as RunInfo, read back exactly; a folder that is not a run says
+so."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fseb_ft.models import InputSpec
-from fseb_ft.rundir import RUN_INFO_FILE, RunInfo, read_run
+from fseb_ft.data.inputs import InputSpec
+from fseb_ft.runs.rundir import RUN_INFO_FILE, RunInfo, read_run
 
 RUN_JSON = {
     "num_classes": 3,

@@ -1,4 +1,5 @@
-"""Abstention thresholds (fseb_ft.selective): hand-worked cases, ties, and naive references."""
+"""Abstention thresholds (fseb_ft.evaluation.selective): hand-worked cases, ties, and naive
+references."""
 
 from __future__ import annotations
 
@@ -7,7 +8,11 @@ import math
 import pytest
 import torch
 
-from fseb_ft.selective import abstention_outcome, abstention_threshold, top_class_log_odds
+from fseb_ft.evaluation.selective import (
+    abstention_outcome,
+    abstention_threshold,
+    top_class_log_odds,
+)
 
 # Distinct confidences t_g: samples admitted n_g, errors e_g, risk e_g / n_g
 #   0.9: 1, 0, 0    0.8 (tied pair): 3, 1, 1/3    0.7: 4, 1, 1/4    0.6: 5, 2, 2/5    0.5: 6, 3, 1/2

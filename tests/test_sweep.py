@@ -19,8 +19,8 @@ from optuna.trial import TrialState
 import fseb_ft.evaluate as evaluate_module
 import fseb_ft.finetune as finetune_module
 import fseb_ft.sweep as sweep_module
-from fseb_ft.config import ConfigError, Recipe, SweepParam, load_recipe, recipe_from_dict
 from fseb_ft.finetune import resolve_recipe
+from fseb_ft.recipe import ConfigError, Recipe, SweepParam, load_recipe, recipe_from_dict
 from fseb_ft.sweep import compare_sweeps, default_space, main, psmap_point, search_space, sweep
 from tests.test_pipeline import _recipe_dict, _write_folder, kill_after_checkpoint
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 import fseb_ft.evaluate as evaluate_module
-import fseb_ft.report as report_module
+import fseb_ft.runs.report as report_module
 from fseb_ft import api
-from fseb_ft.config import recipe_from_dict
 from fseb_ft.evaluate import evaluate_ensemble, evaluate_run
 from fseb_ft.finetune import compare
+from fseb_ft.recipe import recipe_from_dict
 from tests.test_pipeline import N_OOD, _recipe_dict, _write_folder
 
 N_VAL = 9  # the stratified 25 % of 36 training images held out for validation

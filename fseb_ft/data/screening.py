@@ -1,0 +1,190 @@
+"""The check before training: every encoded image of every split and context dataset is read.
+
+A truncated JPEG used to end a run with a traceback at the step that first drew it, possibly
+hours in. :func:`screen` reads each image still held encoded (files of an image folder, bytes
+of a ``datasets`` ``Image`` column; arrays and IDX files are decoded already) far enough to find
+the usual damage, then stops with one :class:`BadImagesError` naming the bad files, or
+(``data.bad_images: skip``) drops them.
+
+How deep (docs/performance.md, "Checking images before training"): ``Image.open`` and ``size``
+read only the header, and PIL's ``verify()`` does nothing for JPEG, so neither finds a
+truncated JPEG. A JPEG is therefore decoded at 1/8 scale (``draft``), which still reads every
+byte of its compressed stream; other formats are decoded in full.
+
+An image of more than 8 bits per pixel (16-bit, 32-bit integer, floating point) is also given
+to :func:`fseb_ft.data.pixels.as_uint8`, so pixels it refuses (a float TIFF outside [0, 1]) are
+found
+here too, not at a training step.
+
+Of fseb_ft this imports only :mod:`fseb_ft.errors`, :mod:`fseb_ft.data.images`,
+:mod:`fseb_ft.data.splits` and :mod:`fseb_ft.data.pixels`.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import PIL.Image
+from tqdm.auto import tqdm
+
+from fseb_ft.data.images import IndexedImages, LabeledImages
+from fseb_ft.data.pixels import EMPTY_FILE, WIDE_MODES, as_uint8
+from fseb_ft.data.splits import Splits
+from fseb_ft.errors import FsebError
+
+__all__ = [
+    "SHOWN",
+    "BadImage",
+    "BadImagesError",
+    "check_image",
+    "find_bad_images",
+    "screen",
+    "screen_splits",
+]
+
+logger = logging.getLogger(__name__)
+
+SHOWN = 20
+"""How many bad files a message names (then the count)."""
+PROGRESS_FROM = 2_000
+"""Datasets with at least this many images show a progress bar while checked."""
+
+# (identity, length) → (index, name, reason) of its bad images: a sweep's trials, run in one
+# process, check each dataset once. An image folder's identity changes with its files.
+_CHECKED: dict[tuple[str, int], list[tuple[int, str, str]]] = {}
+
+
+@dataclass(frozen=True)
+class BadImage:
+    """One image that cannot be read."""
+
+    key: str
+    """The recipe key of its dataset (``data.train``, ``context.datasets[0]``, …)."""
+    index: int
+    """Its index in that dataset."""
+    name: str
+    """Its file (or ``identity[index]`` for bytes without a path)."""
+    reason: str
+    """What PIL said."""
+
+
+class BadImagesError(FsebError, ValueError):
+    """Images that cannot be read were found before they were used (``data.bad_images: stop``):
+    before training, or before ``fseb-ft evaluate`` re-reads a run's evaluation splits."""
+
+    def __init__(self, bad: list[BadImage]) -> None:
+        """Name the first :data:`SHOWN` bad images and give the count."""
+        shown = "; ".join(f"{b.key}: {b.name} ({b.reason})" for b in bad[:SHOWN])
+        more = f"; and {len(bad) - SHOWN} more" if len(bad) > SHOWN else ""
+        super().__init__(
+            f"{len(bad)} image(s) cannot be read: {shown}{more}. "
+            "Replace or remove them, or set data.bad_images=skip to leave them out."
+        )
+        self.bad = bad
+
+
+def check_image(source: str | bytes) -> str | None:
+    """Why the image at ``source`` (a path or the encoded bytes) cannot be read; None if it can.
+
+    Opens it, reads its size and decodes it: a JPEG at 1/8 scale (``draft``), which reads all
+    its data and so finds truncation at a fraction of a full decode's cost; others in full. Pixels
+    of more than 8 bits must be ones :func:`~fseb_ft.data.pixels.as_uint8` takes.
+    """
+    try:
+        # One read, then PIL parses memory: cheaper than its many small reads of the file.
+        data = source if isinstance(source, bytes) else Path(source).read_bytes()
+        if not data:
+            return EMPTY_FILE
+        with PIL.Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+            if width < 1 or height < 1:
+                return f"size {width}x{height}"
+            if image.format == "JPEG":
+                image.draft(image.mode, (1, 1))
+            image.load()
+            if image.mode in WIDE_MODES:
+                as_uint8(np.asarray(image), "it")
+    except (OSError, ValueError, SyntaxError, PIL.Image.DecompressionBombError) as err:
+        return str(err) or type(err).__name__
+    return None
+
+
+def find_bad_images(data: LabeledImages, key: str, progress: bool = True) -> list[BadImage]:
+    """Every image of ``data`` that :func:`check_image` refuses (none for decoded datasets)."""
+    if len(data) == 0 or data.encoded(0) is None:
+        return []
+    seen = (data.identity, len(data))
+    if seen not in _CHECKED:
+        bar = progress and len(data) >= PROGRESS_FROM
+        found = []
+        for index in tqdm(range(len(data)), desc=f"checking {key}", disable=not bar, leave=False):
+            name, source = data.encoded(index)
+            reason = check_image(source)
+            if reason is not None:
+                found.append((index, name, reason))
+        _CHECKED[seen] = found
+    return [BadImage(key, *bad) for bad in _CHECKED[seen]]
+
+
+def screen(
+    named: Mapping[str, LabeledImages], policy: str, progress: bool = True
+) -> tuple[dict[str, LabeledImages], dict[str, list[str]]]:
+    """Check every dataset of ``named`` (recipe key → dataset) and apply ``policy``.
+
+    ``stop`` raises :class:`BadImagesError` when any image is bad; ``skip`` returns each dataset
+    without its bad images (a subset) and logs their count. Returns the datasets and the files
+    dropped, by key (empty when none was bad).
+    """
+    bad = {key: find_bad_images(data, key, progress) for key, data in named.items()}
+    found = [b for found in bad.values() for b in found]
+    if not found:
+        return dict(named), {}
+    if policy == "stop":
+        raise BadImagesError(found)
+    kept: dict[str, LabeledImages] = {}
+    for key, data in named.items():
+        drop = [b.index for b in bad[key]]
+        keep = np.setdiff1d(np.arange(len(data)), drop)  # (N - dropped,)
+        kept[key] = IndexedImages(data, keep) if drop else data
+    shown = ", ".join(b.name for b in found[:SHOWN])
+    more = f" and {len(found) - SHOWN} more" if len(found) > SHOWN else ""
+    logger.warning(
+        "data.bad_images=skip: left out %d image(s) that cannot be read: %s%s",
+        len(found),
+        shown,
+        more,
+    )
+    return kept, {key: [b.name for b in found] for key, found in bad.items() if found}
+
+
+def screen_splits(
+    splits: Splits,
+    context: Sequence[LabeledImages],
+    policy: str,
+    progress: bool = True,
+    train: bool = True,
+) -> tuple[Splits, list[LabeledImages], dict[str, list[str]]]:
+    """:func:`screen` a run's splits and its context datasets (``context.datasets``).
+
+    ``train=False`` leaves ``data.train`` unchecked: re-evaluating a run reads only the other
+    splits, and the training set is usually the largest.
+    """
+    named = {"data.train": splits.train} if train else {}
+    named["data.val"] = splits.val
+    if splits.test is not None:
+        named["data.test"] = splits.test
+    named |= {f"data.ood.{name}": data for name, data in splits.ood.items()}
+    named |= {f"context.datasets[{i}]": data for i, data in enumerate(context)}
+    kept, dropped = screen(named, policy, progress)
+    screened = Splits(
+        train=kept.get("data.train", splits.train),
+        val=kept["data.val"],
+        test=kept.get("data.test"),
+        ood={name: kept[f"data.ood.{name}"] for name in splits.ood},
+    )
+    return screened, [kept[f"context.datasets[{i}]"] for i in range(len(context))], dropped

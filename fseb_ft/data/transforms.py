@@ -1,0 +1,353 @@
+"""Image → tensor transforms, their seeding, and reproducible DataLoaders.
+
+Transforms turn :class:`~fseb_ft.data.images.LabeledImages` samples into normalised float32 CHW
+tensors for timm backbones: evaluation with timm's own eval transform (the preprocessing an
+exported model's card documents), training and the perturbed training inputs of the context pool
+with albumentations. Every random stream is seeded, from (seed, epoch) where it restarts per
+epoch, so a resumed run draws what an uninterrupted one would.
+
+This module takes plain arguments; mapping a recipe onto them is the caller's job.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import albumentations as A
+import cv2
+import numpy as np
+import PIL.Image
+import timm.data
+import torch
+from albumentations.pytorch import ToTensorV2
+from torch.utils.data import DataLoader, Dataset
+
+from fseb_ft.data.images import LabeledImages
+from fseb_ft.data.inputs import EVAL_RESIZE
+from fseb_ft.recipe.options import AUGMENTATIONS
+
+__all__ = [
+    "EvalTransform",
+    "TransformedImages",
+    "check_input_size",
+    "check_transform_channels",
+    "compose_seeded",
+    "epoch_seed",
+    "eval_transform",
+    "is_deterministic",
+    "make_loader",
+    "normalize_to_tensor",
+    "perturbation_transform",
+    "seed_transform",
+    "seed_worker",
+    "train_transform",
+]
+
+# Transforms that map one input to one output, so features of their outputs can be cached.
+_DETERMINISTIC = (
+    A.Resize,
+    A.Normalize,
+    A.CenterCrop,
+    A.LongestMaxSize,
+    A.SmallestMaxSize,
+    A.ToFloat,
+    ToTensorV2,
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Transforms
+# ---------------------------------------------------------------------------------------------
+
+
+def train_transform(
+    input_size: tuple[int, int],
+    mean: Sequence[float],
+    std: Sequence[float],
+    augment: str = "none",
+    seed: int | None = None,
+) -> A.Compose:
+    """Training pipeline: augmentation, resize to ``input_size``, normalise, CHW float32 tensor.
+
+    ``augment``: "none"; "flip" (horizontal); "crop_flip" (reflect-pad 4 px per 32 px of size,
+    random crop back to size, flip: the CIFAR recipe at any resolution); "randaug-lite"
+    (RandomResizedCrop with scale (0.35, 1) plus flip). ``mean``/``std`` are in [0, 1] units as in
+    timm's data config.
+    """
+    height, width = check_input_size(input_size)
+    # INTER_AREA when shrinking: it averages like evaluation's antialiased PIL resize, where cv2's
+    # bilinear reads only 2x2 pixels per output and aliases. Upscaling stays bilinear.
+    resize = A.Resize(height, width, area_for_downscale="image")
+    flip = A.HorizontalFlip(p=0.5)
+    if augment == "none":
+        steps: list[Any] = [resize]
+    elif augment == "flip":
+        steps = [resize, flip]
+    elif augment == "crop_flip":
+        pad_h, pad_w = max(1, round(4 * height / 32)), max(1, round(4 * width / 32))
+        steps = [
+            resize,
+            A.PadIfNeeded(
+                height + 2 * pad_h, width + 2 * pad_w, border_mode=cv2.BORDER_REFLECT_101
+            ),
+            A.RandomCrop(height, width),
+            flip,
+        ]
+    elif augment == "randaug-lite":
+        steps = [
+            A.RandomResizedCrop(
+                size=(height, width), scale=(0.35, 1.0), area_for_downscale="image"
+            ),
+            flip,
+        ]
+    else:
+        raise ValueError(f"augment must be one of {list(AUGMENTATIONS)}, got {augment!r}")
+    return compose_seeded([*steps, *normalize_to_tensor(mean, std)], seed)
+
+
+def eval_transform(
+    input_size: tuple[int, int], mean: Sequence[float], std: Sequence[float]
+) -> EvalTransform:
+    """Evaluation pipeline: resize to ``input_size``, normalise, CHW float32 tensor.
+
+    timm's eval transform with :data:`~fseb_ft.data.inputs.EVAL_RESIZE`: bit for bit what
+    ``timm.data.create_transform(**timm.data.resolve_data_config(model=m))`` does to the PIL image
+    for a model ``m`` exported by :mod:`fseb_ft.push`.
+    """
+    return EvalTransform(input_size, mean, std)
+
+
+class EvalTransform:
+    """timm's evaluation transform, called like albumentations: ``t(image=array)["image"]``.
+
+    The uint8 (H, W, 1|3) array becomes a PIL image of mode "L" or "RGB" (what
+    ``Image.open(path).convert(mode)`` gives for the same pixels), which
+    ``timm.data.create_transform`` in eval mode resizes, converts and normalises. Deterministic
+    and picklable (DataLoader workers).
+    """
+
+    def __init__(
+        self, input_size: tuple[int, int], mean: Sequence[float], std: Sequence[float]
+    ) -> None:
+        """Build timm's transform for ``input_size`` (H, W) and ``mean``/``std`` in [0, 1] units."""
+        self.input_size = check_input_size(input_size)
+        self.mean, self.std = _check_stats(mean, std)
+        self.transform = timm.data.create_transform(
+            input_size=self.input_size, is_training=False, mean=self.mean, std=self.std,
+            **EVAL_RESIZE,
+        )  # fmt: skip
+
+    def __call__(self, *, image: np.ndarray) -> dict[str, torch.Tensor]:
+        """``{"image": tensor (C, H, W) float32}`` of a uint8 (H, W, C) image."""
+        if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] not in (1, 3):
+            raise ValueError(
+                f"expected a uint8 (H, W, 1|3) image, got {image.dtype} of shape {image.shape}"
+            )
+        pil = PIL.Image.fromarray(image[:, :, 0] if image.shape[2] == 1 else image)  # L | RGB
+        return {"image": self.transform(pil)}
+
+    def __repr__(self) -> str:
+        """The timm pipeline, for logs."""
+        return f"EvalTransform({self.transform})"
+
+
+def perturbation_transform(
+    input_size: tuple[int, int],
+    mean: Sequence[float],
+    std: Sequence[float],
+    strength: float = 1.0,
+    seed: int | None = None,
+) -> A.Compose:
+    """The reference "perturbed training inputs": crop, flip, colour jitter, blur, solarise.
+
+    Perturbations act on the uint8 image; the random resized crop also brings it to
+    ``input_size``; then normalise and convert to a CHW float32 tensor like the eval transform.
+    Magnitudes follow the BYOL/SimCLR family the reference list comes from (jitter 0.4/0.4/0.2/
+    0.1 with p=0.8, blur sigma 0.1-2 px with p=0.5, solarise p=0.2, crop scale down to 0.35);
+    ``strength`` scales all magnitudes and probabilities (1 = reference, capped where a
+    parameter has a hard limit). ``seed`` makes the stream of perturbations reproducible.
+    """
+    if not strength > 0:
+        raise ValueError(f"perturbation strength must be positive, got {strength}")
+    height, width = check_input_size(input_size)
+    steps = [
+        A.RandomResizedCrop(size=(height, width), scale=(max(0.08, 1 - 0.65 * strength), 1.0)),
+        A.HorizontalFlip(p=0.5),
+        A.ColorJitter(
+            brightness=0.4 * strength,
+            contrast=0.4 * strength,
+            saturation=0.2 * strength,
+            hue=min(0.5, 0.1 * strength),
+            p=min(1.0, 0.8 * strength),
+        ),
+        A.GaussianBlur(sigma_limit=(0.1, 0.1 + 1.9 * strength), p=min(1.0, 0.5 * strength)),
+        A.Solarize(threshold_range=(0.5, 0.5), p=min(1.0, 0.2 * strength)),
+    ]
+    return compose_seeded([*steps, *normalize_to_tensor(mean, std)], seed)
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The seed of one epoch's random stream in a run seeded ``seed``.
+
+    Derived from (seed, epoch) alone, not carried over in iterator state, so a resumed run
+    reseeds epoch ``epoch`` exactly as an uninterrupted one; the prime factor keeps the seeds of
+    different (seed, epoch) pairs apart for any realistic number of epochs.
+    """
+    return seed * 1_000_003 + epoch
+
+
+def seed_transform(transform: Any, seed: int | None) -> None:
+    """Give an albumentations pipeline one shared random stream seeded with ``seed``.
+
+    ``Compose(seed=...)`` seeds every inner transform with the *same* seed, so their coin flips
+    are correlated (e.g. flip and blur always co-occur); one shared generator avoids that.
+    Other callables are left alone.
+    """
+    if hasattr(transform, "set_random_state"):
+        transform.set_random_state(np.random.default_rng(seed), random.Random(seed))
+
+
+def is_deterministic(transform: Any) -> bool:
+    """True for :class:`EvalTransform` and albumentations pipelines of fixed steps only.
+
+    Unknown transforms count as random, which is the safe answer for caching.
+    """
+    if isinstance(transform, EvalTransform):
+        return True
+    if isinstance(transform, A.Compose):
+        return transform.p == 1 and all(is_deterministic(t) for t in transform.transforms)
+    return isinstance(transform, _DETERMINISTIC) and transform.p == 1
+
+
+class TransformedImages(Dataset):
+    """``(tensor (C, H, W) float32, int label)`` pairs: a :class:`LabeledImages` plus a transform.
+
+    ``transform`` is an :class:`EvalTransform` or an albumentations pipeline ending in
+    ToTensorV2, called as ``transform(image=array)["image"]``.
+    """
+
+    def __init__(self, base: LabeledImages, transform: Callable[..., dict[str, Any]]) -> None:
+        """Pair ``base`` with ``transform``, checking normalisation matches its channels."""
+        check_transform_channels(transform, base.channels, base.identity)
+        self.base = base
+        self.transform = transform
+
+    def __len__(self) -> int:
+        """Number of samples of the base dataset."""
+        return len(self.base)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        """Transformed image and its label (collates to an int64 tensor)."""
+        image, label = self.base[index]  # (H, W, C) uint8
+        return self.transform(image=image)["image"], label  # (C, H', W') float32
+
+    def reseed(self, seed: int) -> None:
+        """Reseed the transform's random stream (called per DataLoader worker)."""
+        seed_transform(self.transform, seed)
+
+
+def seed_worker(worker_id: int) -> None:
+    """DataLoader ``worker_init_fn``: seed numpy, random and the dataset's transform.
+
+    torch gives each worker the seed ``base_seed + worker_id`` with ``base_seed`` drawn from the
+    loader's generator, so workers differ from each other yet a run is reproducible. Without the
+    transform reseed, every worker would replay the same copied albumentations stream.
+    """
+    seed = torch.initial_seed() % 2**32
+    np.random.seed(seed)
+    random.seed(seed)
+    info = torch.utils.data.get_worker_info()
+    reseed = getattr(info.dataset, "reseed", None) if info is not None else None
+    if callable(reseed):
+        reseed(seed)
+
+
+def make_loader(
+    dataset: Dataset,
+    batch_size: int,
+    shuffle: bool,
+    num_workers: int = 0,
+    seed: int = 0,
+    drop_last: bool = False,
+) -> DataLoader:
+    """A reproducible DataLoader: seeded shuffling, seeded workers and transforms.
+
+    With ``num_workers == 0`` the dataset's transform is reseeded here from ``seed`` (the main
+    process does the augmenting); with workers, :func:`seed_worker` reseeds each worker.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    if num_workers < 0:
+        raise ValueError(f"num_workers must be non-negative, got {num_workers}")
+    if num_workers == 0 and callable(getattr(dataset, "reseed", None)):
+        dataset.reseed(seed)
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        num_workers=num_workers,
+        generator=torch.Generator().manual_seed(seed),
+        worker_init_fn=seed_worker,
+        persistent_workers=num_workers > 0,
+        pin_memory=torch.cuda.is_available(),
+        drop_last=drop_last,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Transform building blocks
+# ---------------------------------------------------------------------------------------------
+
+
+def compose_seeded(steps: list[Any], seed: int | None) -> A.Compose:
+    """Compose ``steps`` with one shared random stream (see :func:`seed_transform`)."""
+    pipeline = A.Compose(steps)
+    seed_transform(pipeline, seed)
+    return pipeline
+
+
+def normalize_to_tensor(mean: Sequence[float], std: Sequence[float]) -> list[Any]:
+    """Normalise (mean/std in [0, 1] units) and convert to a CHW float32 tensor."""
+    mean, std = _check_stats(mean, std)
+    return [A.Normalize(mean=mean, std=std, max_pixel_value=255.0), ToTensorV2()]
+
+
+def _check_stats(
+    mean: Sequence[float], std: Sequence[float]
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Normalisation statistics as float tuples of 1 or 3 entries, std positive."""
+    mean, std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
+    if len(mean) != len(std) or len(mean) not in (1, 3):
+        raise ValueError(
+            f"mean and std need 1 or 3 entries each (one per channel), got {mean} and {std}"
+        )
+    if min(std) <= 0:
+        raise ValueError(f"std entries must be positive, got {std}")
+    return mean, std
+
+
+def check_input_size(input_size: Sequence[int]) -> tuple[int, int]:
+    """Validate an (H, W) pair."""
+    if len(input_size) != 2 or min(input_size) < 1:
+        raise ValueError(f"input_size must be (height, width) of positive ints, got {input_size}")
+    return int(input_size[0]), int(input_size[1])
+
+
+def check_transform_channels(transform: Any, channels: int, identity: str) -> None:
+    """Fail early when Normalize's per-channel statistics do not fit the images.
+
+    albumentations silently broadcasts a 3-entry mean over a 1-channel image (and vice versa),
+    which would feed wrongly normalised inputs to the model without any error.
+    """
+    steps = transform.transforms if isinstance(transform, A.Compose) else [transform]
+    for step in steps:
+        normalises = isinstance(step, A.Normalize | EvalTransform)
+        entries = int(np.size(step.mean)) if normalises else 1
+        if entries not in (1, channels):
+            raise ValueError(
+                f"transform normalises {entries} channels but {identity} yields "
+                f"{channels}-channel images; pass mean/std with {channels} entries "
+                f"or load the data with channels={entries}"
+            )

@@ -1,0 +1,136 @@
+"""Abstention thresholds for selective prediction: pure tensor maths.
+
+A selective classifier predicts when its confidence, the maximum class probability ``p_max``
+(after temperature scaling when the model has it), reaches a threshold ``τ`` and abstains
+otherwise (Geifman & El-Yaniv, 2017; docs/method.md, "Metrics"). :func:`top_class_log_odds` gives
+that confidence on a scale that never rounds to 1: confident predictions, whose ``p_max`` would
+tie at exactly 1.0 where no threshold splits them, stay distinct. :func:`abstention_threshold`
+picks the threshold on labelled validation predictions, for a target coverage or for a largest
+tolerated risk (error rate among the accepted predictions); :func:`abstention_outcome` reports
+the coverage and risk a given threshold achieves. The accepted set is always ``{i : c_i >= τ}``,
+so tied confidences are accepted or refused together, exactly as
+:func:`fseb_ft.evaluation.metrics.selective_prediction` groups them. Conventions and argument
+checks are
+those of :mod:`fseb_ft.evaluation.metrics`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from fseb_ft.evaluation.metrics import (
+    _check_correct,
+    _check_float_matrix,
+    _check_float_vector,
+    _f64,
+    selective_prediction,
+)
+
+__all__ = ["abstention_outcome", "abstention_threshold", "top_class_log_odds"]
+
+# Coverage targets are decimal fractions (0.9) whose product with N is not exact in binary
+# (0.29 · 100 = 28.999999999999996); this slack keeps ⌈α N⌉ at the intended count.
+_COUNT_SLACK = 1e-9
+
+
+def top_class_log_odds(logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """The log-odds of the predicted class, ``log(p_max / (1 - p_max))`` with
+    ``p = softmax(logits / T)``: a confidence that orders samples as ``p_max`` does.
+
+    Computed as ``z_max - logsumexp_{k != argmax} z_k`` with ``z = logits / T``, it stays finite
+    and distinct where ``p_max`` rounds to exactly 1 (a logit gap above ~37, or a small ``T``),
+    so thresholds on it can still split confident samples. ``p_max = sigmoid(log-odds)``.
+
+    Args:
+        logits: ``(N, K)`` finite logits of one model.
+        temperature: ``T > 0``.
+
+    Returns:
+        ``(N,)`` float64 log-odds (``+inf`` when ``K = 1``).
+    """
+    logits = _check_float_matrix(logits, "logits")
+    if not temperature > 0:
+        raise ValueError(f"`temperature` must be > 0, got {temperature!r}")
+    z = _f64(logits) / temperature  # (N, K)
+    top = z.max(dim=-1)  # (N,) values and indices
+    others = z.scatter(1, top.indices[:, None], -math.inf)  # (N, K) the predicted class masked
+    return top.values - torch.logsumexp(others, dim=-1)  # (N,)
+
+
+def abstention_threshold(
+    confidence: Tensor,
+    correct: Tensor,
+    *,
+    coverage: float | None = None,
+    max_risk: float | None = None,
+) -> dict[str, Tensor]:
+    """The confidence threshold ``τ`` for a target ``coverage`` or a largest ``max_risk``.
+
+    The candidate thresholds are the distinct confidences ``t_1 > t_2 > … > t_G``; ``t_g``
+    accepts the ``n_g`` samples with ``c >= t_g`` and makes ``e_g`` errors among them, so its
+    coverage is ``n_g / N`` and its (selective) risk ``e_g / n_g``.
+
+    - ``coverage = α``: the largest ``t_g`` with ``n_g >= α N``, i.e. the ``⌈α N⌉`` most confident
+      samples (more only when confidences tie at the cut), so the coverage reached is within
+      one sample of ``α`` whenever the cut falls between distinct confidences.
+    - ``max_risk = r``: the smallest ``t_g`` (largest coverage) with ``e_g / n_g <= r``: the
+      empirical risk on these samples, not a high-probability bound. When even the most
+      confident group errs too often, ``τ = +inf``: abstain on everything.
+
+    Exactly one of ``coverage`` and ``max_risk`` must be given.
+
+    Args:
+        confidence: ``(N,)`` floating confidences, higher meaning more confident (no NaN).
+        correct: ``(N,)`` bool (or 0/1) tensor, whether each prediction is correct.
+        coverage: target fraction of accepted samples, in ``(0, 1]``.
+        max_risk: largest tolerated error rate among accepted samples, in ``[0, 1)``.
+
+    Returns:
+        ``threshold`` (``τ``), with :func:`abstention_outcome`'s ``accepted``, ``coverage`` and
+        ``risk`` at ``τ``: 0-dim float64 tensors.
+    """
+    if (coverage is None) == (max_risk is None):
+        raise ValueError(
+            f"give exactly one of `coverage` and `max_risk`, got {coverage=} and {max_risk=}"
+        )
+    if coverage is not None and not 0 < coverage <= 1:
+        raise ValueError(f"`coverage` must lie in (0, 1], got {coverage!r}")
+    if max_risk is not None and not 0 <= max_risk < 1:
+        raise ValueError(f"`max_risk` must lie in [0, 1), got {max_risk!r}")
+    conf64 = _f64(_check_float_vector(confidence, "confidence"))  # (N,)
+    n = conf64.shape[0]
+    curve = selective_prediction(conf64, correct)  # per distinct confidence, coverage ascending
+    groups = torch.unique(conf64, sorted=True).flip(0)  # (G,) t_1 > … > t_G
+    admitted = torch.round(curve["coverage"] * n)  # (G,) n_g
+    if coverage is not None:
+        wanted = math.ceil(coverage * n - _COUNT_SLACK * n)  # ⌈α N⌉ samples
+        g = int(torch.nonzero(admitted >= wanted)[0, 0])  # the first group reaching it
+        threshold = groups[g]
+    else:
+        fine = torch.nonzero(curve["risk"] <= max_risk + _COUNT_SLACK)  # (F, 1)
+        threshold = groups[int(fine[-1, 0])] if len(fine) else conf64.new_tensor(math.inf)
+    return {"threshold": threshold, **abstention_outcome(conf64, correct, threshold)}
+
+
+def abstention_outcome(confidence: Tensor, correct: Tensor, threshold: Tensor) -> dict[str, Tensor]:
+    """What the threshold ``τ`` does on labelled predictions: accept ``{i : c_i >= τ}``.
+
+    Args:
+        confidence: ``(N,)`` floating confidences (no NaN).
+        correct: ``(N,)`` bool (or 0/1) tensor, whether each prediction is correct.
+        threshold: 0-dim ``τ`` (``+inf`` abstains on everything, ``-inf`` on nothing).
+
+    Returns:
+        ``accepted`` (the count), ``coverage`` (``accepted / N``) and ``risk`` (errors among the
+        accepted over ``accepted``; NaN when nothing is accepted): 0-dim float64 tensors.
+    """
+    conf64 = _f64(_check_float_vector(confidence, "confidence"))  # (N,)
+    correct = _check_correct(correct, conf64.shape[0]).to(conf64.device)  # (N,)
+    accept = conf64 >= _f64(torch.as_tensor(threshold)).to(conf64.device)  # (N,)
+    accepted = accept.sum().to(torch.float64)
+    errors = (accept & ~correct).sum().to(torch.float64)
+    risk = errors / accepted if accepted > 0 else conf64.new_tensor(math.nan)
+    return {"accepted": accepted, "coverage": accepted / conf64.shape[0], "risk": risk}

@@ -1,0 +1,212 @@
+"""The recipe sections that say where images come from: datasets, splits and the context set.
+
+:class:`DatasetSpec` (one source of labelled images), :class:`DataConfig` (the ``data``
+section: train/val/test/OOD splits and how images are fed) and :class:`ContextConfig` (the
+``context`` section: where the function-space term's points x̂ come from). They are
+:class:`~fseb_ft.recipe.Recipe` sections, validated when a recipe loads; ``fseb_ft.recipe``
+re-exports them.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field
+from typing import Literal
+
+from fseb_ft.recipe.options import AUGMENTATIONS, BAD_IMAGES, CONTEXT_KINDS, SOURCES
+from fseb_ft.recipe.schema import check
+
+__all__ = ["IN_MEMORY", "ContextConfig", "DataConfig", "DatasetSpec"]
+
+IN_MEMORY = "in-memory:"
+"""The path prefix that stands in a resolved recipe for a dataset the Python API was given in
+memory (``fseb_ft.finetune(train=...)``): ``in-memory:<split>``. Such data cannot be read again."""
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """Where one split of labelled images comes from."""
+
+    source: Literal[SOURCES]
+    """``hub``: an HF Hub dataset id; ``imagefolder``: ``path/<split>/<class>/*.jpg``;
+    ``disk``: a ``save_to_disk`` folder; ``arrays``: an ``.npz`` with ``images``/``labels``;
+    ``idx``: MNIST-style ``{split}-images-idx3-ubyte.gz`` files in ``path``;
+    ``sklearn_digits``: scikit-learn's 8×8 digits (no download)."""
+    path: str = ""
+    """Hub id, directory or file, by ``source`` (unused for ``sklearn_digits``)."""
+    split: str = "train"
+    """Split name (``train``, ``test``, ``validation``; ``t10k`` for MNIST-style IDX files)."""
+    revision: str | None = None
+    """Hub revision (tag, branch or commit) to pin a ``hub`` dataset."""
+    config: str | None = None
+    """The configuration (subset) of a ``hub`` dataset that has several, the ``name`` argument
+    of ``datasets.load_dataset`` (e.g. ``plain_text``); ``null``: its only or default one."""
+    image_column: str = "image"
+    """Column holding the image (HF sources)."""
+    label_column: str = "label"
+    """Column holding the integer class label (HF sources)."""
+    classes: tuple[int, ...] | None = None
+    """Keep only these original labels, relabelled 0..len-1 in this order (``None``: all)."""
+    limit: int | None = None
+    """Use a seeded random subset of at most this many images (quick runs)."""
+    fraction: float | None = None
+    """Keep a seeded, stratified share of the images: this fraction of every class (rounded
+    by largest remainder, at least one image per class), drawn with the run's seed before
+    ``limit`` applies; for low-data experiments. ``null``: all."""
+
+    def __post_init__(self) -> None:
+        needs_path = self.source != "sklearn_digits"
+        check(not needs_path or bool(self.path), "path", self.path, f"required for {self.source}")
+        check(
+            self.config is None or self.source == "hub",
+            "config",
+            self.config,
+            f"applies to source hub only, not {self.source}",
+        )
+        check(self.limit is None or self.limit > 0, "limit", self.limit, "must be > 0 or null")
+        check(
+            self.fraction is None or 0.0 < self.fraction <= 1.0,
+            "fraction",
+            self.fraction,
+            "must lie in (0, 1] or be null",
+        )
+        check(
+            self.classes is None or len(set(self.classes)) == len(self.classes) > 0,
+            "classes",
+            self.classes,
+            "must be a non-empty list of distinct labels or null",
+        )
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Training, validation, test and OOD data, and how images are fed to the model."""
+
+    train: DatasetSpec
+    """The training split."""
+    val: DatasetSpec | None = None
+    """Validation split for model selection; ``null`` holds out ``val_fraction`` of ``train``
+    (stratified, seeded) — the test split is never used for selection."""
+    test: DatasetSpec | None = None
+    """The in-distribution test split reported at the end. ``null`` (no test labels, as on
+    Kaggle): the run reports its validation split instead (``"split": "validation"`` in
+    ``results.json``, labelled so in ``results.md`` and the model card); those are the numbers
+    model selection saw, so they are optimistic."""
+    ood: dict[str, DatasetSpec] = field(default_factory=dict)
+    """Named semantic-shift (OOD) sets, scored against ``test`` (the validation split without
+    one)."""
+    val_ood: dict[str, DatasetSpec] = field(default_factory=dict)
+    """Named OOD sets for validation, scored against the validation split after every epoch:
+    ``val_ood_<name>_auroc`` in the history, by the first score of ``eval.ood_scores``, and
+    selectable as ``train.select_metric`` / ``sweep.metric`` ``ood_<name>_auroc``. They must be
+    other images than the ``ood`` sets (selecting on the images the results report would
+    overstate them): the same split of the same source is refused unless their ``classes`` are
+    disjoint. Each is predicted every epoch: keep it small with ``limit``."""
+    val_fraction: float = 0.1
+    """Fraction of ``train`` held out when ``val`` is ``null``."""
+    augment: Literal[AUGMENTATIONS] = "crop_flip"
+    """Training augmentation (albumentations)."""
+    channels: Literal[1, 3] = 3
+    """Image channels fed to the model; grayscale sources are repeated to 3 by default."""
+    mean: tuple[float, ...] | None = None
+    """Normalisation mean in [0, 1] units; ``null`` takes the model's data config."""
+    std: tuple[float, ...] | None = None
+    """Normalisation std; ``null`` takes the model's data config."""
+    batch_size: int = 128
+    """Training batch size B per process."""
+    num_workers: int = 2
+    """DataLoader worker processes."""
+    bad_images: Literal[BAD_IMAGES] = "stop"
+    """Before training, every image still held encoded (image folders, ``datasets`` image
+    columns) of every split and context dataset is read; ``stop`` ends the run there with one
+    message naming the unreadable files, ``skip`` leaves them out and records them in
+    ``run.json`` and the model card."""
+
+    def __post_init__(self) -> None:
+        check(0 < self.val_fraction < 1, "val_fraction", self.val_fraction, "must be in (0, 1)")
+        check(self.batch_size >= 1, "batch_size", self.batch_size, "must be ≥ 1")
+        check(self.num_workers >= 0, "num_workers", self.num_workers, "must be ≥ 0")
+        for name in ("mean", "std"):
+            value = getattr(self, name)
+            check(
+                value is None or len(value) == self.channels,
+                name,
+                value,
+                f"must have {self.channels} values (one per channel) or be null",
+            )
+        check(self.std is None or all(s > 0 for s in self.std), "std", self.std, "must be > 0")
+        for name, spec in self.val_ood.items():
+            for other, test_spec in self.ood.items():
+                check(
+                    not _same_images(spec, test_spec),
+                    f"val_ood.{name}",
+                    _spec_text(spec),
+                    f"the same images as the test-time OOD set data.ood.{other}; validate on "
+                    "another split or other classes",
+                )
+
+
+def _same_images(a: DatasetSpec, b: DatasetSpec) -> bool:
+    """Whether two specs may share images: the same split of the same source, and classes not
+    disjoint (a ``limit`` subset of a split still shares its images)."""
+    where = ("source", "path", "config", "split", "revision")
+    if any(getattr(a, k) != getattr(b, k) for k in where):
+        return False
+    return a.classes is None or b.classes is None or bool(set(a.classes) & set(b.classes))
+
+
+def _spec_text(spec: DatasetSpec) -> str:
+    """The identifying fields of ``spec``, for a one-line message."""
+    return f"{spec.source}:{spec.path or '-'}[{spec.split}]" + (
+        f" classes {list(spec.classes)}" if spec.classes is not None else ""
+    )
+
+
+@dataclass(frozen=True)
+class ContextConfig:
+    """The context distribution: where the points x̂ of the function-space term come from."""
+
+    # "corruption" now means only the covariate-shift suite (eval.corruptions).
+    RENAMED_KEYS = types.MappingProxyType({"corrupt": "perturb"})
+
+    kind: Literal[CONTEXT_KINDS] = "train"
+    """``train``: the training inputs; ``dataset``: ``datasets``; ``mixture``: both, by weight."""
+    datasets: tuple[DatasetSpec, ...] = ()
+    """Other datasets (labels ignored) for ``dataset`` and ``mixture``."""
+    weights: tuple[float, ...] = ()
+    """Mixture weights: training inputs first, then each of ``datasets`` (``mixture`` only)."""
+    perturb: bool = True
+    """Perturb each context image afresh when it is drawn, with the reference's "corrupted
+    training inputs" transform (random crop, flip, blur, solarise, colour jitter); ``false``
+    makes the pool fixed so φ0 features are computed once and cached. Called ``corrupt``
+    before, which is still accepted."""
+    pool_size: int = 10_000
+    """Size of the fixed, seeded pool drawn from the sources; reshuffled each epoch."""
+    batch_size: int = 32
+    """Context batch size M per process and step."""
+
+    def __post_init__(self) -> None:
+        check(self.pool_size >= 1, "pool_size", self.pool_size, "must be ≥ 1")
+        check(self.batch_size >= 2, "batch_size", self.batch_size, "must be ≥ 2")
+        check(
+            self.kind != "dataset" or len(self.datasets) == 1,
+            "datasets",
+            self.datasets,
+            "kind='dataset' needs exactly one dataset (use kind='mixture' to combine several)",
+        )
+        check(
+            self.kind != "mixture" or len(self.datasets) > 0,
+            "datasets",
+            self.datasets,
+            "kind='mixture' needs at least one dataset besides the training inputs",
+        )
+        if self.kind == "mixture":
+            n = len(self.datasets) + 1
+            check(
+                len(self.weights) == n
+                and all(w >= 0 for w in self.weights)
+                and sum(self.weights) > 0,
+                "weights",
+                self.weights,
+                f"mixture needs {n} non-negative weights (train first), not all zero",
+            )

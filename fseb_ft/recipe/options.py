@@ -1,0 +1,78 @@
+"""Option lists, written once: recipes validate against them and code dispatches on them.
+
+Plain constants, importing nothing, so every layer can read them. A recipe field's ``Literal``
+type is built from the tuple here (``Literal[AUGMENTATIONS]``), so the recipe reference, the
+validation message and the code that acts on the value cannot disagree.
+"""
+
+AUGMENTATIONS = ("none", "flip", "crop_flip", "randaug-lite")
+"""Training augmentations (``data.augment``)."""
+
+CONTEXT_KINDS = ("train", "dataset", "mixture")
+"""Where context points come from (``context.kind``)."""
+
+METHODS = ("fseb", "fsvi")
+"""The objective (``fseb.method``): FS-EB (PS-MAP at ``reg_scale = 0``) or FS-VI."""
+
+VARIANCE_SCOPES = ("head", "all")
+"""Which parameters carry FS-VI's variance (``fseb.fsvi_variance``): the linear classifier, or
+every trainable parameter."""
+
+SOLVERS = ("auto", "cholesky", "woodbury")
+"""How ``Kc⁻¹`` is applied (``fseb.solver``); ``auto`` picks the cheaper exact one."""
+
+FORWARD_MODES = ("joint", "separate")
+"""One forward pass over ``[x; x̂]`` or two (``fseb.forward_mode``)."""
+
+REG_POINTS = ("context", "joint")
+"""Where the function-space term is evaluated (``fseb.reg_points``)."""
+
+PARAM_ANCHORS = ("zero", "init")
+"""Centre of the parameter prior (``fseb.param_anchor``)."""
+
+HEAD_INITS = ("auto", "timm", "zeros")
+"""Initialisation of the new classifier (``model.head_init``)."""
+
+BAD_IMAGES = ("stop", "skip")
+"""What a run does with images found unreadable before training (``data.bad_images``)."""
+
+SOURCES = ("hub", "imagefolder", "disk", "arrays", "idx", "sklearn_digits")
+"""Dataset sources (``DatasetSpec.source``)."""
+
+OOD_SCORES = ("entropy", "msp", "max_logit", "energy")
+"""OOD detection scores (``eval.ood_scores``), each larger = more likely OOD: predictive entropy,
+negative maximum softmax probability, negative maximum logit, energy ``-logsumexp(logits)``."""
+SELECT_METRICS = ("nll", "accuracy", "ece", "brier")
+"""Validation metrics that select a checkpoint (``train.select_metric``) or a sweep's winner
+(``sweep.metric``); ``fseb_ft.engine.loop`` knows which are higher-is-better."""
+
+PRUNERS = ("hyperband", "successive_halving", "none")
+"""How a sweep stops unpromising trials early on their per-epoch validation metric
+(``sweep.pruner``)."""
+
+CORRUPTIONS = (
+    "gaussian_noise",
+    "shot_noise",
+    "impulse_noise",
+    "defocus_blur",
+    "glass_blur",
+    "motion_blur",
+    "zoom_blur",
+    "snow",
+    "fog",
+    "brightness",
+    "contrast",
+    "elastic_transform",
+    "pixelate",
+    "jpeg_compression",
+    "speckle_noise",
+    "gaussian_blur",
+    "saturate",
+)
+"""Every corruption of ``eval.corruptions``: the benchmark's, in its order, then the extras.
+:data:`fseb_ft.data.corruption_ops.CORRUPTIONS` registers one function per name (a test pins the
+two together)."""
+BENCHMARK_CORRUPTIONS = CORRUPTIONS[:14]
+"""The corruptions ``all`` stands for: CIFAR-10-C's 15 less ``frost``."""
+ALL_CORRUPTIONS = "all"
+"""The name that ``eval.corruptions`` expands to :data:`BENCHMARK_CORRUPTIONS`."""

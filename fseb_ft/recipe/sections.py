@@ -1,0 +1,487 @@
+"""The recipe's sections as frozen dataclasses: model, fseb, optim, train, eval, output, and the
+:class:`Recipe` that holds them with ``data``, ``context`` and ``sweep``.
+
+Each field's docstring is its entry in docs/recipes.md; each ``__post_init__`` validates its
+section, raising :class:`~fseb_ft.recipe.schema.ConfigError` naming the dotted key, the value and
+what is allowed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from fseb_ft.recipe.datasets import ContextConfig, DataConfig, DatasetSpec
+from fseb_ft.recipe.options import (
+    ALL_CORRUPTIONS,
+    BENCHMARK_CORRUPTIONS,
+    CORRUPTIONS,
+    FORWARD_MODES,
+    HEAD_INITS,
+    METHODS,
+    OOD_SCORES,
+    PARAM_ANCHORS,
+    REG_POINTS,
+    SELECT_METRICS,
+    SOLVERS,
+    VARIANCE_SCOPES,
+)
+from fseb_ft.recipe.schema import ConfigError, check, parent_section, plain_tree
+from fseb_ft.recipe.sweep import SweepConfig, SweepParam, check_space_key, override_path
+
+__all__ = [
+    "ConfigError",
+    "ContextConfig",
+    "DataConfig",
+    "DatasetSpec",
+    "EvalConfig",
+    "FSEBConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "OutputConfig",
+    "Recipe",
+    "SweepConfig",
+    "SweepParam",
+    "TrainConfig",
+    "override_path",
+    "parent_section",
+    "plain_tree",
+    "resolve_corruptions",
+    "val_ood_metric",
+    "validation_metrics",
+]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The timm backbone: both the starting weights and φ0."""
+
+    name: str = "resnet18"
+    """timm model name, ``hf-hub:org/name`` or ``local-dir:/path`` (timm's Hub folder format)."""
+    pretrained: bool = True
+    """Load pretrained weights (then φ0 is the pretrained model); else φ0 is the initialisation."""
+    num_classes: int | None = None
+    """Classifier outputs K; ``null`` takes the training set's class count."""
+    input_size: int | None = None
+    """Square input resolution; ``null`` uses the model's pretrained data config."""
+    drop_rate: float = 0.0
+    """Dropout before the classifier (timm ``drop_rate``)."""
+    drop_path_rate: float = 0.0
+    """Stochastic depth rate (timm ``drop_path_rate``)."""
+    head_init: Literal[HEAD_INITS] = "auto"
+    """The new classifier's initialisation: ``zeros``, all-zero weights and bias, so training
+    starts from uniform predictions at FS-EB's prior mean (the usual choice for fine-tuning);
+    ``timm``, the architecture's own (EfficientNets draw U(±1/√K): large logits for small K,
+    which made FS-EB's first steps diverge on a pretrained EfficientNet-Lite0); ``auto``,
+    ``zeros`` when ``pretrained`` and ``timm`` otherwise (a network trained from scratch needs
+    its random head to break symmetry with its random body)."""
+
+    def __post_init__(self) -> None:
+        check(bool(self.name), "name", self.name, "a timm name, hf-hub:… or local-dir:…")
+        check(
+            self.num_classes is None or self.num_classes >= 2,
+            "num_classes",
+            self.num_classes,
+            "must be ≥ 2 or null",
+        )
+        check(
+            self.input_size is None or self.input_size >= 8,
+            "input_size",
+            self.input_size,
+            "must be ≥ 8 or null",
+        )
+        for name in ("drop_rate", "drop_path_rate"):
+            value = getattr(self, name)
+            check(0 <= value < 1, name, value, "must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class FSEBConfig:
+    """The FS-EB objective and its priors; ``reg_scale = 0`` is the PS-MAP baseline;
+    ``method: fsvi`` is FS-VI under the same function-space prior."""
+
+    reg_scale: float = 1.0
+    """Weight of the function-space term R_f; 0 gives PS-MAP (plain weight decay)."""
+    prior_var: float = 1.0
+    """Parameter prior variance σ_p²; weight decay 1 / (σ_p² N_train)."""
+    prior_cov_scale: float | None = 1e-5
+    """s in Kc = s (H Hᵀ + 1 1ᵀ) + d I (reference: 1e-5 pretrained ResNet-50, 0.01 FMNIST CNN);
+    ``null``: resolved from ``prior_std`` (set alone, it is stored as ``null``)."""
+    prior_cov_diag: float | None = 1e-2
+    """d in Kc (reference: 1e-2 pretrained ResNet-50, 1 FMNIST CNN); ``null``: resolved from
+    ``prior_std``, like ``prior_cov_scale``."""
+    prior_std: float | None = None
+    """The prior standard deviation of a logit at the context points, in place of s and d:
+    prior_std² = s (m + 1) + d, m = mean ‖h(x̂; φ0)‖² over the context pool, resolved per run
+    (logged in run.json and the model card). Leave s and d unset (or ``null``) with it.
+    ``null``: use s and d as given."""
+    prior_feature_share: float = 0.5
+    """With ``prior_std``: the share s (m + 1) / prior_std² of the prior variance that comes from
+    φ0's features (the rest is d), in [0, 1]. 0.5: the pretrained reference prior (s = 1e-5,
+    d = 1e-2) gives 0.46–0.50 on EfficientNet-Lite0 at 64 px (m ≈ 850–1,000); the from-scratch
+    reference (s = 0.01, d = 1) gives ≈ 0.03 on its CNN (docs/method.md)."""
+    forward_mode: Literal[FORWARD_MODES] = "joint"
+    """One forward over [x; x̂] (BatchNorm sees both) or two separate ones."""
+    reg_points: Literal[REG_POINTS] = "context"
+    """Where R_f is evaluated: the context batch x̂ (M points, the paper) or the training batch
+    and the context batch together, [x; x̂] (B + M points; Kc from φ0's features of both), as the
+    authors' FashionMNIST and ResNet-18 configs do (``--reg_points joint``)."""
+    param_anchor: Literal[PARAM_ANCHORS] = "zero"
+    """Centre of the parameter prior: zero (the paper) or the starting weights (L2-SP)."""
+    param_noise_std: float = 0.0
+    """σ of the EB-VI form θ + σε; 0 is EB-MAP (the paper's σ² = 1e-20 is numerically MAP)."""
+    likelihood_samples: int = 1
+    """Monte-Carlo samples S for the likelihood when param_noise_std > 0."""
+    reg_samples: int = 1
+    """Monte-Carlo samples J for R_f when param_noise_std > 0."""
+    solver: Literal[SOLVERS] = "auto"
+    """How Kc⁻¹ is applied; ``auto`` picks the cheaper exact one by size (FS-VI: always
+    Cholesky, its KL needs log|Kc|)."""
+    method: Literal[METHODS] = "fseb"
+    """``fseb``: FS-EB, the MAP estimate under the function-space and parameter priors (PS-MAP
+    at ``reg_scale = 0``); ``fsvi``: FS-VI (Rudner et al., NeurIPS 2022), a mean-field Gaussian
+    q(θ) trained on the Monte-Carlo likelihood (``likelihood_samples`` draws per step) minus
+    ``reg_scale`` × the KL from q's linearised logits at the context points to the same prior
+    N(0, Kc); no parameter prior (``prior_var`` unused); predictions average
+    ``fsvi_predict_samples`` draws. The ``fsvi_*`` keys apply to it only."""
+    fsvi_variance: Literal[VARIANCE_SCOPES] = "head"
+    """FS-VI: the parameters with a variance σ² (the others are point estimates): ``head``, the
+    linear classifier (covariance in closed form from the features, about FS-EB's cost); ``all``,
+    every trainable parameter (exact per-point Jacobians: O(M² · P · K) per step, for small
+    networks; the FashionMNIST CNN takes tens of seconds a step on a CPU, docs/method.md)."""
+    fsvi_init_std: float = 1e-3
+    """FS-VI: σ of every variance-carrying parameter at the start; σ = τ softplus(ρ / τ),
+    τ = 1e-4, so SGD moves σ itself (docs/method.md, "FS-VI")."""
+    fsvi_predict_samples: int = 10
+    """FS-VI: parameter draws averaged (as probabilities) for validation and test predictions."""
+
+    @property
+    def is_ps_map(self) -> bool:
+        """The PS-MAP baseline: ``reg_scale = 0``, no function-space term and no context."""
+        return self.reg_scale == 0
+
+    @property
+    def method_name(self) -> str:
+        """``PS-MAP``, ``FS-EB`` or ``FS-VI``: the name tables and model cards use."""
+        if self.method == "fsvi":
+            return "FS-VI"
+        return "PS-MAP" if self.is_ps_map else "FS-EB"
+
+    def __post_init__(self) -> None:
+        check(self.reg_scale >= 0, "reg_scale", self.reg_scale, "must be ≥ 0 (0 is PS-MAP)")
+        check(self.prior_var > 0, "prior_var", self.prior_var, "must be > 0")
+        if self.prior_std is None:
+            self._check_covariance()
+        else:
+            self._resolved_covariance()
+        check(
+            0 <= self.prior_feature_share <= 1,
+            "prior_feature_share",
+            self.prior_feature_share,
+            "must be in [0, 1]",
+        )
+        check(self.param_noise_std >= 0, "param_noise_std", self.param_noise_std, "must be ≥ 0")
+        for name in ("likelihood_samples", "reg_samples", "fsvi_predict_samples"):
+            check(getattr(self, name) >= 1, name, getattr(self, name), "must be ≥ 1")
+        check(self.fsvi_init_std > 0, "fsvi_init_std", self.fsvi_init_std, "must be > 0")
+        if self.method == "fsvi":
+            check(self.reg_scale > 0, "reg_scale", self.reg_scale, "must be > 0 with method fsvi")
+            check(
+                self.param_noise_std == 0,
+                "param_noise_std",
+                self.param_noise_std,
+                "must be 0 with method fsvi (its noise is the learned σ)",
+            )
+            check(
+                self.reg_points == "context",
+                "reg_points",
+                self.reg_points,
+                "must be 'context' with method fsvi (the KL is at the context points)",
+            )
+
+    def _check_covariance(self) -> None:
+        """s and d as given: both set, ≥ 0, not both 0."""
+        for name in ("prior_cov_scale", "prior_cov_diag"):
+            check(getattr(self, name) is not None, name, None, "null needs fseb.prior_std")
+        check(self.prior_cov_scale >= 0, "prior_cov_scale", self.prior_cov_scale, "must be ≥ 0")
+        check(self.prior_cov_diag >= 0, "prior_cov_diag", self.prior_cov_diag, "must be ≥ 0")
+        check(
+            self.prior_cov_scale > 0 or self.prior_cov_diag > 0,
+            "prior_cov_diag",
+            self.prior_cov_diag,
+            "prior_cov_scale and prior_cov_diag cannot both be 0",
+        )
+
+    def _resolved_covariance(self) -> None:
+        """With ``prior_std``, s and d are resolved per run: stored as ``null`` (so the saved
+        recipe says so), and a recipe may not also set them (a default-valued one passes)."""
+        check(self.prior_std > 0, "prior_std", self.prior_std, "must be > 0 or null")
+        for name in ("prior_cov_scale", "prior_cov_diag"):
+            given = getattr(self, name)
+            check(
+                given in (None, getattr(FSEBConfig, name)),
+                name,
+                given,
+                f"fseb.prior_std and fseb.{name} are both set; give one: prior_std resolves "
+                "prior_cov_scale and prior_cov_diag per run (leave them unset or null)",
+            )
+            object.__setattr__(self, name, None)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Optimiser and learning-rate schedule (stepped every optimiser step)."""
+
+    name: Literal["sgd", "adamw"] = "sgd"
+    """SGD with momentum (the paper) or AdamW (its decoupled decay is off: the prior decays)."""
+    lr: float = 0.005
+    """Peak learning rate."""
+    momentum: float = 0.9
+    """SGD momentum."""
+    nesterov: bool = False
+    """Nesterov momentum for SGD."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    schedule: Literal["cosine", "constant"] = "cosine"
+    """Cosine decay to ``min_lr_ratio · lr`` (the reference) or constant."""
+    min_lr_ratio: float = 0.05
+    """Final learning rate as a fraction of ``lr`` for the cosine schedule."""
+    warmup_steps: int = 0
+    """Linear warm-up steps from 0 to ``lr``."""
+    grad_clip_norm: float | None = None
+    """Clip the global gradient norm (``null``: no clipping)."""
+
+    def __post_init__(self) -> None:
+        check(self.lr > 0, "lr", self.lr, "must be > 0")
+        check(0 <= self.momentum < 1, "momentum", self.momentum, "must be in [0, 1)")
+        check(all(0 <= b < 1 for b in self.betas), "betas", self.betas, "each in [0, 1)")
+        check(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", self.min_lr_ratio, "in [0, 1]")
+        check(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "must be ≥ 0")
+        check(
+            self.grad_clip_norm is None or self.grad_clip_norm > 0,
+            "grad_clip_norm",
+            self.grad_clip_norm,
+            "must be > 0 or null",
+        )
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The Accelerate loop."""
+
+    epochs: int = 10
+    """Passes over the training set."""
+    mixed_precision: Literal["no", "bf16", "fp16"] | None = None
+    """Autocast dtype for forward passes (the Cholesky always runs in float64); ``null`` takes
+    Accelerate's setting (``accelerate launch --mixed_precision`` or its config), else ``no``."""
+    grad_accum_steps: int = 1
+    """Micro-batches accumulated per optimiser step."""
+    seed: int = 0
+    """Seed for initialisation, splits, shuffling, augmentation and the context pool."""
+    select_metric: str = "nll"
+    """Validation metric that picks the best checkpoint: ``nll``, ``accuracy``, ``ece``,
+    ``brier``, or ``ood_<name>_auroc`` for a set of ``data.val_ood`` (accuracy and AUROC:
+    higher is better)."""
+    resume: Literal["auto", "never"] = "auto"
+    """``auto`` continues from the last complete checkpoint in the run directory."""
+    cpu: bool = False
+    """Force CPU even when an accelerator is present."""
+    log_every: int = 10
+    """Optimiser steps between progress-bar / tracker updates."""
+    max_param_growth: float | None = 10.0
+    """Stop as diverged when the trainable parameters' norm ‖θ‖ exceeds this multiple of its
+    starting value at the end of an epoch (SGD on a stable objective moves ‖θ‖ by far less;
+    a blow-up shows as orders of magnitude); ``null``: never stop for it."""
+    trackers: tuple[Literal["tensorboard", "wandb", "mlflow", "comet_ml", "aim"], ...] = ()
+    """Accelerate trackers for per-epoch metrics (none by default; the history is in
+    ``run.json`` either way), e.g. ``[tensorboard]`` after ``pip install tensorboard``; one whose
+    package is not installed is skipped with a log message."""
+
+    def __post_init__(self) -> None:
+        check(self.epochs >= 1, "epochs", self.epochs, "must be ≥ 1")
+        check(self.grad_accum_steps >= 1, "grad_accum_steps", self.grad_accum_steps, "must be ≥ 1")
+        check(self.log_every >= 1, "log_every", self.log_every, "must be ≥ 1")
+        check(
+            self.max_param_growth is None or self.max_param_growth > 1,
+            "max_param_growth",
+            self.max_param_growth,
+            "must be > 1 or null",
+        )
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """What the final report contains."""
+
+    batch_size: int = 256
+    """Evaluation batch size per process (validation, test and OOD sets)."""
+    corruptions: tuple[str, ...] | str = ()
+    """Covariate shift: also evaluate the test split (the validation split when there is no
+    ``data.test``) under these common corruptions (Hendrycks & Dietterich 2019, CIFAR-10-C
+    parameters), each at every severity of ``severities``; ``all`` (alone or in the list)
+    stands for the 14 benchmark corruptions, saved expanded in the run's ``recipe.yaml``. Names
+    are those of ``fseb_ft.data.corruptions.CORRUPTIONS``; results go to ``corruptions`` in
+    ``results.json``, a table in ``results.md`` and ``corruptions.png``. ``[]``: none."""
+    severities: tuple[int, ...] = (1, 2, 3, 4, 5)
+    """Corruption severities to evaluate, each in 1–5."""
+    corruption_seed: int = 0
+    """Seed of the corruptions' randomness: image i always gets the same corrupted pixels."""
+    corruption_limit: int | None = None
+    """Corrupt only a seeded, class-stratified subset of at most this many test images (the
+    same subset for every corruption and severity, drawn with ``corruption_seed``); the clean
+    test metrics still use the whole split. ``null``: the whole test split."""
+    corruption_cache: str | None = None
+    """Folder caching the corrupted test images (uint8 ``.npy`` with an ``.npz`` index), so a
+    re-evaluation does not recompute them; ``null``: ``$XDG_CACHE_HOME/fseb_ft/corruptions``, else
+    ``~/.cache/fseb_ft/corruptions``."""
+    ood_scores: tuple[Literal[OOD_SCORES], ...] = ("entropy",)
+    """OOD detection scores reported for each OOD set (AUROC, AUPR, FPR95 each; larger score =
+    more likely OOD): ``entropy`` (predictive entropy, the paper's), ``msp`` (negative maximum
+    softmax probability), ``max_logit`` (negative maximum logit), ``energy`` (negative
+    logsumexp of the logits). ``max_logit`` and ``energy`` are not defined for an ensemble
+    (averaged probabilities, no logits) and are left out of its results."""
+    temperature_scaling: bool = False
+    """Also fit a temperature ``T`` on the validation split (minimising its NLL) and report the
+    test, OOD and corruption metrics of ``softmax(logits / T)`` as a second row "<method> + TS",
+    and as ``temperature_scaled`` in ``results.json``; the model card and ``fseb.json`` give
+    ``T``."""
+
+    def __post_init__(self) -> None:
+        check(self.batch_size >= 1, "batch_size", self.batch_size, "must be ≥ 1")
+        check(len(self.ood_scores) > 0, "ood_scores", self.ood_scores, "must name ≥ 1 score")
+        object.__setattr__(self, "ood_scores", tuple(dict.fromkeys(self.ood_scores)))
+        check(
+            self.corruption_limit is None or self.corruption_limit >= 1,
+            "corruption_limit",
+            self.corruption_limit,
+            "must be ≥ 1 or null",
+        )
+        check(
+            len(self.severities) > 0 and all(1 <= s <= 5 for s in self.severities),
+            "severities",
+            self.severities,
+            "must be a non-empty list of levels in 1..5",
+        )
+        # Sorted and without repeats, so results and tables list them in order.
+        object.__setattr__(self, "severities", tuple(sorted(set(self.severities))))
+        check(self.corruption_seed >= 0, "corruption_seed", self.corruption_seed, "must be ≥ 0")
+        if isinstance(self.corruptions, str):  # eval.corruptions=all on the command line
+            object.__setattr__(self, "corruptions", (self.corruptions,))
+        if self.corruptions:
+            try:
+                names = resolve_corruptions(self.corruptions)
+            except ValueError as err:
+                raise ConfigError(f"corruptions={list(self.corruptions)!r}: {err}") from None
+            object.__setattr__(self, "corruptions", names)
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """Where the run writes its checkpoints, recipe and results, and where it shares the model."""
+
+    dir: str = "runs/default"
+    """Run directory (created; a rerun with ``train.resume=auto`` continues in it)."""
+    push_to_hub: str | None = None
+    """Hub repo ``user/name`` to upload the model folder (``model/``: weights, config, card,
+    recipe, plots; never checkpoints) to after training; ``null``: keep it on disk only. Retry
+    or push later with ``fseb-ft push RUN_DIR user/name``."""
+    private: bool = False
+    """Create the Hub repo as private (an existing repo keeps its visibility)."""
+    revision: str | None = None
+    """Hub branch to push to (created if missing); ``null``: the default branch."""
+    commit_message: str = "Upload model fine-tuned with fseb_ft"
+    """Commit message of the Hub upload."""
+    license: str | None = None
+    """Model-card license (a Hub license id, e.g. ``apache-2.0``, ``mit``, ``cc-by-nc-4.0``);
+    ``null``: the license timm records for the pretrained weights of a timm or ``hf-hub:``
+    model, else ``other`` (a ``local-dir:`` or untrained start), which the card flags as not
+    known. Check the training data's terms too."""
+
+    def __post_init__(self) -> None:
+        repo = self.push_to_hub
+        well_formed = repo is not None and repo.count("/") == 1 and all(repo.split("/"))
+        check(
+            repo is None or (well_formed and not any(c.isspace() for c in repo)),
+            "push_to_hub",
+            repo,
+            "a Hub repo id 'user/name' or null",
+        )
+        check(self.revision is None or bool(self.revision), "revision", self.revision, "a branch")
+        check(bool(self.commit_message), "commit_message", self.commit_message, "non-empty")
+        check(self.license is None or bool(self.license), "license", self.license, "an id or null")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A complete fine-tuning recipe."""
+
+    data: DataConfig
+    """Datasets and input pipeline."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Backbone and starting weights."""
+    context: ContextConfig = field(default_factory=ContextConfig)
+    """Context distribution for the function-space term."""
+    fseb: FSEBConfig = field(default_factory=FSEBConfig)
+    """The objective; ``fseb.reg_scale=0`` is PS-MAP."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimiser and schedule."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Loop settings."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Evaluation settings."""
+    output: OutputConfig = field(default_factory=OutputConfig)
+    """Output location."""
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    """The hyper-parameter search of ``fseb-ft sweep``."""
+
+    def __post_init__(self) -> None:
+        for key, param in self.sweep.space.items():
+            check_space_key(Recipe, key, param)
+        allowed = validation_metrics(self.data)
+        for key, metric in (
+            ("train.select_metric", self.train.select_metric),
+            ("sweep.metric", self.sweep.metric),
+        ):
+            check(
+                metric in allowed,
+                key,
+                metric,
+                f"allowed values are {allowed} (ood_<name>_auroc needs data.val_ood.<name>)",
+            )
+
+
+def validation_metrics(data: DataConfig) -> list[str]:
+    """The validation metrics a recipe with ``data`` can select on: :data:`SELECT_METRICS` and
+    ``ood_<name>_auroc`` for each set of ``data.val_ood``."""
+    return [*SELECT_METRICS, *(val_ood_metric(name) for name in data.val_ood)]
+
+
+VAL_OOD_METRIC_SUFFIX = "_auroc"
+"""The ending of every ``data.val_ood`` metric: an AUROC, so higher is better."""
+
+
+def val_ood_metric(name: str) -> str:
+    """The validation metric of the ``data.val_ood`` set ``name``: its AUROC against ``val``."""
+    return f"ood_{name}{VAL_OOD_METRIC_SUFFIX}"
+
+
+def resolve_corruptions(names: Iterable[str]) -> tuple[str, ...]:
+    """Validate corruption names, expand ``all`` to :data:`BENCHMARK_CORRUPTIONS`, drop repeats
+    (in order).
+
+    Raises:
+        ValueError: a name is unknown; the message lists every available one.
+    """
+    out: list[str] = []
+    for name in names:
+        expanded = BENCHMARK_CORRUPTIONS if name == ALL_CORRUPTIONS else (name,)
+        for item in expanded:
+            if item not in CORRUPTIONS:
+                raise ValueError(
+                    f"unknown corruption {item!r}; available: {[*CORRUPTIONS]} or "
+                    f"{ALL_CORRUPTIONS!r} (= {list(BENCHMARK_CORRUPTIONS)})"
+                )
+            if item not in out:
+                out.append(item)
+    return tuple(out)

@@ -1,0 +1,315 @@
+"""A model ready to predict new images: loaded from a run folder, a model folder in timm's Hub
+format or ``hf-hub:owner/name``; its inputs (image files, or a recipe's dataset spec) read
+without stopping at a bad file; its forward pass; and a run's validation split, rebuilt.
+
+The engine of ``fseb-ft predict`` (:mod:`fseb_ft.predict`), which chooses thresholds and
+writes files; nothing here does either.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import timm
+import torch
+from huggingface_hub import hf_hub_download
+from timm.data import resolve_data_config
+from torch import Tensor, nn
+from torch.utils.data import Dataset
+from tqdm.auto import tqdm
+
+from fseb_ft.recipe import DatasetSpec, Recipe
+from fseb_ft.recipe.datasets import IN_MEMORY
+from fseb_ft.errors import FsebError
+from fseb_ft.data.files import find_images, read_image
+from fseb_ft.data.images import IndexedImages, LabeledImages
+from fseb_ft.data.splits import stratified_split
+from fseb_ft.data.inputs import InputSpec
+from fseb_ft.runs.rundir import (
+    MODEL_DIR,
+    RECIPE_FILE,
+    RESULTS_JSON,
+    RunInfo,
+    load_run_model,
+    read_abstention,
+    read_json,
+    read_run,
+    run_predictor,
+)
+from fseb_ft.recipe.schema import build
+from fseb_ft.data.sources import load_split
+from fseb_ft.data.transforms import eval_transform, make_loader
+
+__all__ = [
+    "ImageInputs",
+    "LoadedModel",
+    "ModelLoadError",
+    "first_line",
+    "gather_inputs",
+    "load_model",
+    "predict_logits",
+    "validation_split",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class ModelLoadError(FsebError, OSError):
+    """MODEL cannot be loaded: not a run or model folder, or not on (or not reached at) the Hub."""
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    """A model ready to predict, with what a prediction needs to know about it."""
+
+    model: nn.Module
+    """The classifier, in eval mode, on CPU."""
+    spec: InputSpec
+    """Input size and normalisation it was trained with."""
+    channels: int
+    """Input channels (1 or 3)."""
+    class_names: list[str]
+    """Class names, index = output."""
+    temperature: float | None
+    """The temperature fitted on validation NLL (``eval.temperature_scaling``); ``None``: none."""
+    where: str
+    """What was loaded, for messages: ``run runs/x``, ``model folder …``, ``hf-hub:…``."""
+    run_dir: Path | None = None
+    """The run folder, when MODEL is one (its validation split can be rebuilt)."""
+    recipe: Recipe | None = None
+    """The run's resolved recipe."""
+    info: RunInfo | None = None
+    """The run's ``run.json``."""
+    kept: dict[str, Any] | None = None
+    """The abstention record the model keeps (``abstention.json`` / ``fseb.json``), if any."""
+    default_ood_score: str = "entropy"
+    """The OOD score reported when none is asked for: the run's first ``eval.ood_scores``."""
+
+
+# --------------------------------------------------------------------------------------------
+# Loading a model
+# --------------------------------------------------------------------------------------------
+
+
+def load_model(model: str | Path) -> LoadedModel:
+    """Load a run folder, a model folder (timm's Hub format) or ``hf-hub:owner/name``.
+
+    A model folder inside a run (``RUN/model``) loads as its run, whose validation split can
+    choose thresholds. A folder holding runs (the OUTPUT of ``--compare``) loads its ``fseb``
+    run, or its only run.
+
+    Raises:
+        ModelLoadError: ``model`` is none of these, or the Hub cannot be reached.
+    """
+    text = str(model)
+    if text.startswith("hf-hub:"):
+        return _load_hub(text)
+    path = Path(text).expanduser()
+    if path.name == MODEL_DIR and (path.parent / RECIPE_FILE).is_file():
+        path = path.parent
+    if (path / RECIPE_FILE).is_file():
+        return _load_run(path)
+    if (path / "config.json").is_file():
+        return _load_folder(path)
+    runs = sorted(p.parent.name for p in path.glob(f"*/{RECIPE_FILE}")) if path.is_dir() else []
+    if len(runs) == 1 or "fseb" in runs:
+        chosen = "fseb" if "fseb" in runs else runs[0]
+        if len(runs) > 1:
+            others = ", ".join(str(path / r) for r in runs if r != chosen)
+            logger.info("%s holds runs %s: using %s (give %s for another)", path, runs,
+                        path / chosen, others)  # fmt: skip
+        return _load_run(path / chosen)
+    what = f"holds runs {runs}: give one of them" if runs else "does not exist"
+    if path.exists() and not runs:
+        what = "is neither a run folder (recipe.yaml) nor a model folder (config.json)"
+    raise ModelLoadError(
+        f"MODEL {path} {what}; MODEL is a run folder, a model folder in timm's Hub format or "
+        "hf-hub:owner/name"
+    )
+
+
+def _load_run(run_dir: Path) -> LoadedModel:
+    recipe, info = read_run(run_dir)
+    # FS-VI runs predict with their Monte-Carlo predictive, as their results were scored.
+    model = run_predictor(run_dir, recipe, load_run_model(run_dir, recipe, info)).eval()
+    names = [str(n) for n in info.class_names or []]
+    results = read_json(run_dir / RESULTS_JSON) if (run_dir / RESULTS_JSON).is_file() else {}
+    return LoadedModel(
+        model=model,
+        spec=info.input,
+        channels=recipe.data.channels,
+        class_names=names + [str(i) for i in range(len(names), int(info.num_classes))],
+        temperature=(results.get("temperature_scaled") or {}).get("temperature"),
+        where=f"run {run_dir}",
+        run_dir=run_dir,
+        recipe=recipe,
+        info=info,
+        kept=read_abstention(run_dir),
+        default_ood_score=recipe.eval.ood_scores[0],
+    )
+
+
+def _load_folder(folder: Path) -> LoadedModel:
+    if not (folder / "model.safetensors").is_file():
+        raise ModelLoadError(f"{folder} has a config.json but no model.safetensors")
+    try:
+        model = timm.create_model(f"local-dir:{folder}", pretrained=True)
+    except (RuntimeError, OSError, ValueError, KeyError) as err:
+        raise ModelLoadError(f"cannot load the model folder {folder}: {first_line(err)}") from err
+    meta_path = folder / "fseb.json"
+    return _from_timm(
+        model, f"model folder {folder}", read_json(meta_path) if meta_path.is_file() else {}
+    )
+
+
+def _load_hub(name: str) -> LoadedModel:
+    repo, _, revision = name.removeprefix("hf-hub:").partition("@")  # timm's owner/name@rev
+    try:
+        model = timm.create_model(name, pretrained=True)
+    except Exception as err:  # network, auth, missing repo, cache: all mean "could not load it"
+        raise ModelLoadError(
+            f"could not load {name} from the Hugging Face Hub ({type(err).__name__}: "
+            f"{first_line(err)}); offline, give a local model folder instead (a run's model/ "
+            "folder, or a download of the repo)"
+        ) from err
+    try:
+        meta = read_json(Path(hf_hub_download(repo, "fseb.json", revision=revision or None)))
+    except Exception:  # a timm model not trained by fseb_ft has no fseb.json: no T, no τ
+        meta = {}
+    return _from_timm(model, name, meta)
+
+
+def _from_timm(model: nn.Module, where: str, meta: Mapping[str, Any]) -> LoadedModel:
+    """A :class:`LoadedModel` of a timm model with its data config and ``fseb.json``."""
+    config = resolve_data_config(model=model)
+    channels, height, width = config["input_size"]
+    labels = list(model.pretrained_cfg.get("label_names") or [])
+    num_classes = int(model.num_classes)
+    labels = [str(n) for n in labels[:num_classes]]
+    return LoadedModel(
+        model=model.eval(),
+        spec=InputSpec((height, width), tuple(config["mean"]), tuple(config["std"])),
+        channels=int(channels),
+        class_names=labels + [str(i) for i in range(len(labels), num_classes)],
+        temperature=meta.get("temperature"),
+        where=where,
+        kept=meta.get("abstention"),
+    )
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an error's message (its type's name when it has none)."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs and the forward pass
+# --------------------------------------------------------------------------------------------
+
+
+class ImageInputs(Dataset):
+    """``(tensor (C, H, W), error)`` per input: an unreadable one gives zeros and its error."""
+
+    def __init__(
+        self, files: list[Path] | None, data: LabeledImages | None, loaded: LoadedModel
+    ) -> None:
+        self.files, self.data, self.channels = files, data, loaded.channels
+        self.transform = eval_transform(loaded.spec.size, loaded.spec.mean, loaded.spec.std)
+        self.shape = (loaded.channels, *loaded.spec.size)
+
+    def __len__(self) -> int:
+        return len(self.files) if self.files is not None else len(self.data)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, str]:
+        try:
+            if self.files is not None:
+                image = read_image(self.files[index], self.channels)  # (H, W, C) uint8
+            else:
+                image = self.data[index][0]  # (H, W, C) uint8
+        except (OSError, ValueError) as err:
+            # The decoder's own words (its wrapper repeats the file name the row already has).
+            return torch.zeros(self.shape), first_line(err.__cause__ or err)
+        return self.transform(image=image)["image"], ""  # (C, H', W') float32
+
+
+def gather_inputs(
+    loaded: LoadedModel, images: Sequence[str | Path], dataset: Any
+) -> tuple[ImageInputs, list[str], list[str] | None, list[Path]]:
+    """The inputs, their names, their labels' class names (datasets) and files passed over."""
+    if dataset is not None and images:
+        raise ValueError("give IMAGES or a dataset, not both")
+    if dataset is None:
+        files, skipped = find_images(images) if images else ([], [])
+        if not files:
+            raise ValueError("no images given: name files, folders or globs, or a dataset")
+        return ImageInputs(files, None, loaded), [str(f) for f in files], None, skipped
+    spec = (
+        dataset
+        if isinstance(dataset, DatasetSpec)
+        else build(DatasetSpec, dict(dataset), "dataset")
+    )
+    data = load_split("dataset", spec, loaded.channels)
+    names = [f"{data.identity}[{i}]" for i in range(len(data))]
+    labels = [data.class_names[k] if k < len(data.class_names) else str(k) for k in data.labels]
+    return ImageInputs(None, data, loaded), names, labels, []
+
+
+@torch.no_grad()
+def predict_logits(
+    net: nn.Module,
+    inputs: ImageInputs,
+    loaded: LoadedModel,
+    device: torch.device,
+    desc: str,
+    batch_size: int,
+    num_workers: int,
+    progress: bool,
+) -> tuple[Tensor, list[str]]:
+    """Float32 logits (N, K) on CPU in input order, and each input's read error ("" if none)."""
+    loader = make_loader(inputs, batch_size, shuffle=False, num_workers=num_workers)
+    logits, errors = [], []
+    with tqdm(total=len(inputs), desc=desc, unit="img", disable=not progress) as bar:
+        for x, err in loader:
+            logits.append(net(x.to(device)).float().cpu())  # (B, K)
+            errors.extend(err)
+            bar.update(len(err))
+    out = torch.cat(logits)  # (N, K)
+    if out.shape[1] != len(loaded.class_names):
+        raise ValueError(
+            f"{loaded.where} outputs {out.shape[1]} classes but names {len(loaded.class_names)}"
+        )
+    return out, errors
+
+
+def validation_split(recipe: Recipe, info: RunInfo | None) -> LabeledImages:
+    """The run's validation split, rebuilt from its recipe as :func:`~fseb_ft.data.sources.build_splits`
+    built it (``data.val``, or the seeded stratified ``data.val_fraction`` of ``data.train``).
+
+    Raises:
+        FsebError: the run was trained on in-memory data (``fseb_ft.finetune``), which the
+            recipe only names; or the rebuilt split is not the one ``run.json`` records.
+    """
+    cfg, seed = recipe.data, recipe.train.seed
+    spec = cfg.val if cfg.val is not None else cfg.train
+    if spec.path.startswith(IN_MEMORY):
+        raise FsebError(
+            "the run was trained on in-memory data (fseb_ft.finetune), so its validation split "
+            "cannot be rebuilt: give --threshold"
+        )
+    if cfg.val is not None:
+        val = load_split("data.val", cfg.val, cfg.channels, seed)
+    else:
+        full = load_split("data.train", cfg.train, cfg.channels, seed)
+        val = IndexedImages(full, stratified_split(full.labels, cfg.val_fraction, seed)[1])
+    recorded = ((info.data if info else None) or {}).get("val")
+    if recorded is not None and recorded != val.identity:
+        raise FsebError(
+            f"the validation split rebuilt from the recipe ({val.identity}) is not the one the "
+            f"run validated on ({recorded}): the data changed since training; give --threshold"
+        )
+    return val

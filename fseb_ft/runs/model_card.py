@@ -1,0 +1,420 @@
+"""The model card (``README.md`` of a run's model folder): Hub metadata, provenance, method,
+results table, plots and a usage example, from the run's recipe, ``run.json`` and results.
+
+Text only: writing the folder and uploading it is :mod:`fseb_ft.push`'s job. The card is published,
+so it names local paths by their last component (:mod:`fseb_ft.runs.published`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fseb_ft.recipe import Recipe, dump_recipe
+from fseb_ft.runs.published import LOCAL_DIR, PLACEHOLDER, model_label, placeholders, scrub
+from fseb_ft.runs.report import (
+    OOD_SCORE_TITLES,
+    TS_SUFFIX,
+    VALIDATION_NOTE,
+    markdown_table,
+    method_title,
+    ood_scores_in,
+    warnings_markdown,
+)
+from fseb_ft.runs.rundir import (
+    CORRUPTION_PLOT,
+    MODEL_RECIPE,
+    PLOTS,
+    TEST_SPLIT,
+    VALIDATION_SPLIT,
+    RunInfo,
+    results_split,
+)
+
+__all__ = [
+    "PLOT_CAPTIONS",
+    "UNKNOWN_LICENSE",
+    "model_card",
+    "plot_caption",
+    "published_recipe",
+    "selection",
+]
+
+PLOT_CAPTIONS = {
+    PLOTS[0]: "Reliability diagram ({split} split)",
+    PLOTS[1]: "Selective prediction: accuracy of the most confident fraction",
+    PLOTS[2]: "Predictive entropy on the {split} split and the OOD sets",
+    CORRUPTION_PLOT: "Accuracy and ECE against corruption severity",
+}
+"""The run's plots, in card order, with their captions (``{split}``: the split the
+results are on)."""
+UNKNOWN_LICENSE = "other"
+"""The card's license when neither ``output.license`` nor the starting weights state one."""
+_CARD_TAGS = ["image-classification", "timm", "fseb-ft"]
+_MAX_FILES_SHOWN = 10
+_MAX_CLASSES_SHOWN = 20
+
+
+def model_card(
+    recipe: Recipe,
+    run_info: RunInfo,
+    results: Mapping[str, Any],
+    *,
+    source: Mapping[str, Any],
+    baseline: Mapping[str, Mapping[str, Any]] | None = None,
+    plots: Sequence[str] = (),
+    repo_id: str | None = None,
+    local_dir: str | Path | None = None,
+    abstention: Mapping[str, Any] | None = None,
+) -> str:
+    """The model card (``README.md``): Hub metadata, provenance, method, results, plots, usage.
+
+    Args:
+        recipe, run_info, results: the run's recipe, ``run.json`` and results.
+        source: the ``source_model`` entry of ``fseb.json`` (name, hub_id, license, …).
+        baseline: method title → results of other runs, shown under this run in the table.
+        plots: PNG file names inside the model folder, embedded with relative links.
+        repo_id: the Hub repo (``user/name``) for the usage example; a placeholder if unknown.
+        local_dir: the model folder, whose name the ``local-dir:`` example shows (its path is
+            a placeholder: the card is published).
+        abstention: the threshold ``fseb-ft predict --keep`` stored (``abstention.json``).
+    """
+    method = recipe.fseb.method_name
+    title = method_title(recipe)
+    front: dict[str, Any] = {
+        "library_name": "timm",
+        "license": source["license"],
+        "tags": [*_CARD_TAGS, method.lower()],
+        "pipeline_tag": "image-classification",
+    }
+    if source.get("hub_id"):
+        front["base_model"] = source["hub_id"]
+    datasets = [s.path for s in _data_specs(recipe) if s.source == "hub"]
+    if datasets:
+        front["datasets"] = sorted(set(datasets))
+    meta = yaml.safe_dump(front, sort_keys=False, allow_unicode=True)
+    parts = [f"---\n{meta}---\n", f"# {repo_id.split('/')[-1] if repo_id else title}\n"]
+    if warnings_markdown(results):
+        parts.append(warnings_markdown(results))
+    if recipe.output.license is None and source["license"] == UNKNOWN_LICENSE:
+        parts.append(
+            f"> **License: not known** (`license: {UNKNOWN_LICENSE}` above). Neither the recipe "
+            "nor the starting weights state one, and the training data's terms are not known: "
+            "set `output.license` (or the card's `license:`) before sharing.\n"
+        )
+    parts.append(_provenance(recipe, run_info, source, method))
+    parts.append(_method_section(recipe, run_info, method))
+    parts.append(_results_section(recipe, run_info, results, title, baseline))
+    if plots:
+        split = results_split(results)
+        shown = "\n\n".join(f"![{plot_caption(p, split)}]({p})" for p in plots)
+        parts.append(f"## Plots\n\n{shown}\n")
+    parts.append(_usage_section(run_info, recipe, results, source, repo_id, local_dir))
+    parts.append(_predict_section(repo_id, abstention))
+    parts.append(_recipe_section(recipe))
+    return scrub("\n".join(parts))
+
+
+def published_recipe(recipe: Recipe) -> str:
+    """The resolved recipe as the model folder publishes it: local paths as placeholders."""
+    return yaml.safe_dump(placeholders(yaml.safe_load(dump_recipe(recipe))), sort_keys=False)
+
+
+def _recipe_section(recipe: Recipe) -> str:
+    text = published_recipe(recipe)
+    name = MODEL_RECIPE.name
+    fill = ""
+    if PLACEHOLDER in text:
+        fill = f", after replacing its `{PLACEHOLDER}…` placeholders with your local paths"
+    return (
+        f"## Recipe\n\nReproduce with `fseb-ft {name}` (package `fseb_ft`; the file is in this "
+        f"folder){fill}.\n\n"
+        f"<details>\n<summary>Resolved recipe (<code>{name}</code>)</summary>\n\n"
+        f"```yaml\n{text}```\n\n</details>\n"
+    )
+
+
+def _provenance(recipe: Recipe, run_info: RunInfo, source: Mapping[str, Any], method: str) -> str:
+    arch, name = source["architecture"], model_label(source["name"])
+    if source.get("hub_id"):
+        hub = source["hub_id"]
+        start = f"fine-tuned from [`{hub}`](https://huggingface.co/{hub})"
+    elif source["pretrained"] and source["name"].startswith(LOCAL_DIR):
+        start = f"fine-tuned from the local weights `{name}` (a `{LOCAL_DIR}` folder)"
+    elif source["pretrained"]:
+        start = f"fine-tuned from the pretrained timm model `{name}`"
+    elif name != arch:
+        start = f"trained from the random initialisation of `{name}` (`pretrained: false`)"
+    else:
+        start = "trained from its random initialisation (`pretrained: false`)"
+    names = [str(n) for n in run_info.class_names or []]
+    shown = ", ".join(names[:_MAX_CLASSES_SHOWN])
+    if len(names) > _MAX_CLASSES_SHOWN:
+        shown += ", …"
+    data = run_info.data or {}
+    size = "×".join(str(s) for s in run_info.input.size)
+    return (
+        f"A timm `{arch}` image classifier {start} with **{method}** using `fseb_ft`, "
+        f"on `{data.get('train', '?')}` ({_or(run_info.num_train, '?')} training images; "
+        f"{run_info.num_classes} classes: {shown or '–'}). "
+        f"Input: {size} pixels, {recipe.data.channels} channel(s)."
+        + _hardware(run_info)
+        + _left_out(recipe, run_info)
+        + "\n"
+    )
+
+
+def _left_out(recipe: Recipe, run_info: RunInfo) -> str:
+    """The unreadable images a run left out (``data.bad_images: skip``), if any."""
+    roots = [Path(s.path) for s in (*_data_specs(recipe), *recipe.context.datasets) if s.path]
+    found = [f for files in (run_info.bad_images or {}).values() for f in files]
+    files = [f"`{_in_dataset(Path(f), roots)}`" for f in found]
+    if not files:
+        return ""
+    more = f", and {len(files) - _MAX_FILES_SHOWN} more" if len(files) > _MAX_FILES_SHOWN else ""
+    shown = ", ".join(files[:_MAX_FILES_SHOWN])
+    return (
+        f" {len(files)} unreadable image(s) were left out before training "
+        f"(`data.bad_images: skip`; run.json lists them): {shown}{more}."
+    )
+
+
+def _in_dataset(file: Path, roots: Sequence[Path]) -> str:
+    """``file`` as ``<dataset folder>/<path inside it>``: the card is published."""
+    for root in roots:
+        if file.is_relative_to(root):
+            return str(root.name / file.relative_to(root))
+    return str(file)
+
+
+def _hardware(run_info: RunInfo) -> str:
+    """The sentence on devices and precision (empty for a run.json that predates them)."""
+    if run_info.mixed_precision is None:
+        return ""
+    precision = run_info.mixed_precision
+    return (
+        f" Trained on {_or(run_info.num_processes, 1)} {_or(run_info.device, '?')} "
+        f"process(es), mixed precision `{precision}`{' (fp32)' if precision == 'no' else ''}."
+    )
+
+
+def _method_section(recipe: Recipe, run_info: RunInfo, method: str) -> str:
+    f = recipe.fseb
+    text = (
+        "## Method\n\n"
+        "**FS-EB** (function-space empirical Bayes; Rudner, Kapoor, Qiu & Wilson, ICML 2023) adds "
+        "to the cross-entropy a Gaussian prior over the network's *outputs* at a batch of context "
+        "images, with a covariance built from the features of the frozen starting model, so the "
+        "fine-tuned function stays where those features support it and is uncertain elsewhere. "
+        "**PS-MAP** is the same training loop with that function-space term switched off "
+        "(`fseb.reg_scale=0`): only a Gaussian prior on the parameters, i.e. weight decay.\n\n"
+    )
+    if method == "FS-VI":
+        text += (
+            "**FS-VI** (function-space variational inference; Rudner, Chen, Teh & Gal, NeurIPS "
+            "2022) learns a Gaussian over the parameters whose linearised logits at the context "
+            "images are pulled towards the same prior by a KL divergence.\n\n"
+            f"This model: FS-VI with reg_scale={f.reg_scale:g}, variance on the "
+            f"`{f.fsvi_variance}` parameters (`fseb.fsvi_variance`). "
+            "**The exported weights "
+            "(`model.safetensors`) are the variational mean μ**, so `timm.create_model` gives the "
+            "deterministic network at μ; the reported results average the predictions of "
+            f"{f.fsvi_predict_samples} draws θ ~ N(μ, diag(σ²)), with σ per parameter in "
+            "`variational.safetensors` (keyed by parameter name).\n"
+        )
+    elif method == "FS-EB":
+        ctx = run_info.context or {}
+        fingerprint = str(ctx.get("fingerprint", ""))[:12]
+        given = {"prior_cov_scale": f.prior_cov_scale, "prior_cov_diag": f.prior_cov_diag}
+        prior = run_info.prior or given
+        text += (
+            f"This model: FS-EB with reg_scale={f.reg_scale:g}, prior_var={f.prior_var:g}, "
+            f"prior_cov_scale={prior['prior_cov_scale']:g}, "
+            f"prior_cov_diag={prior['prior_cov_diag']:g}{_resolved(run_info.prior)}; "
+            f"context set: `{recipe.context.kind}` "
+            f"({'perturbed' if recipe.context.perturb else 'unperturbed'}), pool of "
+            f"{recipe.context.pool_size} images, batches of {recipe.context.batch_size}"
+            + (f" (fingerprint `{fingerprint}…`)" if fingerprint else "")
+            + ". Full provenance in `fseb.json`.\n"
+        )
+    else:
+        text += f"This model: PS-MAP with prior_var={f.prior_var:g}.\n"
+    return text
+
+
+def _resolved(prior: Mapping[str, Any] | None) -> str:
+    """Where s and d came from when ``fseb.prior_std`` set them (empty when the recipe did)."""
+    if prior is None:
+        return ""
+    return (
+        f" (resolved from prior_std={prior['prior_std']:g}, "
+        f"prior_feature_share={prior['feature_share']:g} at m = mean ‖h(x̂; φ0)‖² = "
+        f"{prior['mean_sq_norm']:.4g} over the context pool)"
+    )
+
+
+def _results_section(
+    recipe: Recipe,
+    run_info: RunInfo,
+    results: Mapping[str, Any],
+    title: str,
+    baseline: Mapping[str, Mapping[str, Any]] | None,
+) -> str:
+    rows = {title: results, **{k: v for k, v in (baseline or {}).items() if k != title}}
+    test = results.get("test", {})
+    data = run_info.data or {}
+    lines = ["## Results\n", markdown_table(rows)]
+    n = test.get("n", "?")
+    on_val = results_split(results) == VALIDATION_SPLIT
+    notes = [
+        f"Validation split `{data.get('val', '?')}` (n={n}): {VALIDATION_NOTE}."
+        if on_val
+        else f"Test split `{data.get('test', '?')}` (n={n})."
+    ]
+    for name, scores in (results.get("ood") or {}).items():
+        ident = (data.get("ood") or {}).get(name, "?")
+        notes.append(f"OOD set {name}: `{ident}` (n={scores.get('n', '?')}).")
+    scores = " / ".join(OOD_SCORE_TITLES[s] for s in ood_scores_in(rows.values()))
+    notes.append(
+        "ECE: 15 equal-width bins; Sel. Pred.: area under the accuracy-coverage curve; "
+        f"OOD AUROC/AUPR/FPR95: {scores or 'predictive entropy'} as the score, OOD as the "
+        "positive class."
+    )
+    temperature = _temperature(results)
+    if temperature is not None:
+        notes.append(
+            f'Rows "{TS_SUFFIX.strip()}": temperature scaling, a temperature fitted on the '
+            f"validation split by NLL; this model's T = {temperature:.4f} (also in `fseb.json`), "
+            "applied as `probs = (model(x) / T).softmax(-1)`."
+            + (f" Here {note}." if (note := results["temperature_scaled"].get("note")) else "")
+        )
+    sel = selection(recipe, results)
+    if sel.get("best_epoch") is not None:
+        notes.append(
+            f"Weights from epoch {sel['best_epoch']} of {sel['epochs']}, selected on validation "
+            f"{sel['metric']}"
+            + ("." if on_val else " (the test split is never used for selection).")
+        )
+    if len(rows) > 1:
+        notes.append(
+            "The first row is this model; the others are baselines (same data and backbone; "
+            "PS-MAP is the same recipe with `fseb.reg_scale=0`)."
+        )
+    lines.append(" ".join(notes) + "\n")
+    return "\n".join(lines)
+
+
+def _usage_section(
+    run_info: RunInfo,
+    recipe: Recipe,
+    results: Mapping[str, Any],
+    source: Mapping[str, Any],
+    repo_id: str | None,
+    local_dir: str | Path | None,
+) -> str:
+    repo = repo_id or "USER/NAME"
+    logits = "model(transform(image).unsqueeze(0))"
+    scale = ""
+    temperature = _temperature(results)
+    if temperature is not None:
+        scale = f"T = {temperature!r}  # temperature scaling (fseb.json); T = 1: raw outputs\n"
+        logits = f"({logits} / T)"
+    mode = "L" if recipe.data.channels == 1 else "RGB"
+    imports = "import numpy as np\nimport timm\nimport torch\nfrom PIL import Image\n"
+    if source.get("needs_fseb_ft"):
+        imports += "import fseb_ft.method.models  # registers this architecture with timm\n"
+    load = f'model = timm.create_model("hf-hub:{repo}", pretrained=True).eval()\n'
+    if local_dir is not None:
+        path = placeholders(str(local_dir))
+        load += (
+            "# or from a local copy of this folder:\n"
+            f'# model = timm.create_model("{LOCAL_DIR}{path}", pretrained=True).eval()\n'
+        )
+    return (
+        "## How to use\n\n"
+        "```python\n"
+        f"{imports}\n{load}"
+        "config = timm.data.resolve_data_config(model=model)  # this run's input size, mean, std\n"
+        "transform = timm.data.create_transform(**config)\n"
+        'labels = model.pretrained_cfg["label_names"]\n\n'
+        'image = Image.open("image.jpg")\n'
+        'if image.mode.startswith("I;16"):  # 16-bit: to 8 bits as training read it, value >> 8\n'
+        "    image = Image.fromarray((np.asarray(image) >> 8).astype(np.uint8))\n"
+        f'image = image.convert("{mode}")\n'
+        f"{scale}"
+        "with torch.no_grad():\n"
+        f"    probs = {logits}.softmax(-1)[0]\n"
+        "print(labels[int(probs.argmax())], float(probs.max()))\n"
+        "```\n"
+    )
+
+
+def _predict_section(repo_id: str | None, abstention: Mapping[str, Any] | None) -> str:
+    """The ``fseb-ft predict`` command, and the abstention threshold kept with the model."""
+    command = (
+        f"fseb-ft predict hf-hub:{repo_id or 'USER/NAME'} images/ --out predictions.csv\n"
+        "fseb-ft predict RUN_DIR images/ --coverage 0.9 --out predictions.csv  # --max-risk 0.02\n"
+    )
+    text = (
+        "### Predict with abstention\n\n"
+        f"```bash\n{command}```\n\n"
+        "Each image gets its class, probability, top 3, predictive entropy, an OOD score and an "
+        "`abstain` flag: the model abstains when its maximum class probability (after temperature "
+        "scaling) is below a threshold. `--coverage` and `--max-risk` choose it on the run's "
+        "validation split; `--threshold` sets it; `--keep` stores it with the run, for later "
+        "calls and this card.\n"
+    )
+    val = (abstention or {}).get("validation")
+    if not abstention or not val:
+        return text
+    target = {"coverage": "coverage", "max_risk": "an error rate among accepted images of at most"}
+    criterion = abstention["criterion"]
+    how = (
+        "set by hand; on the validation split"
+        if criterion == "threshold"
+        else f"chosen on the validation split for {target.get(criterion, criterion)} "
+        f"{abstention['target']}: there"
+    )
+    risk = "n/a" if val["risk"] is None else f"{100 * val['risk']:.2f} %"
+    return text + (
+        f"\nThis model abstains when its largest probability is below "
+        f"**{abstention['threshold']:.4g}** (top-class log-odds below "
+        f"{abstention['log_odds_threshold']:.4g}; kept in `fseb.json` and used by default), "
+        f"{how} it accepts {100 * val['coverage']:.1f} % of the images "
+        f"({val['accepted']} of {val['n']}) with an error rate of {risk} among them.\n"
+    )
+
+
+def selection(recipe: Recipe, results: Mapping[str, Any]) -> dict[str, Any]:
+    training = results.get("training") or {}
+    return {
+        "metric": recipe.train.select_metric,
+        "best_epoch": training.get("best_epoch"),
+        "epochs": training.get("epochs"),
+    }
+
+
+def plot_caption(name: str, split: str = TEST_SPLIT) -> str:
+    """The card's caption of the plot file ``name``, whose figure shows ``split``."""
+    caption = PLOT_CAPTIONS.get(name)
+    return (
+        caption.format(split=split) if caption else Path(name).stem.replace("_", " ").capitalize()
+    )
+
+
+def _data_specs(recipe: Recipe) -> list[Any]:
+    d = recipe.data
+    return [s for s in (d.train, d.val, d.test, *d.ood.values()) if s is not None]
+
+
+def _temperature(results: Mapping[str, Any]) -> float | None:
+    """The temperature fitted by ``eval.temperature_scaling``; ``None`` when it was off."""
+    return (results.get("temperature_scaled") or {}).get("temperature")
+
+
+def _or(value: Any, default: Any) -> Any:
+    """``value``, or ``default`` for a field a partial or older ``run.json`` lacks."""
+    return default if value is None else value

@@ -1,0 +1,367 @@
+"""The run directory: the name of every file a run writes, ``run.json`` as :class:`RunInfo`, and
+reading a finished run back (its recipe, its record, its best weights).
+
+A run directory (``output.dir``) holds::
+
+    recipe.yaml                     RECIPE_FILE: the resolved recipe (what makes a folder a run)
+    run.json                        RUN_INFO_FILE: RunInfo (classes, input, data and context
+                                    provenance, devices, warnings, training record)
+    results.json  results.md        RESULTS_JSON, RESULTS_MD: metrics of the best weights, on
+                                    the split RESULTS_SPLIT names (:func:`results_split`)
+    *.png                           PLOTS, CORRUPTION_PLOT
+    checkpoints/epoch-NNNN/         CHECKPOINTS: the last complete epoch, with TRAINER_STATE
+    model/model.safetensors         MODEL_WEIGHTS: the best weights (MODEL_DIR: the Hub folder)
+    model/variational.safetensors   VARIATIONAL_WEIGHTS: FS-VI's σ at the best epoch
+    model/training_recipe.yaml      MODEL_RECIPE: the recipe as published, local paths as
+                                    placeholders (``fseb_ft.runs.published``)
+    abstention.json                 ABSTENTION_FILE: the threshold `fseb-ft predict --keep`
+                                    stored (:func:`read_abstention`)
+    val_logits.safetensors          VAL_LOGITS: `fseb-ft predict`'s cache of the validation
+                                    logits thresholds are chosen from (:func:`read_val_logits`)
+
+Every writer here is atomic (:mod:`fseb_ft.runs.atomic`): a reader sees the old file or the new one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import load_file, load_model, save_file
+from torch import Tensor, nn
+
+from fseb_ft.data.splits import TEST_SPLIT, VALIDATION_SPLIT
+from fseb_ft.runs.atomic import cleaned_on_failure, publish, remove, write_text
+from fseb_ft.recipe import ConfigError, Recipe, load_recipe
+from fseb_ft.method.models import create_model
+from fseb_ft.data.inputs import InputSpec
+from fseb_ft.method.variational import MCPredictive, MeanFieldGaussian, variance_parameters
+
+__all__ = [
+    "ABSTENTION_FILE",
+    "CHECKPOINTS",
+    "CHECKPOINT_PREFIX",
+    "COMPARISON_JSON",
+    "COMPARISON_MD",
+    "COMPARISON_PLOTS",
+    "CORRUPTION_PLOT",
+    "MODEL_DIR",
+    "MODEL_RECIPE",
+    "MODEL_WEIGHTS",
+    "PLOTS",
+    "RECIPE_FILE",
+    "RESULTS_JSON",
+    "RESULTS_MD",
+    "RESULTS_SPLIT",
+    "RUN_INFO_FILE",
+    "RUN_PLOTS",
+    "TEST_SPLIT",
+    "TRAINER_STATE",
+    "VALIDATION_SPLIT",
+    "VAL_LOGITS",
+    "VARIATIONAL_WEIGHTS",
+    "RunInfo",
+    "check_output_dir",
+    "checkpoint_name",
+    "clear_run",
+    "epochs_done",
+    "latest_checkpoint",
+    "load_run_model",
+    "read_abstention",
+    "read_json",
+    "read_run",
+    "read_val_logits",
+    "results_split",
+    "run_predictor",
+    "runs_in",
+    "write_json",
+    "write_tensors",
+    "write_val_logits",
+]
+
+RECIPE_FILE = "recipe.yaml"
+"""The resolved recipe a run directory holds (what makes a folder a run)."""
+RUN_INFO_FILE = "run.json"
+"""The run's :class:`RunInfo`."""
+RESULTS_JSON = "results.json"
+"""Metrics of the best weights (and the training record), for machines."""
+RESULTS_MD = "results.md"
+"""The same results as Markdown tables, for people."""
+RESULTS_SPLIT = "split"
+"""The key of ``results.json`` naming the split its in-distribution metrics (``test``, the OOD
+sets' other side, the corruptions' clean images) come from: :data:`TEST_SPLIT`, or
+:data:`VALIDATION_SPLIT` for a recipe without ``data.test``."""
+MODEL_DIR = "model"
+"""The model folder inside a run directory: timm's Hub format, with card (``fseb_ft.push``)."""
+MODEL_WEIGHTS = Path(MODEL_DIR) / "model.safetensors"
+"""Where a run directory keeps its best (validation-selected) weights."""
+VARIATIONAL_WEIGHTS = Path(MODEL_DIR) / "variational.safetensors"
+"""FS-VI: σ of each variance-carrying parameter (keyed by its name) at the best epoch; with the
+mean μ in ``MODEL_WEIGHTS`` it is the variational distribution q(θ) = N(μ, diag(σ²))."""
+MODEL_RECIPE = Path(MODEL_DIR) / "training_recipe.yaml"
+"""The recipe the model card says to reproduce with, its local paths as placeholders. Not
+``recipe.yaml``: that name makes a folder a run, and a model folder is not one."""
+CHECKPOINTS = "checkpoints"
+"""The folder of per-epoch checkpoints (only the newest complete one is kept)."""
+CHECKPOINT_PREFIX = "epoch-"
+"""Checkpoint folders are ``CHECKPOINT_PREFIX`` + the epoch on four digits."""
+TRAINER_STATE = "trainer_state.json"
+"""The loop's progress inside a checkpoint folder; a checkpoint without it is incomplete."""
+PLOTS = ("reliability.png", "selective_prediction.png", "entropy_ood.png")
+"""Figures written beside ``results.json`` (``entropy_ood.png`` only when there are OOD sets)."""
+COMPARISON_MD = "comparison.md"
+"""The side-by-side table that ``--compare`` (of a run or a sweep) writes in its output folder."""
+COMPARISON_JSON = "comparison.json"
+"""The same comparison for machines."""
+COMPARISON_PLOTS = ("comparison_reliability.png", "comparison_selective.png")
+"""Side-by-side figures that ``fseb-ft RECIPE --compare`` writes beside ``comparison.md``."""
+CORRUPTION_PLOT = "corruptions.png"
+"""Accuracy and ECE against corruption severity, written when ``eval.corruptions`` is set."""
+RUN_PLOTS = (*PLOTS, CORRUPTION_PLOT)
+"""The figures a run draws of itself: its model card shows these and no other PNG of its folder
+(a run trained into a ``--compare`` folder sits beside ``COMPARISON_PLOTS``)."""
+ABSTENTION_FILE = "abstention.json"
+"""The abstention threshold ``fseb-ft predict --keep`` stored, with its coverage and risk on the
+validation split (``fseb_ft.predict``); the model folder's ``fseb.json`` and card repeat it."""
+VAL_LOGITS = "val_logits.safetensors"
+"""A cache of the validation split's logits and labels as ``fseb-ft predict`` computed them to
+choose a threshold: a later ``--coverage`` or ``--max-risk`` (any temperature) reuses them. Only
+written where the run folder can be written to; it changes no prediction."""
+
+_NOT_A_RUN = "{run_dir} is not a finished run: {missing} is missing"
+
+
+@dataclasses.dataclass(kw_only=True)
+class RunInfo:
+    """What a run records about itself in ``run.json`` (besides its recipe and results).
+
+    :meth:`to_json` gives the exact ``run.json`` layout; :meth:`from_json` reads it back, also
+    from run folders written before some of these fields existed (they are ``None`` then).
+    """
+
+    num_classes: int
+    """Outputs of the classifier head (K)."""
+    class_names: list[str] | None = None
+    """Class names of the training split, in label order (``None``: unnamed)."""
+    input: InputSpec
+    """Input size and normalisation the model was trained with."""
+    num_train: int | None = None
+    """Training images (N in the objective)."""
+    data: dict[str, Any] | None = None
+    """Identity of every split (``train``, ``val``, ``test``, ``ood``)."""
+    context: dict[str, Any] | None = None
+    """The context pool's provenance (kind, fingerprint, …); ``None`` for PS-MAP."""
+    num_processes: int | None = None
+    """Processes the run trained on."""
+    device: str | None = None
+    """Device type (``cpu``, ``cuda``, …)."""
+    mixed_precision: str | None = None
+    """The precision that really ran (``no``, ``bf16``, ``fp16``)."""
+    warnings: list[str] | None = None
+    """Warnings about the launch and the data, in the order they were logged."""
+    prior: dict[str, Any] | None = None
+    """The function-space prior resolved from ``fseb.prior_std``: ``prior_std``,
+    ``feature_share``, ``mean_sq_norm`` (m = mean ‖h(x̂; φ0)‖² over the context pool),
+    ``prior_cov_scale`` (s) and ``prior_cov_diag`` (d); ``None`` when the recipe gives s and d."""
+    training: dict[str, Any] | None = None
+    """The training record (as in ``results.json``); written once training has finished."""
+    bad_images: dict[str, list[str]] | None = None
+    """Unreadable images left out before training (``data.bad_images: skip``): their files by
+    recipe key (``data.train``, ``context.datasets[0]``, …); ``None`` when none was left out."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``run.json`` mapping (``training`` only once set, ``prior`` only when resolved)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["input"] = {k: list(v) for k, v in dataclasses.asdict(self.input).items()}
+        if self.training is None:
+            del out["training"]
+        if self.prior is None:  # s and d as the recipe gives them: run.json as before
+            del out["prior"]
+        if not self.bad_images:
+            del out["bad_images"]
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> RunInfo:
+        """Read a ``run.json`` mapping (as :meth:`to_json` writes it)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in obj.items() if k in known}
+        values["input"] = InputSpec(**{k: tuple(v) for k, v in obj["input"].items()})
+        return cls(**values)
+
+
+def runs_in(folder: Path) -> list[Path]:
+    """The run directories directly inside ``folder`` (``psmap`` and ``fseb`` of ``--compare``)."""
+    if not folder.is_dir():
+        return []
+    return sorted(d for d in folder.iterdir() if (d / RECIPE_FILE).is_file() and d.is_dir())
+
+
+def read_run(
+    run_dir: Path,
+    overrides: Sequence[str] = (),
+    needed: Sequence[str | Path] = (RECIPE_FILE, RUN_INFO_FILE),
+    missing: str = _NOT_A_RUN,
+) -> tuple[Recipe, RunInfo]:
+    """A finished run's resolved recipe (with ``overrides``) and ``run.json``.
+
+    Raises:
+        FileNotFoundError: a file of ``needed`` is missing; the message is ``missing`` formatted
+            with ``run_dir`` and the missing file's name.
+    """
+    for name in needed:
+        if not (run_dir / name).is_file():
+            raise FileNotFoundError(missing.format(run_dir=run_dir, missing=name))
+    recipe = load_recipe(run_dir / RECIPE_FILE, overrides)
+    return recipe, RunInfo.from_json(read_json(run_dir / RUN_INFO_FILE))
+
+
+def load_run_model(run_dir: Path, recipe: Recipe, info: RunInfo) -> nn.Module:
+    """The run's model with its best weights (:data:`MODEL_WEIGHTS`), on CPU."""
+    weights = run_dir / MODEL_WEIGHTS
+    if not weights.is_file():
+        raise FileNotFoundError(_NOT_A_RUN.format(run_dir=run_dir, missing=MODEL_WEIGHTS))
+    # The weights come from the run, so never fetch pretrained ones again.
+    model_cfg = dataclasses.replace(recipe.model, pretrained=False)
+    model = create_model(model_cfg, int(info.num_classes), in_chans=recipe.data.channels)
+    load_model(model, str(weights))
+    return model
+
+
+def _current(path: Path, run_dir: Path) -> bool:
+    """``path`` exists and is not older than the run's best weights (not made for older ones)."""
+    weights = run_dir / MODEL_WEIGHTS
+    if not path.is_file():
+        return False
+    return not weights.is_file() or path.stat().st_mtime >= weights.stat().st_mtime
+
+
+def read_abstention(run_dir: Path) -> dict[str, Any] | None:
+    """The run's :data:`ABSTENTION_FILE`, or ``None`` when it has none or it is older than the
+    best weights (chosen for weights that have since been replaced)."""
+    path = run_dir / ABSTENTION_FILE
+    return read_json(path) if _current(path, run_dir) else None
+
+
+def read_val_logits(run_dir: Path) -> tuple[Tensor, Tensor] | None:
+    """The run's :data:`VAL_LOGITS` as ``(logits (N_v, K), labels (N_v,))``, or ``None`` when it
+    has none or they are older than the best weights."""
+    path = run_dir / VAL_LOGITS
+    if not _current(path, run_dir):
+        return None
+    tensors = load_file(str(path))
+    return tensors["logits"], tensors["labels"]
+
+
+def write_tensors(path: Path, tensors: Mapping[str, Tensor], what: str) -> None:
+    """Write named tensors to a safetensors file atomically (``what`` names them in errors)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with cleaned_on_failure(tmp, what=what):
+        save_file({name: t.detach().cpu().contiguous() for name, t in tensors.items()}, str(tmp))
+    publish(tmp, path)
+
+
+def write_val_logits(run_dir: Path, logits: Tensor, labels: Tensor) -> None:
+    """Keep the validation logits ``(N_v, K)`` and labels ``(N_v,)`` with the run, atomically."""
+    write_tensors(
+        run_dir / VAL_LOGITS, {"logits": logits, "labels": labels}, "the validation logits"
+    )
+
+
+def run_predictor(run_dir: Path, recipe: Recipe, model: nn.Module) -> nn.Module:
+    """What the run predicts with: ``model`` (its best weights) itself, or for FS-VI the
+    Monte-Carlo predictive of q(θ) = N(μ, diag(σ²)), μ = ``model``'s weights and σ from
+    :data:`VARIATIONAL_WEIGHTS`, with the run's ``fsvi_predict_samples`` draws seeded by
+    ``train.seed``: the predictor ``finetune`` scored the test split with, draw for draw.
+
+    ``model`` may already be on its device (the draws are made where its parameters are).
+    """
+    fseb = recipe.fseb
+    if fseb.method != "fsvi":
+        return model
+    stds = run_dir / VARIATIONAL_WEIGHTS
+    if not stds.is_file():
+        raise FileNotFoundError(_NOT_A_RUN.format(run_dir=run_dir, missing=VARIATIONAL_WEIGHTS))
+    q = MeanFieldGaussian(variance_parameters(model, fseb.fsvi_variance), fseb.fsvi_init_std)
+    q.load_stds(load_file(str(stds)))
+    return MCPredictive(model, q, fseb.fsvi_predict_samples, recipe.train.seed)
+
+
+def checkpoint_name(epoch: int) -> str:
+    """The checkpoint folder of ``epoch`` inside :data:`CHECKPOINTS`."""
+    return f"{CHECKPOINT_PREFIX}{epoch:04d}"
+
+
+def check_output_dir(run_dir: Path) -> None:
+    """Refuse an ``output.dir`` that is, or lies inside, an existing file.
+
+    Checked before anything loads: creating the folder would otherwise fail only after the data
+    and model, with the bare ``[Errno 17] File exists`` (or ``Not a directory``).
+
+    Raises:
+        ConfigError: ``run_dir`` or a folder above it is a file.
+    """
+    for folder in (run_dir, *run_dir.parents):
+        if folder.is_dir():
+            return
+        if folder.exists():
+            where = "is a file" if folder == run_dir else f"lies inside {folder}, which is a file"
+            raise ConfigError(
+                f"output.dir {run_dir} {where}, not a folder: give a folder (created if missing)"
+            )
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint directory (one with a trainer state), if any."""
+    root = run_dir / CHECKPOINTS
+    done = sorted(p for p in root.glob(f"{CHECKPOINT_PREFIX}*") if (p / TRAINER_STATE).is_file())
+    return done[-1] if done else None
+
+
+def results_split(results: Mapping[str, Any]) -> str:
+    """The split ``results`` (a ``results.json`` mapping) were computed on; :data:`TEST_SPLIT`
+    for results written before :data:`RESULTS_SPLIT` existed, when every run had a test split."""
+    return results.get(RESULTS_SPLIT) or TEST_SPLIT
+
+
+def epochs_done(run_dir: Path) -> int:
+    """The epochs the run's newest complete checkpoint holds (0 without one)."""
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        return 0
+    return int(read_json(checkpoint / TRAINER_STATE)["epoch"])
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file's content."""
+    return json.loads(Path(path).read_text())
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Write JSON atomically (temporary file, then rename)."""
+    write_text(path, json.dumps(obj, indent=2) + "\n")
+
+
+def clear_run(run_dir: Path) -> list[str]:
+    """Remove what an earlier run left in ``run_dir``: checkpoints, model, results and plots.
+
+    ``train.resume=never`` starts over: removing these up front means a run killed early never
+    leaves the old run's results beside its own recipe. Returns the names removed, folders
+    ending in ``/``.
+    """
+    old = [
+        run_dir / CHECKPOINTS,
+        run_dir / MODEL_DIR,
+        run_dir / RUN_INFO_FILE,
+        run_dir / ABSTENTION_FILE,
+        run_dir / VAL_LOGITS,
+    ]
+    old += [run_dir / RESULTS_JSON, run_dir / RESULTS_MD, *sorted(run_dir.glob("*.png"))]
+    found = [path for path in old if path.exists()]
+    names = [path.name + ("/" if path.is_dir() else "") for path in found]
+    for path in found:
+        remove(path)
+    return names

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from datasets.packaged_modules.imagefolder.imagefolder import ImageFolder
 
-from fseb_ft.data.images import LabeledImages, _check_channels
+from fseb_ft.data.images import LabeledImages, check_channels
 from fseb_ft.data.pixels import decode_image, fit_channels
 
 __all__ = [
@@ -177,7 +177,7 @@ class FileImages(LabeledImages):
             raise ValueError(f"{len(self.files)} files but labels of shape {self.labels.shape}")
         self.class_names = [str(name) for name in class_names]
         self.identity = identity
-        self.channels = _check_channels(channels)
+        self.channels = check_channels(channels)
 
     @classmethod
     def from_folder(cls, root: str | Path, split: str = "train", channels: int = 3) -> FileImages:

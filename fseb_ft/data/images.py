@@ -30,15 +30,12 @@ __all__ = [
     "LabeledImages",
     "TorchImages",
     "as_labeled_images",
+    "check_channels",
     "content_hash",
+    "nonempty",
 ]
 
 _Images = TypeVar("_Images", bound="LabeledImages")
-
-
-# ---------------------------------------------------------------------------------------------
-# Sample containers
-# ---------------------------------------------------------------------------------------------
 
 
 class LabeledImages(Dataset):
@@ -127,7 +124,7 @@ class HFImages(LabeledImages):
                     f"column {column!r} not found in {self.identity}; "
                     f"columns are {dataset.column_names}"
                 )
-        self.channels = _check_channels(channels)
+        self.channels = check_channels(channels)
         self.image_column = image_column
         self.labels = _int_column(dataset, label_column, self.identity)
         self.class_names = _class_names(class_names, dataset.features[label_column], self.labels)
@@ -179,7 +176,7 @@ class ArrayImages(LabeledImages):
         self.images = images  # (N, H, W) or (N, H, W, C)
         self.labels = labels.astype(np.int64)  # (N,)
         self.identity = identity or f"arrays#{content_hash(images, labels)}"
-        self.channels = _check_channels(channels)
+        self.channels = check_channels(channels)
         self.class_names = _class_names(class_names, None, self.labels)
 
     def _read(self, index: int) -> np.ndarray:
@@ -220,11 +217,6 @@ class IndexedImages(LabeledImages):
         return self.base.encoded(int(self.indices[index]))
 
 
-# ---------------------------------------------------------------------------------------------
-# Adapters: in-memory datasets (the Python API)
-# ---------------------------------------------------------------------------------------------
-
-
 class TorchImages(LabeledImages):
     """Any map-style ``torch.utils.data.Dataset`` of ``(image, label)`` pairs.
 
@@ -262,7 +254,7 @@ class TorchImages(LabeledImages):
         self.dataset = dataset
         self.image_key = image_key
         self.label_key = label_key
-        self.channels = _check_channels(channels)
+        self.channels = check_channels(channels)
         self.labels = _torch_labels(dataset, self._label_of)  # (N,)
         self.identity = identity or (
             f"torch:{type(dataset).__name__}:n={len(self.labels)}#{content_hash(self.labels)}"
@@ -337,11 +329,9 @@ def as_labeled_images(
     if isinstance(data, datasets.Dataset):
         image_column = image_column or _find_column(data, datasets.Image, ("image", "img"))
         label_column = label_column or _find_column(data, datasets.ClassLabel, ("label", "labels"))
-        return _nonempty(
-            HFImages(data, image_column, label_column, class_names, identity, channels)
-        )
+        return nonempty(HFImages(data, image_column, label_column, class_names, identity, channels))
     if hasattr(data, "__getitem__") and hasattr(data, "__len__"):
-        return _nonempty(
+        return nonempty(
             TorchImages(
                 data, class_names, identity, channels, image_column or "image",
                 label_column or "label",
@@ -351,11 +341,6 @@ def as_labeled_images(
         f"cannot use a {type(data).__name__} as a dataset: pass a datasets.Dataset, a map-style "
         "torch Dataset of (image, label) pairs or a fseb_ft.data.images.LabeledImages"
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# Provenance
-# ---------------------------------------------------------------------------------------------
 
 
 def content_hash(*arrays: np.ndarray) -> str:
@@ -368,16 +353,18 @@ def content_hash(*arrays: np.ndarray) -> str:
     return digest.hexdigest()[:16]
 
 
-# ---------------------------------------------------------------------------------------------
-# Helpers
-# ---------------------------------------------------------------------------------------------
-
-
-def _check_channels(channels: int) -> int:
+def check_channels(channels: int) -> int:
     """Only 1 (grayscale) and 3 (RGB) channels are produced."""
     if channels not in (1, 3):
         raise ValueError(f"channels must be 1 or 3, got {channels}")
     return channels
+
+
+def nonempty(data: _Images) -> _Images:
+    """Refuse an empty split: training or evaluating on it would silently do nothing."""
+    if len(data) == 0:
+        raise ValueError(f"{data.identity} is empty (0 samples)")
+    return data
 
 
 def _undecoded(dataset: datasets.Dataset, column: str) -> datasets.Dataset:
@@ -416,13 +403,6 @@ def _hf_identity(dataset: datasets.Dataset) -> str:
     info = dataset.info
     source = "/".join(filter(None, (info.builder_name, info.config_name))) or "dataset"
     return f"hf:{source}:{dataset.split}#{dataset._fingerprint}"
-
-
-def _nonempty(data: _Images) -> _Images:
-    """Refuse an empty split: training or evaluating on it would silently do nothing."""
-    if len(data) == 0:
-        raise ValueError(f"{data.identity} is empty (0 samples)")
-    return data
 
 
 def _find_column(data: datasets.Dataset, feature_type: type, names: Sequence[str]) -> str:

@@ -24,8 +24,8 @@ from fseb_ft.data.images import (
     HFImages,
     IndexedImages,
     LabeledImages,
-    _nonempty,
     content_hash,
+    nonempty,
 )
 from fseb_ft.data.splits import Splits, select_classes, stratified_split
 from fseb_ft.errors import FsebError
@@ -88,7 +88,7 @@ def load_hub(
     )
     name = repo_id if config is None else f"{repo_id}/{config}"
     identity = f"hub:{name}@{revision or 'default'}:{split}#{dataset._fingerprint}"
-    return _nonempty(HFImages(dataset, image_column, label_column, None, identity, channels))
+    return nonempty(HFImages(dataset, image_column, label_column, None, identity, channels))
 
 
 def load_imagefolder(path: str | Path, split: str = "train", channels: int = 3) -> FileImages:
@@ -98,7 +98,7 @@ def load_imagefolder(path: str | Path, split: str = "train", channels: int = 3) 
     subfolder name is a split (``val/`` is split ``val``, and split ``validation`` finds it too).
     The folder is listed directly (:mod:`fseb_ft.data.files`), not through ``datasets``.
     """
-    return _nonempty(FileImages.from_folder(path, split, channels))
+    return nonempty(FileImages.from_folder(path, split, channels))
 
 
 def load_disk(
@@ -128,7 +128,7 @@ def load_disk(
         if split is not None and dataset.split is not None and str(dataset.split) != split:
             raise ValueError(f"{path} holds split {str(dataset.split)!r}, not {split!r}")
     identity = f"disk:{path}:{split or dataset.split}#{dataset._fingerprint}"
-    return _nonempty(HFImages(dataset, image_column, label_column, None, identity, channels))
+    return nonempty(HFImages(dataset, image_column, label_column, None, identity, channels))
 
 
 def load_arrays(path: str | Path, channels: int = 3) -> ArrayImages:
@@ -146,7 +146,7 @@ def load_arrays(path: str | Path, channels: int = 3) -> ArrayImages:
         labels = npz["labels"]
         class_names = [str(c) for c in npz["class_names"]] if "class_names" in npz.files else None
     identity = f"npz:{path.name}#{content_hash(images, labels)}"
-    return _nonempty(ArrayImages(images, labels, class_names, identity, channels))
+    return nonempty(ArrayImages(images, labels, class_names, identity, channels))
 
 
 def read_idx(path: str | Path) -> np.ndarray:
@@ -202,7 +202,7 @@ def load_idx(
     identity = (
         f"idx:{Path(images_path).name}+{Path(labels_path).name}#{content_hash(images, labels)}"
     )
-    return _nonempty(ArrayImages(images, labels, class_names, identity, channels))
+    return nonempty(ArrayImages(images, labels, class_names, identity, channels))
 
 
 def load_sklearn_digits(classes: Sequence[int] | None = None, channels: int = 3) -> ArrayImages:

@@ -1,0 +1,103 @@
+"""Loading the datasets a recipe names: every source becomes
+:class:`~fseb_ft.data.images.LabeledImages`.
+
+One module per source, each registering its loader by name (:func:`~.registry.source`): a
+Hugging Face Hub id (:mod:`.hub`), an image folder (:mod:`.imagefolder`), a ``save_to_disk``
+folder (:mod:`.disk`), ``.npz`` arrays (:mod:`.arrays`), IDX gzip files, MNIST-style
+(:mod:`.idx`) and scikit-learn's digits (:mod:`.sklearn_digits`). Importing a source module
+registers it; the imports below are the one line per source. :func:`load_spec` maps one recipe
+:class:`~fseb_ft.recipe.DatasetSpec` onto its source and :func:`build_splits` a whole ``data``
+section; this is the only data package that reads the recipe.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fseb_ft.data.images import IndexedImages, LabeledImages
+from fseb_ft.data.sources.arrays import load_arrays
+from fseb_ft.data.sources.disk import load_disk
+from fseb_ft.data.sources.hub import load_hub
+from fseb_ft.data.sources.idx import load_idx, read_idx
+from fseb_ft.data.sources.imagefolder import load_imagefolder
+from fseb_ft.data.sources.registry import find_source, source
+from fseb_ft.data.sources.sklearn_digits import DIGITS_TEST_FRACTION, load_sklearn_digits
+from fseb_ft.data.splits import Splits, select_classes, stratified_split
+from fseb_ft.errors import FsebError
+from fseb_ft.recipe import DataConfig, DatasetSpec
+from fseb_ft.recipe.datasets import IN_MEMORY
+
+__all__ = [
+    "DIGITS_TEST_FRACTION",
+    "build_splits",
+    "load_arrays",
+    "load_disk",
+    "load_hub",
+    "load_idx",
+    "load_imagefolder",
+    "load_sklearn_digits",
+    "load_spec",
+    "load_split",
+    "read_idx",
+    "source",
+]
+
+
+def load_spec(spec: DatasetSpec, channels: int = 3, seed: int = 0) -> LabeledImages:
+    """Load the dataset a recipe's :class:`~fseb_ft.recipe.DatasetSpec` describes.
+
+    The source registered as ``spec.source`` loads it; then ``classes`` filters and relabels,
+    ``fraction`` keeps a seeded stratified share of each class and ``limit`` a seeded random
+    subset (quick runs).
+    """
+    found = find_source(spec.source)
+    data = found.load(spec, channels, seed)
+    if spec.classes is not None and not found.selects_classes:
+        data = select_classes(data, spec.classes)
+    if spec.fraction is not None and spec.fraction < 1.0:
+        # The complement of a stratified hold-out of 1 − fraction: the same share of each class.
+        keep, _ = stratified_split(data.labels, 1.0 - spec.fraction, seed)
+        data = IndexedImages(data, keep)
+    if spec.limit is not None and spec.limit < len(data):
+        keep = np.random.default_rng(seed).choice(len(data), spec.limit, replace=False)
+        data = IndexedImages(data, np.sort(keep))
+    return data
+
+
+def load_split(key: str, spec: DatasetSpec, channels: int = 3, seed: int = 0) -> LabeledImages:
+    """:func:`load_spec`, with an error prefixed by the recipe key: ``data.test: ...``.
+
+    Raises:
+        FsebError: the spec stands for data the Python API was given in memory.
+    """
+    if spec.path.startswith(IN_MEMORY):
+        raise FsebError(
+            f"{key} is {spec.path!r}: the run was trained through the Python API "
+            "(fseb_ft.finetune) on data held in memory, which cannot be read again. Save it "
+            "(datasets' save_to_disk, or an image folder) and point this key of the run's "
+            "recipe.yaml at it (source: disk or imagefolder)"
+        )
+    try:
+        return load_spec(spec, channels, seed)
+    except (ValueError, TypeError, OSError) as err:
+        try:
+            prefixed = type(err)(f"{key}: {err}")
+        except TypeError:  # an exception type that needs other arguments
+            prefixed = ValueError(f"{key}: {err}")
+        raise prefixed from err
+
+
+def build_splits(cfg: DataConfig, seed: int) -> Splits:
+    """Load train/val/test/OOD; without ``val``, hold out a seeded stratified part of train."""
+    full = load_split("data.train", cfg.train, cfg.channels, seed)
+    if cfg.val is not None:
+        train, val = full, load_split("data.val", cfg.val, cfg.channels, seed)
+    else:
+        train_idx, val_idx = stratified_split(full.labels, cfg.val_fraction, seed)
+        train, val = IndexedImages(full, train_idx), IndexedImages(full, val_idx)
+    test = None if cfg.test is None else load_split("data.test", cfg.test, cfg.channels, seed)
+    ood = {
+        name: load_split(f"data.ood.{name}", spec, cfg.channels, seed)
+        for name, spec in cfg.ood.items()
+    }
+    return Splits(train=train, val=val, test=test, ood=ood)

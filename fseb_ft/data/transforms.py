@@ -3,8 +3,9 @@
 Transforms turn :class:`~fseb_ft.data.images.LabeledImages` samples into normalised float32 CHW
 tensors for timm backbones: evaluation with timm's own eval transform (the preprocessing an
 exported model's card documents), training and the perturbed training inputs of the context pool
-with albumentations. Every random stream is seeded, from (seed, epoch) where it restarts per
-epoch, so a resumed run draws what an uninterrupted one would.
+with albumentations, the training augmentation looked up by name among those registered with
+``@augmentation("name")``. Every random stream is seeded, from (seed, epoch) where it restarts
+per epoch, so a resumed run draws what an uninterrupted one would.
 
 This module takes plain arguments; mapping a recipe onto them is the caller's job.
 """
@@ -26,11 +27,13 @@ from torch.utils.data import DataLoader, Dataset
 
 from fseb_ft.data.images import LabeledImages
 from fseb_ft.data.inputs import EVAL_RESIZE
-from fseb_ft.recipe.options import AUGMENTATIONS
 
 __all__ = [
+    "AUGMENTATIONS",
+    "Augmentation",
     "EvalTransform",
     "TransformedImages",
+    "augmentation",
     "check_input_size",
     "check_transform_channels",
     "compose_seeded",
@@ -57,11 +60,6 @@ _DETERMINISTIC = (
 )
 
 
-# ---------------------------------------------------------------------------------------------
-# Transforms
-# ---------------------------------------------------------------------------------------------
-
-
 def train_transform(
     input_size: tuple[int, int],
     mean: Sequence[float],
@@ -71,40 +69,77 @@ def train_transform(
 ) -> A.Compose:
     """Training pipeline: augmentation, resize to ``input_size``, normalise, CHW float32 tensor.
 
-    ``augment``: "none"; "flip" (horizontal); "crop_flip" (reflect-pad 4 px per 32 px of size,
-    random crop back to size, flip: the CIFAR recipe at any resolution); "randaug-lite"
-    (RandomResizedCrop with scale (0.35, 1) plus flip). ``mean``/``std`` are in [0, 1] units as in
-    timm's data config.
+    ``augment`` names one of :data:`AUGMENTATIONS`: "none"; "flip" (horizontal); "crop_flip"
+    (reflect-pad 4 px per 32 px of size, random crop back to size, flip: the CIFAR recipe at any
+    resolution); "randaug-lite" (RandomResizedCrop with scale (0.35, 1) plus flip). ``mean``/
+    ``std`` are in [0, 1] units as in timm's data config.
     """
     height, width = check_input_size(input_size)
-    # INTER_AREA when shrinking: it averages like evaluation's antialiased PIL resize, where cv2's
-    # bilinear reads only 2x2 pixels per output and aliases. Upscaling stays bilinear.
-    resize = A.Resize(height, width, area_for_downscale="image")
-    flip = A.HorizontalFlip(p=0.5)
-    if augment == "none":
-        steps: list[Any] = [resize]
-    elif augment == "flip":
-        steps = [resize, flip]
-    elif augment == "crop_flip":
-        pad_h, pad_w = max(1, round(4 * height / 32)), max(1, round(4 * width / 32))
-        steps = [
-            resize,
-            A.PadIfNeeded(
-                height + 2 * pad_h, width + 2 * pad_w, border_mode=cv2.BORDER_REFLECT_101
-            ),
-            A.RandomCrop(height, width),
-            flip,
-        ]
-    elif augment == "randaug-lite":
-        steps = [
-            A.RandomResizedCrop(
-                size=(height, width), scale=(0.35, 1.0), area_for_downscale="image"
-            ),
-            flip,
-        ]
-    else:
+    if augment not in AUGMENTATIONS:
         raise ValueError(f"augment must be one of {list(AUGMENTATIONS)}, got {augment!r}")
+    steps = AUGMENTATIONS[augment](height, width)
     return compose_seeded([*steps, *normalize_to_tensor(mean, std)], seed)
+
+
+Augmentation = Callable[[int, int], list[Any]]
+"""``(height, width) → albumentations steps`` that augment an image and bring it to that size."""
+
+AUGMENTATIONS: dict[str, Augmentation] = {}
+"""The training augmentations by name (``data.augment``), in the order they are defined; a test
+pins the names to :data:`fseb_ft.recipe.options.AUGMENTATIONS`."""
+
+
+def augmentation(name: str) -> Callable[[Augmentation], Augmentation]:
+    """Register the decorated steps builder as training augmentation ``name`` (once)."""
+
+    def register(build: Augmentation) -> Augmentation:
+        if name in AUGMENTATIONS:
+            raise ValueError(f"augmentation {name!r} is registered twice ({AUGMENTATIONS[name]})")
+        AUGMENTATIONS[name] = build
+        return build
+
+    return register
+
+
+def _resize(height: int, width: int) -> A.Resize:
+    """Resize with INTER_AREA when shrinking: it averages like evaluation's antialiased PIL
+    resize, where cv2's bilinear reads only 2x2 pixels per output and aliases. Upscaling stays
+    bilinear."""
+    return A.Resize(height, width, area_for_downscale="image")
+
+
+@augmentation("none")
+def _no_augmentation(height: int, width: int) -> list[Any]:
+    """Resize only."""
+    return [_resize(height, width)]
+
+
+@augmentation("flip")
+def _flip(height: int, width: int) -> list[Any]:
+    """Resize, then a horizontal flip half of the time."""
+    return [_resize(height, width), A.HorizontalFlip(p=0.5)]
+
+
+@augmentation("crop_flip")
+def _crop_flip(height: int, width: int) -> list[Any]:
+    """Resize, reflect-pad 4 px per 32 px of size, random crop back to size, flip: the CIFAR
+    recipe at any resolution."""
+    pad_h, pad_w = max(1, round(4 * height / 32)), max(1, round(4 * width / 32))
+    return [
+        _resize(height, width),
+        A.PadIfNeeded(height + 2 * pad_h, width + 2 * pad_w, border_mode=cv2.BORDER_REFLECT_101),
+        A.RandomCrop(height, width),
+        A.HorizontalFlip(p=0.5),
+    ]
+
+
+@augmentation("randaug-lite")
+def _randaug_lite(height: int, width: int) -> list[Any]:
+    """RandomResizedCrop with scale (0.35, 1) (INTER_AREA when shrinking), then flip."""
+    return [
+        A.RandomResizedCrop(size=(height, width), scale=(0.35, 1.0), area_for_downscale="image"),
+        A.HorizontalFlip(p=0.5),
+    ]
 
 
 def eval_transform(
@@ -294,11 +329,6 @@ def make_loader(
         pin_memory=torch.cuda.is_available(),
         drop_last=drop_last,
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# Transform building blocks
-# ---------------------------------------------------------------------------------------------
 
 
 def compose_seeded(steps: list[Any], seed: int | None) -> A.Compose:

@@ -1,17 +1,20 @@
-"""The sources' registry: the recipe's option list names exactly the registered sources, and
-:func:`fseb_ft.data.sources.load_spec` dispatches on it."""
+"""The data registries: the recipe's option lists name exactly the registered sources and
+augmentations, and :func:`fseb_ft.data.sources.load_spec` and
+:func:`fseb_ft.data.transforms.train_transform` dispatch on them."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
 
+import albumentations as A
 import numpy as np
 import pytest
 
 from fseb_ft.data.images import ArrayImages, LabeledImages
 from fseb_ft.data.sources import load_spec, load_split, source
 from fseb_ft.data.sources.registry import LOADERS
+from fseb_ft.data.transforms import AUGMENTATIONS, augmentation, train_transform
 from fseb_ft.recipe import DatasetSpec, options, recipe_from_dict
 from fseb_ft.recipe.schema import ConfigError
 
@@ -73,3 +76,26 @@ def test_a_source_registered_twice_is_refused(
     with pytest.raises(ValueError, match="source 'fake' is registered twice"):
         source("fake")(lambda spec, channels, seed: None)  # type: ignore[arg-type,return-value]
     assert "fake" in LOADERS
+
+
+def test_the_augmentations_are_the_recipes_in_its_order() -> None:
+    # The order too: "augment must be one of [...]" lists the registry.
+    assert tuple(AUGMENTATIONS) == options.AUGMENTATIONS
+
+
+def test_train_transform_builds_a_registered_augmentation() -> None:
+    @augmentation("upside_down")
+    def upside_down(height: int, width: int) -> list[A.BasicTransform]:
+        return [A.Resize(height, width), A.VerticalFlip(p=1.0)]
+
+    try:
+        image = np.arange(12, dtype=np.uint8).reshape(4, 3, 1).repeat(3, 2)  # (4, 3, 3)
+        transform = train_transform((4, 3), (0.0,) * 3, (1 / 255,) * 3, "upside_down", seed=0)
+        out = transform(image=image)["image"]  # (3, 4, 3): pixel values, as std is 1/255
+        assert out[0].round().int().tolist() == image[::-1, :, 0].tolist()
+        with pytest.raises(ValueError, match="augmentation 'upside_down' is registered twice"):
+            augmentation("upside_down")(upside_down)
+    finally:
+        del AUGMENTATIONS["upside_down"]
+    with pytest.raises(ValueError, match=r"augment must be one of \['none', 'flip', 'crop_flip', "):
+        train_transform((4, 3), (0.0,) * 3, (1 / 255,) * 3, "upside_down")

@@ -5,9 +5,13 @@ One module per source, each registering its loader by name (:func:`~.registry.so
 Hugging Face Hub id (:mod:`.hub`), an image folder (:mod:`.imagefolder`), a ``save_to_disk``
 folder (:mod:`.disk`), ``.npz`` arrays (:mod:`.arrays`), IDX gzip files, MNIST-style
 (:mod:`.idx`) and scikit-learn's digits (:mod:`.sklearn_digits`). Importing a source module
-registers it; the imports below are the one line per source. :func:`load_spec` maps one recipe
-:class:`~fseb_ft.recipe.DatasetSpec` onto its source and :func:`build_splits` a whole ``data``
-section; this is the only data package that reads the recipe.
+registers it, so each has one import line below (for a new source whose loader is not
+re-exported: ``from fseb_ft.data.sources import name  # noqa: F401``); its name also joins
+:data:`fseb_ft.recipe.options.SOURCES`, which a test holds equal to the registry.
+
+:func:`load_spec` maps one recipe :class:`~fseb_ft.recipe.DatasetSpec` onto its source and
+:func:`build_splits` a whole ``data`` section; this is the only data package that reads the
+recipe.
 """
 
 from __future__ import annotations

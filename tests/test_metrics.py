@@ -708,7 +708,17 @@ def test_all_exports() -> None:
         "chance_accuracy",
         "chance_nll",
     }
-    assert set(O.__all__) == {"ood_metrics", "ood_score", "max_logit_score", "energy_score"}
+    assert set(O.__all__) == {
+        "ood_metrics",
+        "ood_score",
+        "max_logit_score",
+        "energy_score",
+        "entropy_score",
+        "msp_score",
+        "OOD_SCORE_REGISTRY",
+        "OodScore",
+        "register_ood_score",
+    }
     assert T.__all__ == ["TEMPERATURE_RANGE", "fit_temperature", "temperature_identified"]
     for module in (M, O, T):
         for name in module.__all__:

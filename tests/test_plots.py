@@ -15,7 +15,7 @@ from matplotlib.transforms import Bbox
 from PIL import Image
 
 from fseb_ft.evaluation.predictions import Predictions
-from fseb_ft.runs import plots
+from fseb_ft.runs import canvas, plots
 from fseb_ft.runs.report import write_comparison_plots, write_corruption_plot, write_plots
 from fseb_ft.runs.rundir import COMPARISON_PLOTS, PLOTS
 
@@ -142,14 +142,14 @@ LONG_NAME = _FOLDER + ("efficientnet_lite0_ra_in1k_finetuned_" * 4)[: 120 - len(
 def _figures(tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Figure]:
     """Every figure fseb_ft writes, drawn as its callers draw it, for a model called ``name``."""
     figures: dict[str, Figure] = {}
-    save = plots._save
+    save = plots.save_figure
 
     def keep(fig: Figure, path: str | Path) -> Path:
         figures[Path(path).relative_to(tmp_path).as_posix()] = fig
         return save(fig, path)
 
-    monkeypatch.setattr(plots, "_save", keep)
-    monkeypatch.setattr(plots, "_DPI", 30)  # the layout is in inches: small PNGs save time
+    monkeypatch.setattr(plots, "save_figure", keep)
+    monkeypatch.setattr(canvas, "_DPI", 30)  # the layout is in inches: small PNGs save time
     probs, labels = _predictions(300, 10, seed=1, sharpness=3.0)  # 100 % at low coverage
     ood, _ = _predictions(100, 10, seed=2, sharpness=0.3)
     preds = Predictions(test=(probs.log(), labels), ood={"far": ood.log(), "near": ood[:50].log()})
@@ -238,16 +238,16 @@ def test_every_figure_keeps_a_long_model_name_on_the_canvas(
 
 
 def test_short_name_keeps_the_model_name_and_both_ends_of_a_long_one() -> None:
-    assert plots.short_name("FS-EB · local-dir:/long/path/efficientnet_lite0.in1k") == (
+    assert canvas.short_name("FS-EB · local-dir:/long/path/efficientnet_lite0.in1k") == (
         "FS-EB · efficientnet_lite0.in1k"
     )
-    assert plots.short_name("local-dir:runs/a/model/: PS-MAP vs FS-EB") == "model: PS-MAP vs FS-EB"
-    assert plots.short_name("Sweep s: hf-hub:org/name, val nll") == "Sweep s: org/name, val nll"
-    assert plots.short_name("local-dir: hf-hub: x") == "local-dir: hf-hub: x"  # no name follows
+    assert canvas.short_name("local-dir:runs/a/model/: PS-MAP vs FS-EB") == "model: PS-MAP vs FS-EB"
+    assert canvas.short_name("Sweep s: hf-hub:org/name, val nll") == "Sweep s: org/name, val nll"
+    assert canvas.short_name("local-dir: hf-hub: x") == "local-dir: hf-hub: x"  # no name follows
     # Over-long words lose their middle, so names that differ at the end stay apart; the
     # spaces and line breaks around them are kept.
     long = "a" * 30 + "b" * 30
-    first, second = (plots.short_name(f"FS-EB · {long}-{i}\nECE 1 %") for i in (0, 1))
+    first, second = (canvas.short_name(f"FS-EB · {long}-{i}\nECE 1 %") for i in (0, 1))
     assert first != second and first.endswith("-0\nECE 1 %") and first.startswith("FS-EB · aaa")
     assert len(first.split()[2]) == 40 and "…" in first
-    assert plots.short_name(long, width=11) == "aaaaa…bbbbb"
+    assert canvas.short_name(long, width=11) == "aaaaa…bbbbb"

@@ -10,7 +10,7 @@ import math
 import torch
 from torch import Tensor
 
-from fseb_ft.evaluation.metrics import _check_float_matrix, _check_labels, _describe, _f64
+from fseb_ft.evaluation.checks import check_float_matrix, check_labels, describe, to_float64
 
 __all__ = ["TEMPERATURE_RANGE", "fit_temperature", "temperature_identified"]
 
@@ -39,11 +39,11 @@ def fit_temperature(logits: Tensor, labels: Tensor) -> Tensor:
     Returns:
         0-dim float64 tensor ``T`` (apply as ``softmax(logits / T)``).
     """
-    logits = _check_float_matrix(logits, "logits")
-    labels = _check_labels(labels, logits.shape[0], logits.shape[1])
+    logits = check_float_matrix(logits, "logits")
+    labels = check_labels(labels, logits.shape[0], logits.shape[1])
     if not bool(torch.isfinite(logits).all()):
-        raise ValueError(f"`logits` must be finite, got {_describe(logits)} with inf or NaN")
-    z = _f64(logits)  # (N, K)
+        raise ValueError(f"`logits` must be finite, got {describe(logits)} with inf or NaN")
+    z = to_float64(logits)  # (N, K)
     z_true = z.gather(1, labels.to(z.device)[:, None]).squeeze(1)  # (N,)
 
     def loss(log_t: float) -> float:

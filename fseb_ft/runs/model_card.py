@@ -15,15 +15,6 @@ import yaml
 
 from fseb_ft.recipe import Recipe, dump_recipe
 from fseb_ft.runs.published import LOCAL_DIR, PLACEHOLDER, model_label, placeholders, scrub
-from fseb_ft.runs.report import (
-    OOD_SCORE_TITLES,
-    TS_SUFFIX,
-    VALIDATION_NOTE,
-    markdown_table,
-    method_title,
-    ood_scores_in,
-    warnings_markdown,
-)
 from fseb_ft.runs.rundir import (
     CORRUPTION_PLOT,
     MODEL_RECIPE,
@@ -32,6 +23,14 @@ from fseb_ft.runs.rundir import (
     VALIDATION_SPLIT,
     RunInfo,
     results_split,
+)
+from fseb_ft.runs.tables import (
+    TS_SUFFIX,
+    VALIDATION_NOTE,
+    markdown_table,
+    method_title,
+    ood_score_titles,
+    warnings_markdown,
 )
 
 __all__ = [
@@ -277,7 +276,7 @@ def _results_section(
     for name, scores in (results.get("ood") or {}).items():
         ident = (data.get("ood") or {}).get(name, "?")
         notes.append(f"OOD set {name}: `{ident}` (n={scores.get('n', '?')}).")
-    scores = " / ".join(OOD_SCORE_TITLES[s] for s in ood_scores_in(rows.values()))
+    scores = " / ".join(ood_score_titles(rows.values()))
     notes.append(
         "ECE: 15 equal-width bins; Sel. Pred.: area under the accuracy-coverage curve; "
         f"OOD AUROC/AUPR/FPR95: {scores or 'predictive entropy'} as the score, OOD as the "

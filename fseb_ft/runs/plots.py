@@ -1,87 +1,54 @@
-"""Figures of a classifier's predictions: reliability diagram, selective prediction, OOD entropy.
+"""Figures of a classifier's predictions and results: reliability diagram, selective prediction,
+OOD entropy, corruptions, sweep and learning curves.
 
-Every function takes predictions (``(N, K)`` class probabilities and ``(N,)`` integer labels,
-as torch tensors or numpy arrays) and a path, writes one PNG there and returns the path. Every
-number drawn comes from :mod:`fseb_ft.evaluation.metrics` (the same bins, curves and areas as the results
-tables); nothing is re-derived here. Figures are drawn on matplotlib's Agg canvas without
-pyplot, so they need no display, leave any interactive backend alone and can be drawn from
-several threads. Every text drawn passes through :func:`short_name`, so a model named by a long
-path or Hub id reads as its short name, and a figure grows until its titles and legends fit on
-it. Files are written atomically (temporary file, then rename).
+The prediction figures take ``(N, K)`` class probabilities and ``(N,)`` integer labels, as torch
+tensors or numpy arrays; every function takes a path, writes one PNG there
+(:func:`fseb_ft.runs.canvas.save_figure`: texts shortened, figure fitted, atomic) and returns the
+path. Every number drawn comes from :mod:`fseb_ft.evaluation.metrics` (the same bins, curves and
+areas as the results tables); nothing is re-derived here.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.text import Text
 from matplotlib.ticker import MaxNLocator, NullFormatter
 from torch import Tensor
 
 from fseb_ft.evaluation import metrics as M
 from fseb_ft.evaluation.ood import ood_metrics
+from fseb_ft.runs.canvas import (
+    ArrayLike,
+    ProbsLabels,
+    as_probs,
+    as_probs_labels,
+    new_figure,
+    save_figure,
+)
 
 __all__ = [
     "corruption_plot",
     "entropy_histogram",
+    "learning_curves",
     "reliability_comparison",
     "reliability_diagram",
     "selective_prediction_plot",
-    "short_name",
     "sweep_plot",
 ]
 
-ArrayLike = Any  # torch.Tensor, numpy array or nested lists
-ProbsLabels = tuple[ArrayLike, ArrayLike]  # (probs (N, K), labels (N,))
-
-_DPI = 150
 _ACC_COLOR = "#3b6fb6"
 _GAP_COLOR = "#d62728"
 _GAP_FACE = (0.84, 0.15, 0.16, 0.12)  # _GAP_COLOR, faint
 _COUNT_COLOR = "#7f7f7f"
 # Coverage below which accuracy rests on a handful of samples; the y-axis ignores it.
 _MIN_COVERAGE_FOR_YLIM = 0.05
-# A `local-dir:` model is named by its folder, without the trailing slashes or the punctuation
-# that follows it in a title ("local-dir:/a/b/name: PS-MAP vs FS-EB").
-_LOCAL_DIR = re.compile(r"local-dir:(\S*?)[/\\]*(?=[,:;)]*(?:\s|$))")
-_HF_HUB = re.compile(r"hf-hub:(?=\S)")
-_NAME_WIDTH = 40  # characters of a name kept in a plot; longer ones lose their middle
-_MAX_FIT_PASSES = 3  # layouts tried while growing a figure to hold its texts
-
-
-def short_name(text: str, width: int = _NAME_WIDTH) -> str:
-    """``text`` as a plot shows it: model names shortened, over-long names cut in the middle.
-
-    ``local-dir:/long/path/efficientnet_lite0.in1k`` becomes ``efficientnet_lite0.in1k`` and
-    ``hf-hub:org/name`` becomes ``org/name``, wherever they occur in ``text``; then every word
-    (a run of non-space characters, such as a model name) longer than ``width`` characters
-    keeps its start and its end around "…", so long names that differ only at their ends
-    (``runs/…/seed-0``, ``runs/…/seed-1``) stay apart. Spaces and line breaks are kept.
-
-    Args:
-        text: a title, label or legend entry.
-        width: the longest word kept whole (at least 3).
-
-    Returns:
-        The shortened text.
-    """
-    text = _LOCAL_DIR.sub(lambda m: re.split(r"[/\\]", m[1])[-1] or m[0], text)
-    text = _HF_HUB.sub("", text)
-    head = (width - 1) // 2  # the end keeps the extra character: it tells names apart
-    tail = width - 1 - head
-    return re.sub(rf"\S{{{width + 1},}}", lambda m: f"{m[0][:head]}…{m[0][-tail:]}", text)
 
 
 def reliability_diagram(
@@ -93,12 +60,13 @@ def reliability_diagram(
 ) -> Path:
     """Top-label reliability diagram with a bin-count histogram underneath.
 
-    Upper panel: for each non-empty confidence bin of :func:`fseb_ft.evaluation.metrics.calibration_bins`
-    (the bins of :func:`~fseb_ft.evaluation.metrics.ece`), a bar up to the bin's accuracy and a hatched
-    red bar from there to its mean confidence (the gap: above the accuracy bar means
+    Upper panel: for each non-empty confidence bin of
+    :func:`fseb_ft.evaluation.metrics.calibration_bins` (the bins of
+    :func:`~fseb_ft.evaluation.metrics.ece`), a bar up to the bin's accuracy and a hatched red
+    bar from there to its mean confidence (the gap: above the accuracy bar means
     over-confident, inside it under-confident), with the diagonal of perfect calibration. The
-    panel title gives the ECE (:func:`~fseb_ft.evaluation.metrics.ece`, same ``n_bins``), the overall
-    accuracy and the mean confidence. Lower panel: samples per bin on a log scale. The
+    panel title gives the ECE (:func:`~fseb_ft.evaluation.metrics.ece`, same ``n_bins``), the
+    overall accuracy and the mean confidence. Lower panel: samples per bin on a log scale. The
     confidence axis starts at the bin holding ``1/K``, below which no top-label confidence can
     fall.
 
@@ -136,9 +104,9 @@ def reliability_comparison(
     """
     if not methods:
         raise ValueError("`methods` must name at least one (probs, labels) pair, got none")
-    data = {name: _predictions(pair, name) for name, pair in methods.items()}
+    data = {name: as_probs_labels(pair, name) for name, pair in methods.items()}
     n = len(data)
-    fig = _figure(figsize=(4.6 * n + 0.4, 6.0))
+    fig = new_figure(figsize=(4.6 * n + 0.4, 6.0))
     axes = fig.subplots(
         2, n, sharex="col", sharey="row", squeeze=False, gridspec_kw={"height_ratios": [3, 1]}
     )
@@ -162,7 +130,7 @@ def reliability_comparison(
     fig.legend(handles=handles, loc="outside lower center", ncol=2 if n == 1 else 5)
     if title:
         fig.suptitle(title)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def selective_prediction_plot(
@@ -173,10 +141,10 @@ def selective_prediction_plot(
     """Accuracy–coverage curves of one or several methods, Sel. Pred. AUC in the legend.
 
     Samples are admitted in decreasing order of confidence (max probability); each curve is
-    :func:`fseb_ft.evaluation.metrics.selective_prediction` (tied confidences grouped) and its legend entry
-    gives the area under it, the "Sel. Pred." column of the results table. The y-axis is fitted
-    to coverages of at least 5 % (below that the accuracy rests on a handful of samples and may
-    leave the axes) and ends at 100 %.
+    :func:`fseb_ft.evaluation.metrics.selective_prediction` (tied confidences grouped) and its
+    legend entry gives the area under it, the "Sel. Pred." column of the results table. The
+    y-axis is fitted to coverages of at least 5 % (below that the accuracy rests on a handful of
+    samples and may leave the axes) and ends at 100 %.
 
     Args:
         methods: method name → ``(probs (N, K), labels (N,))``; N may differ between methods.
@@ -188,11 +156,11 @@ def selective_prediction_plot(
     """
     if not methods:
         raise ValueError("`methods` must name at least one (probs, labels) pair, got none")
-    fig = _figure(figsize=(6.0, 5.0))
+    fig = new_figure(figsize=(6.0, 5.0))
     ax = fig.subplots()
     y_lo = 1.0
     for name, pair in methods.items():
-        probs, labels = _predictions(pair, name)
+        probs, labels = as_probs_labels(pair, name)
         correct = probs.argmax(dim=-1) == labels  # (N,)
         curve = M.selective_prediction(M.confidence_scores(probs)["max_prob"], correct)
         coverage = curve["coverage"].cpu().numpy()  # (G,)
@@ -215,7 +183,7 @@ def selective_prediction_plot(
     ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.legend(loc="outside lower center", ncol=1)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def entropy_histogram(
@@ -227,11 +195,11 @@ def entropy_histogram(
 ) -> Path:
     """Histograms of predictive entropy in distribution and on each OOD set.
 
-    Entropies are :func:`fseb_ft.evaluation.metrics.predictive_entropy` (nats) on a shared axis from 0 to
-    ``log K`` (the uniform distribution); each bar height is the fraction of that set's
-    samples, so sets of different sizes compare. Each OOD legend entry gives the entropy AUROC
-    of :func:`fseb_ft.evaluation.ood.ood_metrics` (OOD = positive), the "AUROC" column of the results
-    table; a dotted line marks ``log K``, named in the legend.
+    Entropies are :func:`fseb_ft.evaluation.metrics.predictive_entropy` (nats) on a shared axis
+    from 0 to ``log K`` (the uniform distribution); each bar height is the fraction of that
+    set's samples, so sets of different sizes compare. Each OOD legend entry gives the entropy
+    AUROC of :func:`fseb_ft.evaluation.ood.ood_metrics` (OOD = positive), the "AUROC" column of
+    the results table; a dotted line marks ``log K``, named in the legend.
 
     Args:
         probs_in: ``(N_in, K)`` class probabilities on in-distribution data.
@@ -243,15 +211,15 @@ def entropy_histogram(
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
     """
-    p_in = _probs(probs_in, "probs_in")
+    p_in = as_probs(probs_in, "probs_in")
     k = p_in.shape[1]
     top = math.log(k) if k > 1 else 1.0
     edges = np.linspace(0.0, top, n_bins + 1)
-    fig = _figure(figsize=(6.0, 4.6))
+    fig = new_figure(figsize=(6.0, 4.6))
     ax = fig.subplots()
     sets = [(f"In-distribution (n = {p_in.shape[0]})", p_in, None)]
     for name, probs in ood.items():
-        p_out = _probs(probs, f"ood[{name!r}]")
+        p_out = as_probs(probs, f"ood[{name!r}]")
         auroc = float(ood_metrics(p_in, p_out)["entropy_auroc"])
         sets.append((f"{name} (n = {p_out.shape[0]}, AUROC {100 * auroc:.2f} %)", p_out, auroc))
     for i, (label, probs, _) in enumerate(sets):
@@ -268,7 +236,7 @@ def entropy_histogram(
     ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.legend(loc="outside lower center", ncol=1)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def corruption_plot(
@@ -280,10 +248,11 @@ def corruption_plot(
     """Accuracy and ECE against corruption severity: a thin line per corruption, a bold mean.
 
     Unlike the other figures this one takes metrics, not predictions: the ``corruptions``
-    entry of ``results.json``, whose numbers :func:`fseb_ft.evaluation.metrics.classification_metrics`
-    computed. The bold line at each severity is the mean over the corruptions evaluated at it
-    (``corruption_summary`` in ``results.json``). With ``clean`` (the ``test`` metrics) every
-    line starts from the uncorrupted test split at severity 0. Both axes stay within 0..100 %.
+    entry of ``results.json``, whose numbers
+    :func:`fseb_ft.evaluation.metrics.classification_metrics` computed. The bold line at each
+    severity is the mean over the corruptions evaluated at it (``corruption_summary`` in
+    ``results.json``). With ``clean`` (the ``test`` metrics) every line starts from the
+    uncorrupted test split at severity 0. Both axes stay within 0..100 %.
 
     Args:
         corruptions: corruption name → severity (``"1"``..``"5"`` or int) → metrics with at
@@ -302,7 +271,7 @@ def corruption_plot(
         for name, by_severity in corruptions.items()
     }
     severities = sorted({sev for points in series.values() for sev, _ in points})
-    fig = _figure(figsize=(10.0, 4.8))
+    fig = new_figure(figsize=(10.0, 4.8))
     axes = fig.subplots(1, 2)
     for ax, key, label in ((axes[0], "accuracy", "Accuracy (%)"), (axes[1], "ece", "ECE (%)")):
         start = [(0, 100 * float(clean[key]))] if clean is not None else []
@@ -327,7 +296,7 @@ def corruption_plot(
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=min(5, len(labels)))
     fig.suptitle(title)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def sweep_plot(
@@ -354,7 +323,7 @@ def sweep_plot(
     keys = sorted({k for t in trials for k in t["params"]})
     if not keys:
         raise ValueError("`trials` must hold at least one trial with parameters, got none")
-    fig = _figure(figsize=(3.6 * len(keys) + 0.4, 3.6))
+    fig = new_figure(figsize=(3.6 * len(keys) + 0.4, 3.6))
     axes = np.atleast_1d(fig.subplots(1, len(keys), sharey=True))
     for ax, key in zip(axes, keys, strict=True):
         for done, face in ((True, _ACC_COLOR), (False, "none")):
@@ -378,7 +347,7 @@ def sweep_plot(
     axes[0].set_ylabel(f"val {metric}")
     axes[0].legend(loc="best", fontsize="small")
     fig.suptitle(title)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def learning_curves(
@@ -401,7 +370,7 @@ def learning_curves(
     """
     if not curves:
         raise ValueError("`curves` must hold at least one method, got none")
-    fig = _figure(figsize=(5.2, 3.6))
+    fig = new_figure(figsize=(5.2, 3.6))
     ax = fig.subplots()
     for name, runs in curves.items():
         lengths = sorted({len(run) for run in runs})
@@ -420,12 +389,7 @@ def learning_curves(
     ax.grid(alpha=0.3)
     ax.set_title(title)
     fig.legend(loc="outside lower center", ncol=1, fontsize="small")  # long names: below
-    return _save(fig, path)
-
-
-# --------------------------------------------------------------------------------------------
-# Helpers
-# --------------------------------------------------------------------------------------------
+    return save_figure(fig, path)
 
 
 def _draw_reliability(
@@ -475,57 +439,3 @@ def _draw_reliability(
 def _lowest_bin_edge(k: int, n_bins: int) -> float:
     """Lower edge of the bin holding confidence 1/K (the smallest possible top-label one)."""
     return math.floor(n_bins / k) / n_bins if k > 1 else 0.0
-
-
-def _probs(x: ArrayLike, name: str) -> Tensor:
-    t = torch.as_tensor(np.asarray(x) if not isinstance(x, Tensor) else x).detach()
-    if not t.is_floating_point():
-        raise ValueError(f"`{name}` must hold floating-point probabilities, got dtype {t.dtype}")
-    return t.cpu()
-
-
-def _predictions(pair: ProbsLabels, name: str) -> tuple[Tensor, Tensor]:
-    if not isinstance(pair, tuple | list) or len(pair) != 2:
-        raise ValueError(f"{name!r} must map to a (probs, labels) pair, got {type(pair).__name__}")
-    probs = _probs(pair[0], f"probs of {name!r}")
-    labels = torch.as_tensor(np.asarray(pair[1]) if not isinstance(pair[1], Tensor) else pair[1])
-    return probs, labels.detach().cpu()
-
-
-def _figure(figsize: tuple[float, float]) -> Figure:
-    fig = Figure(figsize=figsize, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _fit_canvas(fig: Figure) -> None:
-    """Widen (or heighten) ``fig`` until everything it draws lies on it.
-
-    Constrained layout shrinks the axes to make room for their labels and for legends placed
-    outside, but never grows the figure: a title or legend wider than the figure would be cut
-    off on both sides. Growing the figure by twice the overhang re-centres it; a few layouts
-    settle it, as the axes widen with the figure too.
-    """
-    for _ in range(_MAX_FIT_PASSES):
-        fig.draw_without_rendering()
-        box = fig.get_tightbbox(fig.canvas.get_renderer())  # inches
-        width, height = fig.get_size_inches()
-        over_x = max(-box.x0, box.x1 - width, 0.0)
-        over_y = max(-box.y0, box.y1 - height, 0.0)
-        if over_x < 0.01 and over_y < 0.01:
-            fig.set_layout_engine("none")  # this layout fits: saving need not compute it again
-            return
-        fig.set_size_inches(width + 2 * over_x + 0.05, height + 2 * over_y + 0.05)
-
-
-def _save(fig: Figure, path: str | Path) -> Path:
-    """Shorten every text (:func:`short_name`), fit the figure to them, write ``path``."""
-    for text in fig.findobj(Text):
-        text.set_text(short_name(text.get_text()))
-    _fit_canvas(fig)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png", dpi=_DPI)
-    os.replace(tmp, path)
-    return path

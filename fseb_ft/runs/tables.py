@@ -1,0 +1,241 @@
+"""The Markdown of results: the results table of one or several runs, the corrupted-split
+tables, the warnings block and the validation-split note, and the names they give methods and
+OOD scores.
+
+Tables read the results dict (:func:`fseb_ft.runs.report.evaluate_predictions`), never a model or
+its predictions, so the model card (:mod:`fseb_ft.runs.model_card`) builds them without the
+training stack.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from fseb_ft.evaluation.ood import OOD_SCORE_REGISTRY
+from fseb_ft.recipe import Recipe
+from fseb_ft.runs.published import model_label
+from fseb_ft.runs.rundir import VALIDATION_SPLIT, results_split
+
+__all__ = [
+    "TS_SUFFIX",
+    "VALIDATION_NOTE",
+    "corruption_markdown",
+    "corruption_summary",
+    "markdown_table",
+    "method_title",
+    "ood_score_titles",
+    "ood_scores_in",
+    "split_note",
+    "split_suffix",
+    "warnings_markdown",
+]
+
+_COLUMNS: tuple[tuple[str, str, float], ...] = (
+    ("accuracy", "Acc. (%)", 100.0),
+    ("nll", "NLL", 1.0),
+    ("ece", "ECE (%)", 100.0),
+    ("ece_10bin", "ECE-10 (%)", 100.0),
+    ("brier", "Brier", 1.0),
+    ("sel_pred_auc", "Sel. Pred. (%)", 100.0),
+    ("aurc", "AURC (%)", 100.0),
+)
+# Shown only when some result has it (binary tasks, see metrics.classification_metrics).
+_OPTIONAL_COLUMNS: tuple[tuple[str, str, float], ...] = (
+    ("auroc_positive", "AUROC pos. (%)", 100.0),
+)
+# (metric suffix, column title) of each OOD score's columns: key f"{score}_{suffix}".
+_OOD_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("auroc", "AUROC (%)"),
+    ("aupr", "AUPR (%)"),
+    ("fpr95", "FPR95 (%)"),
+)
+TS_SUFFIX = " + TS"
+"""Appended to a method's row title for its temperature-scaled results."""
+VALIDATION_NOTE = (
+    "no test split was given (`data.test`), so these are the validation split's numbers: model "
+    "selection saw them, so they are optimistic"
+)
+"""Why results on the validation split are reported, and how far to trust them."""
+
+
+def corruption_summary(
+    corruptions: Mapping[str, Mapping[str, Mapping[str, float]]],
+) -> dict[str, dict[str, float]]:
+    """Per severity (and ``"all"``), the mean of every metric over the corruptions."""
+    groups: dict[str, list[Mapping[str, float]]] = {}
+    for by_severity in corruptions.values():
+        for sev, metrics in by_severity.items():
+            groups.setdefault(sev, []).append(metrics)
+            groups.setdefault("all", []).append(metrics)
+    order = [*sorted((k for k in groups if k != "all"), key=int), "all"]
+    return {
+        sev: {
+            key: math.fsum(m[key] for m in groups[sev]) / len(groups[sev])
+            for key in groups[sev][0]
+            if key != "n"
+        }
+        | {"corruptions": len(groups[sev])}
+        for sev in order
+    }
+
+
+def corruption_markdown(results: Mapping[str, Any]) -> str:
+    """Markdown tables of the corrupted test (or validation) split (empty without
+    ``corruptions``).
+
+    The first gives, per severity, the mean over the corruptions of accuracy, NLL, ECE and
+    Sel. Pred. (the clean split first, for reference), each row followed by its
+    temperature-scaled one ("<severity> + TS") when ``results`` has a ``temperature_scaled``
+    block; the second the accuracy and ECE of every corruption at every severity.
+    """
+    corruptions = results.get("corruptions") or {}
+    if not corruptions:
+        return ""
+    split = results_split(results)
+    summary = results.get("corruption_summary") or corruption_summary(corruptions)
+    columns = [c for c in _COLUMNS if c[0] in ("accuracy", "nll", "ece", "sel_pred_auc")]
+    header = ["Severity", *(title for _, title, _ in columns)]
+    lines = [
+        f"## Covariate shift: corrupted {split} split\n\nMean over {len(corruptions)} "
+        f"corruption(s): {', '.join(corruptions)}.\n",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    scaled = results.get("temperature_scaled") or {}
+    scaled_summary = scaled.get("corruption_summary") or {}
+    rows = [("clean", results.get("test", {}))]
+    if scaled_summary:
+        rows.append((f"clean{TS_SUFFIX}", scaled["test"]))
+    for sev, metrics in summary.items():
+        label = sev if sev != "all" else "all severities"
+        rows.append((label, metrics))
+        if sev in scaled_summary:
+            rows.append((f"{label}{TS_SUFFIX}", scaled_summary[sev]))
+    for label, metrics in rows:
+        cells = [_num(metrics.get(key), scale) for key, _, scale in columns]
+        lines.append("| " + " | ".join([label, *cells]) + " |")
+    severities = sorted({sev for by_sev in corruptions.values() for sev in by_sev}, key=int)
+    lines += [
+        "\nAcc. (%) / ECE (%) per corruption and severity:\n",
+        "| Corruption | " + " | ".join(severities) + " |",
+        "|" + "---|" * (len(severities) + 1),
+    ]
+    for name, by_sev in corruptions.items():
+        cells = [
+            f"{_num(by_sev[s]['accuracy'], 100.0)} / {_num(by_sev[s]['ece'], 100.0)}"
+            if s in by_sev
+            else "–"
+            for s in severities
+        ]
+        lines.append("| " + " | ".join([name, *cells]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def warnings_markdown(results: Mapping[str, Any]) -> str:
+    """A Markdown warning block for the problems training recorded (empty when none)."""
+    found = (results.get("training") or {}).get("warnings") or []
+    if not found:
+        return ""
+    return "\n>\n".join(f"> **Warning:** {text}" for text in found) + "\n\n"
+
+
+def split_note(results: Mapping[str, Any]) -> str:
+    """A Markdown note for results on the validation split (empty for the test split)."""
+    if results_split(results) != VALIDATION_SPLIT:
+        return ""
+    return f"> **Validation split:** {VALIDATION_NOTE}.\n\n"
+
+
+def split_suffix(results: Mapping[str, Any]) -> str:
+    """``" (validation split)"`` for a table row of results on the validation split, else ``""``."""
+    return " (validation split)" if results_split(results) == VALIDATION_SPLIT else ""
+
+
+def markdown_table(results: Mapping[str, Mapping[str, Any]]) -> str:
+    """A Markdown table of several runs' results, one row per method (e.g. PS-MAP, FS-EB).
+
+    Binary tasks get an ``AUROC pos. (%)`` column (positive class = label 1). Each OOD set has
+    AUROC, AUPR and FPR95 columns for every score found in the results (titles name the score
+    unless entropy is the only one); a missing value (an ensemble's logit scores) shows "–". A
+    result with a ``temperature_scaled`` block gets a second row, "<method> + TS", below its own;
+    one whose temperature was left at 1 also gets a note under the table saying why.
+    Rows of results on the validation split (no test split) end in "(validation split)".
+    """
+    notes = _ts_notes(results)
+    results = _with_ts_rows(results)
+    ood_names = sorted({n for r in results.values() for n in r.get("ood", {})})
+    ood_scores = ood_scores_in(results.values())
+    columns = list(_COLUMNS)
+    columns += [c for c in _OPTIONAL_COLUMNS if any(c[0] in r["test"] for r in results.values())]
+    header = ["Method", *(title for _, title, _ in columns)]
+    # Entropy alone keeps the titles tables had before other scores existed.
+    named = ood_scores != ["entropy"]
+    header += [
+        f"{name} {score + ' ' if named else ''}{title}"
+        for name in ood_names
+        for score in ood_scores
+        for _, title in _OOD_COLUMNS
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for method, res in results.items():
+        row = [method]
+        row += [_num(res["test"].get(key), scale) for key, _, scale in columns]
+        for name in ood_names:
+            scores = res.get("ood", {}).get(name, {})
+            for score in ood_scores:
+                row += [_num(scores.get(f"{score}_{key}"), 100.0) for key, _ in _OOD_COLUMNS]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n" + notes
+
+
+def _ts_notes(results: Mapping[str, Mapping[str, Any]]) -> str:
+    """Lines under a table for each "+ TS" row whose temperature was left at 1, saying why:
+    otherwise the row repeats its method's numbers with no reason given."""
+    notes = [
+        f"\n*{method}{TS_SUFFIX}:* {res['temperature_scaled']['note']}.\n"
+        for method, res in results.items()
+        if (res.get("temperature_scaled") or {}).get("note")
+    ]
+    return "".join(notes)
+
+
+def ood_scores_in(results: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The OOD scores some result reports, in the order of
+    :data:`~fseb_ft.evaluation.ood.OOD_SCORE_REGISTRY` (that of
+    :data:`~fseb_ft.recipe.options.OOD_SCORES`)."""
+    found = {k for r in results for scores in r.get("ood", {}).values() for k in scores}
+    return [s for s in OOD_SCORE_REGISTRY if f"{s}_auroc" in found]
+
+
+def ood_score_titles(results: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The titles (:func:`~fseb_ft.evaluation.ood.register_ood_score`) of the OOD scores some
+    result reports, in :func:`ood_scores_in` order."""
+    return [OOD_SCORE_REGISTRY[name].title for name in ood_scores_in(results)]
+
+
+def _with_ts_rows(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """``results`` with each temperature-scaled block as a row "<method> + TS" after its own,
+    each row labelled with its split when that is not the test split (:func:`split_suffix`)."""
+    rows: dict[str, Mapping[str, Any]] = {}
+    for method, res in results.items():
+        suffix = split_suffix(res)
+        rows[f"{method}{suffix}"] = res
+        if res.get("temperature_scaled"):
+            rows[f"{method}{TS_SUFFIX}{suffix}"] = res["temperature_scaled"]
+    return rows
+
+
+def method_title(recipe: Recipe) -> str:
+    """ "FS-EB · model", "PS-MAP · model" or "FS-VI · model" for tables and titles.
+
+    A ``local-dir:`` model shows as its folder's name: titles are drawn into the published plots.
+    """
+    return f"{recipe.fseb.method_name} · {model_label(recipe.model.name)}"
+
+
+def _num(value: float | None, scale: float) -> str:
+    if value is None or not math.isfinite(value):
+        return "–"
+    return f"{value * scale:.2f}" if scale != 1.0 else f"{value:.4f}"

@@ -16,7 +16,7 @@ from fseb_ft.method.context import mean_sq_feature_norm
 from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.method.regularizer import prior_std_of, resolve_prior
 from fseb_ft.recipe import ConfigError, FSEBConfig, recipe_from_dict
-from tests.test_pipeline import _recipe_dict, _write_folder
+from tests.helpers import tiny_recipe, write_image_folder
 
 
 @pytest.mark.parametrize(
@@ -105,10 +105,10 @@ def test_a_run_with_prior_std_resolves_logs_and_uses_scale_and_diag(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     root = tmp_path / "data"
-    _write_folder(root, "train", {"cat": 8, "dog": 8})
-    _write_folder(root, "test", {"cat": 3, "dog": 3})
+    write_image_folder(root, "train", {"cat": 8, "dog": 8})
+    write_image_folder(root, "test", {"cat": 3, "dog": 3})
     folders = {"ind": root, "ood": root}
-    recipe = _recipe_dict(folders, tmp_path / "run", epochs=1)
+    recipe = tiny_recipe(folders, tmp_path / "run", epochs=1)
     del recipe["fseb"]["prior_cov_scale"], recipe["fseb"]["prior_cov_diag"]
     recipe["fseb"].update(prior_std=0.7, prior_feature_share=0.25)
     del recipe["data"]["ood"]

@@ -1,0 +1,80 @@
+"""What several test modules build: a tiny timm-shaped classifier, image folders and the recipe
+of a tiny run on them.
+
+Import what you need: ``from tests.helpers import TinyNet, tiny_recipe, write_image_folder``.
+"""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import nn
+
+
+class TinyNet(nn.Module):
+    """A timm-shaped classifier: ``forward_features`` (linear, tanh, optional BatchNorm) →
+    ``forward_head(pre_logits)`` → the linear head that ``get_classifier`` returns."""
+
+    def __init__(self, d_in: int = 6, width: int = 5, k: int = 3, bn: bool = False) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(d_in, width), nn.Tanh())
+        self.norm = nn.BatchNorm1d(width) if bn else nn.Identity()
+        self.head = nn.Linear(width, k)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.body(x))
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+
+def write_image_folder(
+    root: Path, split: str, classes: dict[str, int], size: int | tuple[int, int] = 16
+) -> None:
+    """Noisy per-class-coloured PNGs ``root/split/<class>/NNN.png`` of ``size`` (side or (H, W))."""
+    height, width = (size, size) if isinstance(size, int) else size
+    # crc32, not hash(): str hashes are salted per process, and fixtures must not vary by run.
+    rng = np.random.default_rng(zlib.crc32(f"{root.name}/{split}".encode()))
+    for name, count in classes.items():
+        base = rng.integers(0, 256, size=3)
+        (root / split / name).mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            noise = rng.integers(-40, 40, size=(height, width, 3))
+            pixels = np.clip(base + noise, 0, 255).astype(np.uint8)
+            Image.fromarray(pixels).save(root / split / name / f"{i:03d}.png")
+
+
+def tiny_recipe(folders: dict[str, Path], out: Path, epochs: int = 2) -> dict[str, Any]:
+    """A recipe (as a mapping) that trains ``test_byobnet`` at 16 px on the image folders
+    ``folders["ind"]`` (``train``, ``test``) and ``folders["ood"]`` (``test``) into ``out``."""
+    return {
+        "model": {"name": "test_byobnet", "pretrained": False, "input_size": 16},
+        "data": {
+            "train": {"source": "imagefolder", "path": str(folders["ind"]), "split": "train"},
+            "test": {"source": "imagefolder", "path": str(folders["ind"]), "split": "test"},
+            "ood": {
+                "owls": {"source": "imagefolder", "path": str(folders["ood"]), "split": "test"}
+            },
+            "val_fraction": 0.25,
+            "augment": "crop_flip",
+            "batch_size": 8,
+            "num_workers": 0,
+        },
+        "context": {"kind": "train", "perturb": True, "pool_size": 20, "batch_size": 4},
+        "fseb": {"prior_var": 1.0, "prior_cov_scale": 0.01, "prior_cov_diag": 1.0},
+        "optim": {"lr": 0.05, "warmup_steps": 2},
+        "train": {"epochs": epochs, "cpu": True, "log_every": 2},
+        "eval": {"batch_size": 4},
+        "output": {"dir": str(out)},
+    }

@@ -36,6 +36,7 @@ from fseb_ft.evaluation.predictions import Predictions, predict_splits
 from fseb_ft.logs import configure_logging
 from fseb_ft.recipe import Recipe
 from fseb_ft.runs.atomic import is_not_writable, write_text
+from fseb_ft.runs.loading import load_run_model, run_predictor
 from fseb_ft.runs.report import (
     EvalResults,
     corruption_markdown,
@@ -56,10 +57,8 @@ from fseb_ft.runs.rundir import (
     RUN_INFO_FILE,
     RunInfo,
     epochs_done,
-    load_run_model,
     read_json,
     read_run,
-    run_predictor,
     runs_in,
     write_json,
 )
@@ -381,7 +380,7 @@ def _predict_run(
     run_dir: Path, recipe: Recipe, info: RunInfo, accelerator: Accelerator
 ) -> Predictions:
     """Load the run's best weights and predict its test split and OOD sets (FS-VI: with the
-    Monte-Carlo predictive of its saved q(θ), :func:`~fseb_ft.runs.rundir.run_predictor`)."""
+    Monte-Carlo predictive of its saved q(θ), :func:`~fseb_ft.runs.loading.run_predictor`)."""
     # The images training left out (data.bad_images: skip) are left out again, so the numbers
     # are the run's; with ``stop``, an image damaged since is one clear error, not a traceback.
     splits, _, _ = screen_splits(

@@ -32,7 +32,7 @@ from typing import Any
 
 from accelerate import Accelerator, PartialState
 from accelerate.utils import set_seed
-from safetensors.torch import load_file, load_model, save_model
+from safetensors.torch import load_model, save_model
 from torch import nn
 
 from fseb_ft.cli import run_entry
@@ -95,14 +95,14 @@ from fseb_ft.runs.rundir import (
     RESULTS_JSON,
     RESULTS_MD,
     RUN_INFO_FILE,
-    VARIATIONAL_WEIGHTS,
     RunInfo,
     check_output_dir,
     clear_run,
     latest_checkpoint,
     read_json,
+    read_method_state,
     write_json,
-    write_tensors,
+    write_method_state,
 )
 
 __all__ = ["compare", "finetune", "main", "resolve_recipe", "run"]
@@ -245,8 +245,8 @@ def run(
     )
     accelerator.wait_for_everyone()
     load_model(accelerator.unwrap_model(model), str(run_dir / MODEL_WEIGHTS))
-    if objective.variational is not None:
-        objective.variational.load_stds(load_file(str(run_dir / VARIATIONAL_WEIGHTS)))
+    if objective.method_state():
+        objective.load_method_state(read_method_state(run_dir))
     results: dict[str, Any] = {}
     if evaluate_test:  # a sweep's trials skip it: only the sweep's winner sees the test split
         results = eval_results(
@@ -442,11 +442,9 @@ def _num_classes(recipe: Recipe, splits: Splits) -> tuple[int, list[str]]:
 
 
 def _save_best(model: nn.Module, objective: FSEBObjective, run_dir: Path) -> None:
-    """The best weights (FS-VI: μ), and FS-VI's σ beside them."""
+    """The best weights (FS-VI: μ), and the method's state beside them (FS-VI: σ)."""
     _save_weights(model, run_dir / MODEL_WEIGHTS)
-    if objective.variational is not None:
-        stds = objective.variational.stds()
-        write_tensors(run_dir / VARIATIONAL_WEIGHTS, stds, "FS-VI's standard deviations")
+    write_method_state(run_dir, objective.method_state())
 
 
 def _save_weights(model: nn.Module, path: Path) -> None:

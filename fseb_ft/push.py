@@ -60,7 +60,6 @@ from fseb_ft.runs.rundir import (
     RUN_INFO_FILE,
     RUN_PLOTS,
     RunInfo,
-    load_run_model,
     read_abstention,
     read_json,
     read_run,
@@ -193,6 +192,10 @@ def export_run(
 
     For runs made before model folders existed, or whose export failed. Returns the folder.
     """
+    # Here, not at the top: loading pulls in the data pipeline (albumentations), which
+    # `fseb-ft push` of a built folder never needs.
+    from fseb_ft.runs.loading import load_run_model
+
     run_dir = Path(run_dir)
     recipe, run_info, results = _read_run(run_dir)
     model = load_run_model(run_dir, recipe, run_info)

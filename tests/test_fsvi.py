@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+from pathlib import Path
+
 import pytest
 import torch
-from torch import nn
 from torch.autograd.functional import jacobian
 from torch.func import functional_call
 
@@ -18,35 +21,23 @@ from fseb_ft.method.variational import (
     context_moments,
     variance_parameters,
 )
+from fseb_ft.recipe import DataConfig, DatasetSpec, Recipe, TrainConfig
+from fseb_ft.runs.loading import run_predictor
+from fseb_ft.runs.rundir import MODEL_DIR, read_method_state, write_method_state
+from tests.helpers import TinyNet
 
 M, K, D_IN, HIDDEN = 6, 3, 4, 5
 S, DIAG = 0.3, 0.7
 
 
-class TinyNet(nn.Module):
-    """A two-layer MLP with the timm feature interface."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = nn.Linear(D_IN, HIDDEN)
-        self.head = nn.Linear(HIDDEN, K)
-
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.body(x))
-
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        return x if pre_logits else self.head(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
-
-    def get_classifier(self) -> nn.Module:
-        return self.head
+def _tiny_net() -> TinyNet:
+    """The two-layer MLP the tests draw under their seed: D_IN → HIDDEN (tanh) → K."""
+    return TinyNet(d_in=D_IN, width=HIDDEN, k=K).double()
 
 
 def _setup(seed: int = 0, scope: str = "all") -> tuple[TinyNet, MeanFieldGaussian, torch.Tensor]:
     torch.manual_seed(seed)
-    net = TinyNet().double()
+    net = _tiny_net()
     q = MeanFieldGaussian(variance_parameters(net, scope), init_std=0.1)
     with torch.no_grad():  # a different σ per parameter, so the diag(σ²) weighting is tested
         for rho in q.rho:
@@ -139,7 +130,7 @@ def test_softplus_round_trip() -> None:
 def test_objective_fsvi_terms_and_gradients() -> None:
     """The objective's loss: MC likelihood + KL / N, no R_θ; gradients reach μ and ρ."""
     torch.manual_seed(0)
-    net = TinyNet().double()
+    net = _tiny_net()
     obj = FSEBObjective(
         net, num_train=50, method="fsvi", fsvi_variance="all", fsvi_init_std=0.05,
         prior_cov_scale=S, prior_cov_diag=DIAG,
@@ -171,6 +162,36 @@ def test_mc_predictive_averages_probabilities_reproducibly() -> None:
     assert not torch.equal(MCPredictive(net, q, samples=4, seed=4)(context), log_p)
 
 
+def test_training_and_a_saved_run_predict_with_the_same_draws(tmp_path: Path) -> None:
+    """The objective's predictor and a run's, rebuilt from the saved σ, are one function of q:
+    the same outputs, bit for bit, as long as the seed is the run's."""
+    torch.manual_seed(0)
+    net = _tiny_net()
+    obj = FSEBObjective(
+        net, num_train=50, method="fsvi", fsvi_variance="all", fsvi_init_std=0.2,
+        fsvi_predict_samples=4, prior_cov_scale=S, prior_cov_diag=DIAG,
+    )  # fmt: skip
+    with torch.no_grad():  # σ that differ per parameter, as after training
+        for rho in obj.variational.rho:
+            rho.add_(torch.randn_like(rho) * 1e-4)
+    (tmp_path / MODEL_DIR).mkdir()
+    write_method_state(tmp_path, obj.method_state())
+    obj.load_method_state(read_method_state(tmp_path))  # as training reloads the best σ
+    digits = DataConfig(train=DatasetSpec(source="sklearn_digits"))
+    recipe = Recipe(data=digits, fseb=obj.config, train=TrainConfig(seed=7))
+    saved = run_predictor(tmp_path, recipe, copy.deepcopy(net))
+    x = torch.randn(5, D_IN, dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.equal(saved(x), obj.predictor(7)(x))
+        assert not torch.equal(saved(x), obj.predictor(8)(x))
+    with pytest.raises(FileNotFoundError, match=r"variational.safetensors is missing"):
+        run_predictor(tmp_path / "other", recipe, net)
+    fseb = FSEBObjective(net, num_train=50)  # a MAP method keeps no state, reads none
+    assert fseb.method_state() == {} and fseb.predictor(7) is net
+    map_recipe = dataclasses.replace(recipe, fseb=fseb.config)
+    assert run_predictor(tmp_path / "other", map_recipe, net) is net
+
+
 def test_fsvi_run_trains_evaluates_and_exports_the_mean(tmp_path) -> None:
     """A few steps of FS-VI on the digits: MC predictions, σ saved, the export is μ, and
     ``fseb-ft evaluate`` reproduces the run's test metrics with the same MC predictive."""
@@ -180,13 +201,8 @@ def test_fsvi_run_trains_evaluates_and_exports_the_mean(tmp_path) -> None:
     from fseb_ft.evaluate import evaluate_run
     from fseb_ft.finetune import run
     from fseb_ft.recipe import recipe_from_dict
-    from fseb_ft.runs.rundir import (
-        MODEL_WEIGHTS,
-        VARIATIONAL_WEIGHTS,
-        load_run_model,
-        read_run,
-        run_predictor,
-    )
+    from fseb_ft.runs.loading import load_run_model
+    from fseb_ft.runs.rundir import MODEL_WEIGHTS, VARIATIONAL_WEIGHTS, read_run
 
     digits = {"source": "sklearn_digits", "limit": 120}
     recipe = recipe_from_dict(
@@ -238,7 +254,7 @@ def _sigma_after_sgd(steps: int) -> tuple[float, float]:
     """Mean head σ before and after ``steps`` SGD steps of FS-VI on a tiny separable problem
     with N = 2,000 (the KL's pull on each σ is of order 1/N per step)."""
     torch.manual_seed(0)
-    net = TinyNet().double()
+    net = _tiny_net()
     obj = FSEBObjective(
         net, num_train=2000, method="fsvi", fsvi_variance="head", fsvi_init_std=1e-3,
         prior_cov_scale=S, prior_cov_diag=DIAG,

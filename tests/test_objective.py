@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 
 import pytest
 import timm
@@ -11,29 +10,11 @@ import torch
 import torch.nn.functional as nnf
 from torch import nn
 
-from fseb_ft.method.objective import RESOLVED_BY_RUN, FSEBObjective, timm_features
-from fseb_ft.recipe import FSEBConfig
+from fseb_ft.method.objective import FSEBObjective, timm_features
+from fseb_ft.recipe import ConfigError, FSEBConfig
+from tests.helpers import TinyNet
 
 N_TRAIN = 500
-
-
-class TinyNet(nn.Module):
-    """A timm-shaped classifier: forward_features → forward_head(pre_logits) → linear head."""
-
-    def __init__(self, d_in: int = 6, width: int = 5, k: int = 3, bn: bool = False) -> None:
-        super().__init__()
-        self.body = nn.Sequential(nn.Linear(d_in, width), nn.Tanh())
-        self.norm = nn.BatchNorm1d(width) if bn else nn.Identity()
-        self.head = nn.Linear(width, k)
-
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(self.body(x))
-
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        return x if pre_logits else self.head(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
 
 
 def _batch(seed: int = 0, B: int = 8, M: int = 10) -> tuple[torch.Tensor, ...]:
@@ -248,7 +229,7 @@ def test_works_with_a_real_timm_model_and_any_module_with_a_feature_fn() -> None
         ({"reg_scale": -1.0}, "reg_scale"),
         ({"prior_var": 0.0}, "prior_var"),
         ({"forward_mode": "both"}, "forward_mode"),
-        ({"reg_points": "train"}, "reg_points must be 'context' or 'joint'"),
+        ({"reg_points": "train"}, r"reg_points='train': allowed values are \['context', 'joint'\]"),
         ({"param_anchor": "pretrained"}, "param_anchor"),
         ({"likelihood_samples": 0}, "likelihood_samples"),
     ],
@@ -264,15 +245,45 @@ def test_missing_context_is_a_clear_error() -> None:
         FSEBObjective(_net(), N_TRAIN, reg_scale=1.0)(x, y)
 
 
-def test_objective_keywords_are_the_recipe_fields_with_the_same_defaults() -> None:
-    params = inspect.signature(FSEBObjective).parameters
-    keywords = {n: p.default for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
-    keywords.pop("prior"), keywords.pop("feature_fn")
-    fields = dataclasses.asdict(FSEBConfig())
-    assert keywords == {k: v for k, v in fields.items() if k not in RESOLVED_BY_RUN}
+def test_the_hyper_parameters_are_the_recipe_section_given_or_as_keywords() -> None:
     cfg = FSEBConfig(reg_scale=0.5, prior_cov_diag=3.0, solver="cholesky")
-    obj = FSEBObjective.from_config(_net(), N_TRAIN, cfg)
-    assert {f: getattr(obj, f) for f in keywords} == {f: getattr(cfg, f) for f in keywords}
+    assert FSEBObjective(_net(), N_TRAIN).config == FSEBConfig()
+    assert FSEBObjective(_net(), N_TRAIN, cfg).config == cfg
+    assert FSEBObjective.from_config(_net(), N_TRAIN, cfg).config == cfg
+    keywords = {"reg_scale": 0.5, "prior_cov_diag": 3.0, "solver": "cholesky"}
+    assert FSEBObjective(_net(), N_TRAIN, **keywords).config == cfg
+    # Keywords replace the config's fields, and every field is one.
+    both = FSEBObjective(_net(), N_TRAIN, cfg, reg_scale=2, forward_mode="separate").config
+    assert both == dataclasses.replace(cfg, reg_scale=2.0, forward_mode="separate")
+    resolved = FSEBObjective(_net(), N_TRAIN, prior_std=0.5)
+    assert (resolved.prior_cov_scale, resolved.prior_cov_diag) == (None, None)
+    with pytest.raises(TypeError, match=r"\['reg_scal'\]; its hyper-parameters are FSEBConfig"):
+        FSEBObjective(_net(), N_TRAIN, reg_scal=1.0)
+    with pytest.raises(TypeError, match="config must be an FSEBConfig"):
+        FSEBObjective(_net(), N_TRAIN, {"reg_scale": 1.0})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"solver": "lu"}, r"solver='lu': allowed values are \['auto', 'cholesky', 'woodbury'\]"),
+        ({"fsvi_init_std": 0.0}, r"fsvi_init_std=0.0: must be > 0"),
+        ({"fsvi_predict_samples": 0}, r"fsvi_predict_samples=0: must be ≥ 1"),
+        ({"likelihood_samples": 1.5}, r"likelihood_samples=1.5: expected an integer"),
+        ({"prior_cov_scale": 0.0, "prior_cov_diag": 0.0}, "cannot both be 0"),
+        ({"method": "fsvi", "reg_scale": 0.0}, r"reg_scale=0.0: must be > 0 with method fsvi"),
+        ({"method": "fsvi", "reg_points": "joint"}, r"reg_points='joint': must be 'context'"),
+    ],
+)
+def test_the_objective_checks_every_rule_of_the_recipe_section(kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        FSEBObjective(_net(), N_TRAIN, **kwargs)
+
+
+def test_a_config_built_by_hand_is_checked_as_a_recipe_is() -> None:
+    unchecked = FSEBConfig(solver="lu", forward_mode="both")  # Literal types: no check here
+    with pytest.raises(ConfigError, match=r"forward_mode='both': allowed values are"):
+        FSEBObjective(_net(), N_TRAIN, unchecked)
 
 
 def test_replace_model_takes_the_wrapped_network_and_refuses_another() -> None:

@@ -32,8 +32,8 @@ from fseb_ft.finetune import run
 from fseb_ft.recipe import recipe_from_dict
 from fseb_ft.runs import loading as predictor
 from fseb_ft.runs import rundir
-from fseb_ft.runs.loading import load_model
-from fseb_ft.runs.rundir import VAL_LOGITS, load_run_model, read_json, read_run, read_val_logits
+from fseb_ft.runs.loading import load_model, load_run_model
+from fseb_ft.runs.rundir import VAL_LOGITS, read_json, read_run, read_val_logits
 from tests.test_pipeline import snapshot
 
 COLUMNS = ["image", "prediction", "probability", "log_odds", "abstain", "entropy", "ood_entropy"]

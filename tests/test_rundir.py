@@ -3,13 +3,24 @@ so."""
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from fseb_ft.data.inputs import InputSpec
-from fseb_ft.runs.rundir import RUN_INFO_FILE, RunInfo, read_run
+from fseb_ft.runs import rundir
+from fseb_ft.runs.rundir import (
+    MODEL_DIR,
+    RUN_INFO_FILE,
+    VARIATIONAL_WEIGHTS,
+    RunInfo,
+    read_method_state,
+    read_run,
+    write_method_state,
+)
 
 RUN_JSON = {
     "num_classes": 3,
@@ -49,3 +60,31 @@ def test_read_run_names_the_missing_file(tmp_path: Path) -> None:
     (tmp_path / "recipe.yaml").write_text("{}")
     with pytest.raises(FileNotFoundError, match=rf"not a finished run: {RUN_INFO_FILE} is missing"):
         read_run(tmp_path)
+
+
+def test_the_method_state_is_written_only_when_there_is_one_and_reads_back(tmp_path: Path) -> None:
+    (tmp_path / MODEL_DIR).mkdir()
+    write_method_state(tmp_path, {})  # FS-EB, PS-MAP: nothing beside the weights
+    assert list((tmp_path / MODEL_DIR).iterdir()) == []
+    with pytest.raises(FileNotFoundError, match=rf"not a finished run: {VARIATIONAL_WEIGHTS}"):
+        read_method_state(tmp_path)
+    state = {"head.weight": torch.rand(3, 5), "head.bias": torch.rand(3)}
+    write_method_state(tmp_path, state)
+    assert (tmp_path / VARIATIONAL_WEIGHTS).is_file()  # the name old FS-VI runs have
+    back = read_method_state(tmp_path)
+    assert back.keys() == state.keys()
+    assert all(torch.equal(back[name], value) for name, value in state.items())
+
+
+def test_the_run_folder_knows_no_method() -> None:
+    """Storage names files; building models and predictors from them is runs.loading's."""
+    tree = ast.parse(Path(rundir.__file__).read_text())
+    imported = [
+        node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
+    ] + [
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    ]
+    assert [name for name in imported if name.startswith("fseb_ft.method")] == []

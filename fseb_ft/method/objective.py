@@ -24,37 +24,23 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as nnf
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from fseb_ft.method import predictive
 from fseb_ft.method.fsvi import function_kl
+from fseb_ft.method.predictive import unwrap_model
 from fseb_ft.method.regularizer import function_space_term, parameter_term
-from fseb_ft.method.variational import (
-    MCPredictive,
-    MeanFieldGaussian,
-    context_moments,
-    variance_parameters,
-)
+from fseb_ft.method.variational import context_moments
 from fseb_ft.recipe import FSEBConfig
-from fseb_ft.recipe.options import (
-    FORWARD_MODES,
-    METHODS,
-    PARAM_ANCHORS,
-    REG_POINTS,
-    VARIANCE_SCOPES,
-)
+from fseb_ft.recipe.schema import build
 
-__all__ = ["RESOLVED_BY_RUN", "FSEBObjective", "FeatureFn", "timm_features", "unwrap_model"]
-
-_DEFAULTS = FSEBConfig()
-"""The hyper-parameters' defaults, written once in :class:`~fseb_ft.recipe.FSEBConfig`."""
-
-RESOLVED_BY_RUN = ("prior_std", "prior_feature_share")
-"""``fseb`` fields that are not keywords here: the run resolves them into s and d."""
+__all__ = ["FSEBObjective", "FeatureFn", "timm_features"]
 
 FeatureFn = Callable[[nn.Module, Tensor], Tensor]
 """``feature_fn(prior_model, x) -> (M, D)`` penultimate features of φ0 at ``x``."""
@@ -70,135 +56,85 @@ def timm_features(model: nn.Module, x: Tensor) -> Tensor:
     return model.forward_head(model.forward_features(x), pre_logits=True)  # (M, D)
 
 
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The user's module inside DDP / ``torch.compile`` / Accelerate wrappers."""
-    while True:
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
-        if not isinstance(inner, nn.Module):
-            return model
-        model = inner
+def _checked_config(config: FSEBConfig | None, overrides: Mapping[str, Any]) -> FSEBConfig:
+    """``config`` (default: :class:`~fseb_ft.recipe.FSEBConfig`'s defaults) with ``overrides``,
+    checked by the rules of a recipe's ``fseb`` section: types, allowed values and ranges, with
+    its messages (the key, the value and what is allowed).
+
+    Raises:
+        TypeError: ``config`` is not an ``FSEBConfig``, or an override is none of its fields.
+        ConfigError: a value breaks a rule (a ``ValueError``).
+    """
+    if not isinstance(config, FSEBConfig | None):
+        raise TypeError(f"config must be an FSEBConfig or None; got {type(config).__name__}")
+    fields = [f.name for f in dataclasses.fields(FSEBConfig)]
+    unknown = [name for name in overrides if name not in fields]
+    if unknown:
+        raise TypeError(
+            f"FSEBObjective got unexpected keyword argument(s) {unknown}; its hyper-parameters "
+            f"are FSEBConfig's fields: {fields}"
+        )
+    given = dataclasses.asdict(config or FSEBConfig())
+    return build(FSEBConfig, {**given, **overrides})
 
 
 class FSEBObjective(nn.Module):
-    """FS-EB (or, with ``reg_scale = 0``, PS-MAP) loss for a classifier.
+    """FS-EB (or, with ``reg_scale = 0``, PS-MAP; with ``method="fsvi"``, FS-VI) loss for a
+    classifier.
 
     Holds the trainable ``model`` and a frozen copy of it at its starting point, ``prior`` (φ0):
     eval mode forever (BatchNorm running statistics, no dropout), ``requires_grad = False``, and
     excluded from :meth:`trainable_parameters`, so it never enters an optimiser.
 
+    The hyper-parameters are a recipe's ``fseb`` section, :class:`~fseb_ft.recipe.FSEBConfig`
+    (docs/recipes.md): its defaults, its rules, its meanings. Give them as ``config``, as
+    keywords (``FSEBObjective(model, n, reg_scale=0.0, prior_var=0.1)``), or both (the keywords
+    win); they are validated once, as a recipe's are, and kept as :attr:`config`.
+    With ``prior_std`` set, s and d of ``Kc`` are ``None`` until :meth:`set_prior_covariance`
+    gives them (``fseb_ft.method.context.resolve_prior_on_pool`` resolves them per run).
+
     Args:
         model: the classifier ``f(·; θ)`` returning logits (N, K); may be wrapped by DDP or
             Accelerate (φ0 is copied from the unwrapped module).
         num_train: global training-set size N_train that scales the prior terms.
-        reg_scale: weight of the function-space term ``R_f``; 0 gives PS-MAP.
-        prior_var: variance ``σ_p²`` of the Gaussian parameter prior.
-        prior_cov_scale: ``s`` in ``Kc = s (H Hᵀ + 1 1ᵀ) + d I``; ``None``: not known yet, set
-            by :meth:`set_prior_covariance` before ``R_f`` is computed (``fseb.prior_std``).
-        prior_cov_diag: ``d`` in ``Kc``; ``None`` like ``prior_cov_scale``.
-        forward_mode: ``"joint"`` runs one forward over ``[x; x̂]`` (BatchNorm sees both, as in
-            the reference code); ``"separate"`` runs two.
-        reg_points: ``"context"`` evaluates ``R_f`` at x̂ (M points); ``"joint"`` at ``[x; x̂]``
-            (B + M points, Kc from φ0's features of both), the reference code's
-            ``--reg_points joint``.
-        param_anchor: ``"zero"`` (the paper) or ``"init"`` (the starting weights: L2-SP).
-        param_noise_std: σ of the EB-VI form ``θ + σ ε`` (Rudner et al. 2023, eq. e-vi); 0 is
-            EB-MAP. The paper's σ² = 1e-20 is numerically MAP.
-        likelihood_samples: Monte-Carlo samples S for the likelihood when σ > 0.
-        reg_samples: Monte-Carlo samples J for ``R_f`` when σ > 0.
-        solver: ``"auto"``, ``"cholesky"`` or ``"woodbury"`` (see
-            :mod:`fseb_ft.method.regularizer`).
-        method: ``"fseb"`` (FS-EB / PS-MAP) or ``"fsvi"`` (FS-VI: ``likelihood_samples`` draws
-            of θ ~ q per step, the function-space KL in place of ``R_f``, no ``R_θ``).
-        fsvi_variance: which parameters carry FS-VI's variance: ``"head"`` (the linear
-            classifier of ``get_classifier()``) or ``"all"``.
-        fsvi_init_std: σ of every variance-carrying parameter at the start.
-        fsvi_predict_samples: draws averaged by :meth:`predictor` (FS-VI).
+        config: the hyper-parameters; ``None``: ``FSEBConfig()``'s.
         prior: φ0; defaults to a deep copy of ``model`` as it is now.
         feature_fn: ``h(·; φ0)``; defaults to :func:`timm_features`, so any timm model works and
             other modules pass their own.
+        **hyper: fields of ``FSEBConfig`` that replace ``config``'s.
+
+    Raises:
+        ConfigError: a hyper-parameter breaks a rule of ``FSEBConfig``.
+        TypeError: an unknown keyword; or no ``feature_fn`` for a model without timm's
+            ``forward_features`` / ``forward_head``.
+        ValueError: ``num_train`` is not a positive int; ``param_anchor="init"`` with a ``prior``
+            that lacks the trainable parameters' names.
     """
 
     def __init__(
         self,
         model: nn.Module,
         num_train: int,
+        config: FSEBConfig | None = None,
         *,
-        reg_scale: float = _DEFAULTS.reg_scale,
-        prior_var: float = _DEFAULTS.prior_var,
-        prior_cov_scale: float | None = _DEFAULTS.prior_cov_scale,
-        prior_cov_diag: float | None = _DEFAULTS.prior_cov_diag,
-        forward_mode: str = _DEFAULTS.forward_mode,
-        reg_points: str = _DEFAULTS.reg_points,
-        param_anchor: str = _DEFAULTS.param_anchor,
-        param_noise_std: float = _DEFAULTS.param_noise_std,
-        likelihood_samples: int = _DEFAULTS.likelihood_samples,
-        reg_samples: int = _DEFAULTS.reg_samples,
-        solver: str = _DEFAULTS.solver,
-        method: str = _DEFAULTS.method,
-        fsvi_variance: str = _DEFAULTS.fsvi_variance,
-        fsvi_init_std: float = _DEFAULTS.fsvi_init_std,
-        fsvi_predict_samples: int = _DEFAULTS.fsvi_predict_samples,
         prior: nn.Module | None = None,
         feature_fn: FeatureFn | None = None,
+        **hyper: Any,
     ) -> None:
         super().__init__()
-        _validate(
-            num_train=num_train,
-            reg_scale=reg_scale,
-            prior_var=prior_var,
-            forward_mode=forward_mode,
-            reg_points=reg_points,
-            param_anchor=param_anchor,
-            param_noise_std=param_noise_std,
-            likelihood_samples=likelihood_samples,
-            reg_samples=reg_samples,
-        )
-        _validate_method(method, fsvi_variance, reg_scale, reg_points, param_noise_std)
+        self.config = _checked_config(config, hyper)
+        if not (isinstance(num_train, int) and num_train > 0):
+            raise ValueError(f"num_train must be a positive int; got {num_train!r}")
         self.model = model
         self.num_train = num_train
-        self.reg_scale = reg_scale
-        self.prior_var = prior_var
-        self.prior_cov_scale = prior_cov_scale
-        self.prior_cov_diag = prior_cov_diag
-        self.forward_mode = forward_mode
-        self.reg_points = reg_points
-        self.param_anchor = param_anchor
-        self.param_noise_std = param_noise_std
-        self.likelihood_samples = likelihood_samples
-        self.reg_samples = reg_samples
-        self.solver = solver
-        self.method = method
-        self.fsvi_predict_samples = fsvi_predict_samples
-        self.fsvi_variance = fsvi_variance
-        self.fsvi_init_std = fsvi_init_std
-        self.feature_fn = feature_fn or timm_features
+        # s and d of Kc: the config's, or set per run by set_prior_covariance.
+        self.prior_cov_scale = self.config.prior_cov_scale
+        self.prior_cov_diag = self.config.prior_cov_diag
         base = unwrap_model(model)
-        self.variance_scope: str | None = None
-        self.variational: MeanFieldGaussian | None = None
-        if method == "fsvi":
-            self.variance_scope = fsvi_variance
-            self.variational = MeanFieldGaussian(
-                variance_parameters(base, self.variance_scope), fsvi_init_std
-            )
-        if feature_fn is None and not (
-            hasattr(base, "forward_features") and hasattr(base, "forward_head")
-        ):
-            raise TypeError(
-                f"{type(base).__name__} has no timm forward_features/forward_head; pass "
-                "feature_fn=lambda prior, x: <(M, D) penultimate features of prior at x>"
-            )
-        self.prior = copy.deepcopy(base) if prior is None else prior
-        self.prior.requires_grad_(False)
-        self.prior.eval()
-        self._anchor_names = [n for n, p in base.named_parameters() if p.requires_grad]
-        if param_anchor == "init":
-            prior_params = dict(self.prior.named_parameters())
-            missing = [n for n in self._anchor_names if n not in prior_params]
-            if missing:
-                raise ValueError(
-                    f"param_anchor='init' needs φ0 to have the trainable parameters' names; "
-                    f"missing in the prior: {missing[:5]}"
-                )
+        self.variational = predictive.posterior(base, self.config)
+        self.feature_fn = feature_fn or _timm_feature_fn(base)
+        self.prior = _frozen(copy.deepcopy(base) if prior is None else prior)
+        self._anchor_names = _anchor_names(base, self.prior, self.config.param_anchor)
 
     @classmethod
     def from_config(
@@ -210,15 +146,13 @@ class FSEBObjective(nn.Module):
         prior: nn.Module | None = None,
         feature_fn: FeatureFn | None = None,
     ) -> FSEBObjective:
-        """The objective a recipe's ``fseb`` section describes (every field is a keyword here).
+        """The objective a recipe's ``fseb`` section describes: ``cls(model, num_train, cfg)``."""
+        return cls(model, num_train, cfg, prior=prior, feature_fn=feature_fn)
 
-        With ``cfg.prior_std`` set, s and d are ``None`` until :meth:`set_prior_covariance` gives
-        them (``finetune.run`` resolves them from φ0's features of the context pool).
-        """
-        hyper = dataclasses.asdict(cfg)
-        for name in RESOLVED_BY_RUN:
-            del hyper[name]
-        return cls(model, num_train, **hyper, prior=prior, feature_fn=feature_fn)
+    @property
+    def reg_scale(self) -> float:
+        """The weight of ``R_f`` (FS-VI: of the KL), ``config.reg_scale``; 0 is PS-MAP."""
+        return self.config.reg_scale
 
     def set_prior_covariance(self, scale: float, diag: float) -> None:
         """Use ``Kc = scale · (H Hᵀ + 1 1ᵀ) + diag · I`` from now on (e.g. s and d resolved from
@@ -259,13 +193,20 @@ class FSEBObjective(nn.Module):
         return [p for p in self.model.parameters() if p.requires_grad]
 
     def predictor(self, seed: int = 0) -> nn.Module:
-        """The model to predict with: the network itself, or FS-VI's Monte-Carlo predictive
-        (:class:`~fseb_ft.method.variational.MCPredictive`, ``fsvi_predict_samples`` draws seeded by
+        """The model to predict with (:func:`fseb_ft.method.predictive.predictor`): the network
+        itself, or FS-VI's Monte-Carlo predictive (``fsvi_predict_samples`` draws seeded by
         ``seed``) whose outputs are the log-probabilities of the averaged prediction."""
-        if self.variational is None:
-            return self.model
-        base = unwrap_model(self.model)
-        return MCPredictive(base, self.variational, self.fsvi_predict_samples, seed)
+        return predictive.predictor(self.model, self.variational, self.config, seed)
+
+    def method_state(self) -> dict[str, Tensor]:
+        """The tensors the method keeps beside the network's weights, to save with them: FS-VI's
+        σ by parameter name (μ is the weights); none for FS-EB and PS-MAP."""
+        return {} if self.variational is None else self.variational.stds()
+
+    def load_method_state(self, state: Mapping[str, Tensor]) -> None:
+        """Set what :meth:`method_state` saved (FS-VI's σ); nothing to set for FS-EB, PS-MAP."""
+        if self.variational is not None:
+            self.variational.load_stds(state)
 
     @torch.no_grad()
     def prior_features(self, context: Tensor) -> Tensor:
@@ -314,9 +255,9 @@ class FSEBObjective(nn.Module):
             zero = x.new_zeros((), dtype=torch.float32)
             return {"loss": loss, "nll": nll, "fs_reg": fs_reg, "param_reg": zero, "logits": logits}
         reg_features = context_features  # (M, D)
-        if use_fs and self.reg_points == "joint":
+        if use_fs and self.config.reg_points == "joint":
             reg_features = torch.cat([self.prior_features(x), context_features])  # (B + M, D)
-        if self.param_noise_std > 0:
+        if self.config.param_noise_std > 0:
             nll, fs_reg, logits = self._sampled_terms(x, y, context, reg_features, use_fs)
         else:
             nll, fs_reg, logits = self._terms(self.model, x, y, context, reg_features, use_fs)
@@ -345,8 +286,8 @@ class FSEBObjective(nn.Module):
         ``features`` are φ0's features of the points ``R_f`` is evaluated at: x̂ (M, D), or
         ``[x; x̂]`` (B + M, D) with ``reg_points="joint"``.
         """
-        joint_reg = use_fs and self.reg_points == "joint"
-        if use_fs and self.forward_mode == "joint":
+        joint_reg = use_fs and self.config.reg_points == "joint"
+        if use_fs and self.config.forward_mode == "joint":
             logits_all = call(torch.cat([x, context], dim=0))  # (B + M, K)
             logits, ctx_logits = logits_all[: x.shape[0]], logits_all[x.shape[0] :]
         else:
@@ -360,7 +301,7 @@ class FSEBObjective(nn.Module):
         if use_fs:
             reg_logits = torch.cat([logits, ctx_logits]) if joint_reg else ctx_logits  # (·, K)
             fs_reg = function_space_term(
-                reg_logits, features, self.prior_cov_scale, self.prior_cov_diag, self.solver
+                reg_logits, features, self.prior_cov_scale, self.prior_cov_diag, self.config.solver
             )
         else:
             fs_reg = x.new_zeros((), dtype=torch.float32)
@@ -376,12 +317,12 @@ class FSEBObjective(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Monte-Carlo EB-VI terms: S likelihood and J regulariser draws of ``θ + σ ε``."""
         named = dict(self.model.named_parameters())
-        S, J = self.likelihood_samples, self.reg_samples
+        S, J = self.config.likelihood_samples, self.config.reg_samples
         nlls, regs, first_logits = [], [], None
         for i in range(max(S, J) if use_fs else S):
             # Reparameterised draw: gradients reach θ through θ + σ ε.
             params = {
-                n: p + self.param_noise_std * torch.randn_like(p) if p.requires_grad else p
+                n: p + self.config.param_noise_std * torch.randn_like(p) if p.requires_grad else p
                 for n, p in named.items()
             }
 
@@ -411,7 +352,7 @@ class FSEBObjective(nn.Module):
         base = unwrap_model(self.model)
         means = dict(base.named_parameters())
         nlls, first = [], None
-        for _ in range(self.likelihood_samples):
+        for _ in range(self.config.likelihood_samples):
             draw = self.variational.sample(means)
             logits = functional_call(base, draw, (x,))  # (B, K)
             first = logits if first is None else first
@@ -419,69 +360,48 @@ class FSEBObjective(nn.Module):
                 nnf.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), y)
             )
         mean, cov = context_moments(
-            base, self.variational, context, self.variance_scope, self.feature_fn
+            base, self.variational, context, self.config.fsvi_variance, self.feature_fn
         )  # (M, K), (K, M, M)
         kl = function_kl(mean, cov, features, self.prior_cov_scale, self.prior_cov_diag)
         return torch.stack(nlls).mean(), kl, first
 
     def _param_reg(self) -> Tensor:
         params = self.model_parameters()
-        if self.param_anchor == "zero":
-            return parameter_term(params, self.prior_var)
+        if self.config.param_anchor == "zero":
+            return parameter_term(params, self.config.prior_var)
         prior_params = dict(self.prior.named_parameters())
         anchors = [prior_params[n] for n in self._anchor_names]
-        return parameter_term(params, self.prior_var, anchors)
+        return parameter_term(params, self.config.prior_var, anchors)
 
 
-def _validate(
-    *,
-    num_train: int,
-    reg_scale: float,
-    prior_var: float,
-    forward_mode: str,
-    reg_points: str,
-    param_anchor: str,
-    param_noise_std: float,
-    likelihood_samples: int,
-    reg_samples: int,
-) -> None:
-    if not (isinstance(num_train, int) and num_train > 0):
-        raise ValueError(f"num_train must be a positive int; got {num_train!r}")
-    if not reg_scale >= 0:
-        raise ValueError(f"reg_scale must be ≥ 0 (0 is PS-MAP); got {reg_scale}")
-    if not prior_var > 0:
-        raise ValueError(f"prior_var must be > 0; got {prior_var}")
-    for name, value, allowed in (
-        ("forward_mode", forward_mode, FORWARD_MODES),
-        ("reg_points", reg_points, REG_POINTS),
-        ("param_anchor", param_anchor, PARAM_ANCHORS),
-    ):
-        if value not in allowed:
-            raise ValueError(f"{name} must be {_one_of(allowed)}; got {value!r}")
-    if not param_noise_std >= 0:
-        raise ValueError(f"param_noise_std must be ≥ 0; got {param_noise_std}")
-    for name, value in (("likelihood_samples", likelihood_samples), ("reg_samples", reg_samples)):
-        if not (isinstance(value, int) and value >= 1):
-            raise ValueError(f"{name} must be an int ≥ 1; got {value!r}")
-
-
-def _validate_method(
-    method: str, variance: str, reg_scale: float, reg_points: str, param_noise_std: float
-) -> None:
-    if method not in METHODS:
-        raise ValueError(f"method must be {_one_of(METHODS)}; got {method!r}")
-    if variance not in VARIANCE_SCOPES:
-        raise ValueError(f"fsvi_variance must be {_one_of(VARIANCE_SCOPES)}; got {variance!r}")
-    if method == "fsvi" and not (
-        reg_scale > 0 and reg_points == "context" and param_noise_std == 0
-    ):
-        raise ValueError(
-            "method='fsvi' needs reg_scale > 0, reg_points='context' and param_noise_std = 0 "
-            f"(its noise is the learned σ); got {reg_scale}, {reg_points!r}, {param_noise_std}"
+def _timm_feature_fn(model: nn.Module) -> FeatureFn:
+    """:func:`timm_features`, once ``model`` is known to have timm's feature interface."""
+    if not (hasattr(model, "forward_features") and hasattr(model, "forward_head")):
+        raise TypeError(
+            f"{type(model).__name__} has no timm forward_features/forward_head; pass "
+            "feature_fn=lambda prior, x: <(M, D) penultimate features of prior at x>"
         )
+    return timm_features
 
 
-def _one_of(allowed: Sequence[str]) -> str:
-    """``'a', 'b' or 'c'``."""
-    quoted = [repr(a) for a in allowed]
-    return f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+def _frozen(prior: nn.Module) -> nn.Module:
+    """φ0 as the objective keeps it: no gradients, eval mode."""
+    prior.requires_grad_(False)
+    return prior.eval()
+
+
+def _anchor_names(model: nn.Module, prior: nn.Module, anchor: str) -> list[str]:
+    """The trainable parameters' names, which ``R_θ`` anchors at φ0's (``param_anchor="init"``).
+
+    Raises:
+        ValueError: ``anchor="init"`` and φ0 lacks some of these names.
+    """
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    prior_names = {n for n, _ in prior.named_parameters()}
+    missing = [n for n in names if n not in prior_names]
+    if anchor == "init" and missing:
+        raise ValueError(
+            f"param_anchor='init' needs φ0 to have the trainable parameters' names; "
+            f"missing in the prior: {missing[:5]}"
+        )
+    return names

@@ -2,6 +2,9 @@
 format or ``hf-hub:owner/name``; its inputs (image files, or a recipe's dataset spec) read
 without stopping at a bad file; its forward pass; and a run's validation split, rebuilt.
 
+A run's network with its best weights is :func:`load_run_model`, and what the run predicts with
+(FS-VI: the Monte-Carlo predictive of the saved q(θ)) :func:`run_predictor`.
+
 The engine of ``fseb-ft predict`` (:mod:`fseb_ft.predict`), which chooses thresholds and
 writes files; nothing here does either.
 """
@@ -17,32 +20,36 @@ from typing import Any
 import timm
 import torch
 from huggingface_hub import hf_hub_download
+from safetensors.torch import load_model as load_safetensors
 from timm.data import resolve_data_config
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
-from fseb_ft.recipe import DatasetSpec, Recipe
-from fseb_ft.recipe.datasets import IN_MEMORY
-from fseb_ft.errors import FsebError
 from fseb_ft.data.files import find_images, read_image
 from fseb_ft.data.images import IndexedImages, LabeledImages
-from fseb_ft.data.splits import stratified_split
 from fseb_ft.data.inputs import InputSpec
+from fseb_ft.data.sources import load_split
+from fseb_ft.data.splits import stratified_split
+from fseb_ft.data.transforms import eval_transform, make_loader
+from fseb_ft.errors import FsebError
+from fseb_ft.method.models import create_model
+from fseb_ft.method.predictive import posterior, predictor
+from fseb_ft.recipe import DatasetSpec, Recipe
+from fseb_ft.recipe.datasets import IN_MEMORY
+from fseb_ft.recipe.schema import build
 from fseb_ft.runs.rundir import (
     MODEL_DIR,
+    MODEL_WEIGHTS,
+    NOT_A_RUN,
     RECIPE_FILE,
     RESULTS_JSON,
     RunInfo,
-    load_run_model,
     read_abstention,
     read_json,
+    read_method_state,
     read_run,
-    run_predictor,
 )
-from fseb_ft.recipe.schema import build
-from fseb_ft.data.sources import load_split
-from fseb_ft.data.transforms import eval_transform, make_loader
 
 __all__ = [
     "ImageInputs",
@@ -51,7 +58,9 @@ __all__ = [
     "first_line",
     "gather_inputs",
     "load_model",
+    "load_run_model",
     "predict_logits",
+    "run_predictor",
     "validation_split",
 ]
 
@@ -151,6 +160,41 @@ def _load_run(run_dir: Path) -> LoadedModel:
         kept=read_abstention(run_dir),
         default_ood_score=recipe.eval.ood_scores[0],
     )
+
+
+def load_run_model(run_dir: Path, recipe: Recipe, info: RunInfo) -> nn.Module:
+    """The run's model with its best weights (:data:`~fseb_ft.runs.rundir.MODEL_WEIGHTS`), on CPU.
+
+    Raises:
+        FileNotFoundError: the run has no best weights.
+    """
+    weights = run_dir / MODEL_WEIGHTS
+    if not weights.is_file():
+        raise FileNotFoundError(NOT_A_RUN.format(run_dir=run_dir, missing=MODEL_WEIGHTS))
+    # The weights come from the run, so never fetch pretrained ones again.
+    model_cfg = dataclasses.replace(recipe.model, pretrained=False)
+    model = create_model(model_cfg, int(info.num_classes), in_chans=recipe.data.channels)
+    load_safetensors(model, str(weights))
+    return model
+
+
+def run_predictor(run_dir: Path, recipe: Recipe, model: nn.Module) -> nn.Module:
+    """What the run predicts with: ``model`` (its best weights) itself, or for FS-VI the
+    Monte-Carlo predictive of q(θ) = N(μ, diag(σ²)), μ = ``model``'s weights and σ the state
+    saved beside them (:func:`~fseb_ft.runs.rundir.read_method_state`), with the run's
+    ``fsvi_predict_samples`` draws seeded by ``train.seed``: built by
+    :func:`fseb_ft.method.predictive.predictor` as training built the predictor it scored the
+    test split with, draw for draw.
+
+    ``model`` may already be on its device (the draws are made where its parameters are).
+
+    Raises:
+        FileNotFoundError: an FS-VI run without its saved σ.
+    """
+    q = posterior(model, recipe.fseb)
+    if q is not None:
+        q.load_stds(read_method_state(run_dir))
+    return predictor(model, q, recipe.fseb, recipe.train.seed)
 
 
 def _load_folder(folder: Path) -> LoadedModel:

@@ -1,5 +1,5 @@
 """The run directory: the name of every file a run writes, ``run.json`` as :class:`RunInfo`, and
-reading a finished run back (its recipe, its record, its best weights).
+reading a finished run back (its recipe, its record, the method's state beside its weights).
 
 A run directory (``output.dir``) holds::
 
@@ -30,15 +30,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from safetensors.torch import load_file, load_model, save_file
-from torch import Tensor, nn
+from safetensors.torch import load_file, save_file
+from torch import Tensor
 
-from fseb_ft.data.splits import TEST_SPLIT, VALIDATION_SPLIT
-from fseb_ft.runs.atomic import cleaned_on_failure, publish, remove, write_text
-from fseb_ft.recipe import ConfigError, Recipe, load_recipe
-from fseb_ft.method.models import create_model
 from fseb_ft.data.inputs import InputSpec
-from fseb_ft.method.variational import MCPredictive, MeanFieldGaussian, variance_parameters
+from fseb_ft.data.splits import TEST_SPLIT, VALIDATION_SPLIT
+from fseb_ft.recipe import ConfigError, Recipe, load_recipe
+from fseb_ft.runs.atomic import cleaned_on_failure, publish, remove, write_text
 
 __all__ = [
     "ABSTENTION_FILE",
@@ -51,6 +49,7 @@ __all__ = [
     "MODEL_DIR",
     "MODEL_RECIPE",
     "MODEL_WEIGHTS",
+    "NOT_A_RUN",
     "PLOTS",
     "RECIPE_FILE",
     "RESULTS_JSON",
@@ -69,15 +68,15 @@ __all__ = [
     "clear_run",
     "epochs_done",
     "latest_checkpoint",
-    "load_run_model",
     "read_abstention",
     "read_json",
+    "read_method_state",
     "read_run",
     "read_val_logits",
     "results_split",
-    "run_predictor",
     "runs_in",
     "write_json",
+    "write_method_state",
     "write_tensors",
     "write_val_logits",
 ]
@@ -131,7 +130,8 @@ VAL_LOGITS = "val_logits.safetensors"
 choose a threshold: a later ``--coverage`` or ``--max-risk`` (any temperature) reuses them. Only
 written where the run folder can be written to; it changes no prediction."""
 
-_NOT_A_RUN = "{run_dir} is not a finished run: {missing} is missing"
+NOT_A_RUN = "{run_dir} is not a finished run: {missing} is missing"
+"""The message of a run folder that lacks a file (formatted with ``run_dir`` and ``missing``)."""
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -204,7 +204,7 @@ def read_run(
     run_dir: Path,
     overrides: Sequence[str] = (),
     needed: Sequence[str | Path] = (RECIPE_FILE, RUN_INFO_FILE),
-    missing: str = _NOT_A_RUN,
+    missing: str = NOT_A_RUN,
 ) -> tuple[Recipe, RunInfo]:
     """A finished run's resolved recipe (with ``overrides``) and ``run.json``.
 
@@ -217,18 +217,6 @@ def read_run(
             raise FileNotFoundError(missing.format(run_dir=run_dir, missing=name))
     recipe = load_recipe(run_dir / RECIPE_FILE, overrides)
     return recipe, RunInfo.from_json(read_json(run_dir / RUN_INFO_FILE))
-
-
-def load_run_model(run_dir: Path, recipe: Recipe, info: RunInfo) -> nn.Module:
-    """The run's model with its best weights (:data:`MODEL_WEIGHTS`), on CPU."""
-    weights = run_dir / MODEL_WEIGHTS
-    if not weights.is_file():
-        raise FileNotFoundError(_NOT_A_RUN.format(run_dir=run_dir, missing=MODEL_WEIGHTS))
-    # The weights come from the run, so never fetch pretrained ones again.
-    model_cfg = dataclasses.replace(recipe.model, pretrained=False)
-    model = create_model(model_cfg, int(info.num_classes), in_chans=recipe.data.channels)
-    load_model(model, str(weights))
-    return model
 
 
 def _current(path: Path, run_dir: Path) -> bool:
@@ -271,23 +259,24 @@ def write_val_logits(run_dir: Path, logits: Tensor, labels: Tensor) -> None:
     )
 
 
-def run_predictor(run_dir: Path, recipe: Recipe, model: nn.Module) -> nn.Module:
-    """What the run predicts with: ``model`` (its best weights) itself, or for FS-VI the
-    Monte-Carlo predictive of q(θ) = N(μ, diag(σ²)), μ = ``model``'s weights and σ from
-    :data:`VARIATIONAL_WEIGHTS`, with the run's ``fsvi_predict_samples`` draws seeded by
-    ``train.seed``: the predictor ``finetune`` scored the test split with, draw for draw.
+def write_method_state(run_dir: Path, state: Mapping[str, Tensor]) -> None:
+    """Keep the tensors the method saves beside the best weights (FS-VI's σ, by parameter name)
+    in :data:`VARIATIONAL_WEIGHTS`, atomically; nothing for a method without any (``state``
+    empty: FS-EB, PS-MAP)."""
+    if state:
+        write_tensors(run_dir / VARIATIONAL_WEIGHTS, state, "FS-VI's standard deviations")
 
-    ``model`` may already be on its device (the draws are made where its parameters are).
+
+def read_method_state(run_dir: Path) -> dict[str, Tensor]:
+    """What :func:`write_method_state` kept beside the run's best weights.
+
+    Raises:
+        FileNotFoundError: the run has no :data:`VARIATIONAL_WEIGHTS`.
     """
-    fseb = recipe.fseb
-    if fseb.method != "fsvi":
-        return model
-    stds = run_dir / VARIATIONAL_WEIGHTS
-    if not stds.is_file():
-        raise FileNotFoundError(_NOT_A_RUN.format(run_dir=run_dir, missing=VARIATIONAL_WEIGHTS))
-    q = MeanFieldGaussian(variance_parameters(model, fseb.fsvi_variance), fseb.fsvi_init_std)
-    q.load_stds(load_file(str(stds)))
-    return MCPredictive(model, q, fseb.fsvi_predict_samples, recipe.train.seed)
+    path = run_dir / VARIATIONAL_WEIGHTS
+    if not path.is_file():
+        raise FileNotFoundError(NOT_A_RUN.format(run_dir=run_dir, missing=VARIATIONAL_WEIGHTS))
+    return load_file(str(path))
 
 
 def checkpoint_name(epoch: int) -> str:

@@ -92,7 +92,7 @@ def measure(setting: str, images: int) -> dict:
         out.update(images=len(train), prior_cov_scale=s, prior_cov_diag=d)
         for name, perturb in (("perturbed", True), ("clean", False)):
             pool = build_context_pool(
-                "train", train, [], None, len(train), seed, spec.size, spec.mean, spec.std, perturb
+                "train", train, [], spec, size=len(train), seed=seed, perturb=perturb
             )
             m = mean_sq_feature_norm(pool, objective, "cpu", seed, max_images=len(pool))
             prior_std, share = prior_std_of(s, d, m)

@@ -10,13 +10,12 @@ import pytest
 import torch
 
 from fseb_ft.data.images import ArrayImages
+from fseb_ft.data.inputs import InputSpec
 from fseb_ft.data.transforms import eval_transform, perturbation_transform
 from fseb_ft.method.context import (
     ContextPool,
     ContextStream,
     build_context_pool,
-    context_loader,
-    infinite_batches,
 )
 
 MEAN, STD = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)  # identity normalisation: pixel value / 255
@@ -36,17 +35,10 @@ def _ids(batch: torch.Tensor) -> list[int]:
 
 def _pool(kind: str = "dataset", seed: int = 0, size: int = 20, **kw: object) -> ContextPool:
     datasets = kw.pop("datasets", [_distinct(50)])
+    train, weights = kw.pop("train", None), kw.pop("weights", None)
+    spec = InputSpec(SIZE, MEAN, STD)
     return build_context_pool(
-        kind,
-        kw.pop("train", None),
-        datasets,
-        kw.pop("weights", None),
-        size,
-        seed,
-        SIZE,
-        MEAN,
-        STD,
-        **kw,
+        kind, train, datasets, spec, weights=weights, size=size, seed=seed, **kw
     )
 
 
@@ -122,34 +114,6 @@ def test_perturbation_transform_changes_pixels_keeps_shape_and_is_seeded() -> No
     assert all(torch.equal(out, second(image=image)["image"]) for out in outs)
     with pytest.raises(ValueError, match="strength must be positive"):
         perturbation_transform(SIZE, MEAN, STD, strength=0.0)
-
-
-def test_loader_reshuffles_each_epoch_over_the_same_pool() -> None:
-    pool = _pool(size=24)
-    loader = context_loader(pool, batch_size=5, seed=0)
-    epochs = [[i for batch in loader for i in _ids(batch)] for _ in range(2)]
-    assert len(epochs[0]) == len(epochs[1]) == 20  # drop_last: 4 full batches of 5 out of 24
-    assert epochs[0] != epochs[1]
-    expected = sorted(pool.pairs[:, 1].tolist())
-    assert set(epochs[0]) <= set(expected) and set(epochs[1]) <= set(expected)
-    again = [i for batch in context_loader(_pool(size=24), 5, seed=0) for i in _ids(batch)]
-    assert again == epochs[0]
-
-
-def test_infinite_batches_cycles_epochs() -> None:
-    pool = _pool(size=10)
-    batches = list(itertools.islice(infinite_batches(context_loader(pool, 4, seed=1)), 7))
-    assert all(batch.shape == (4, 3, *SIZE) for batch in batches)
-    # Two full batches per epoch (drop_last): each epoch draws 8 distinct pool images.
-    for epoch in range(3):
-        assert len(set(_ids(batches[2 * epoch]) + _ids(batches[2 * epoch + 1]))) == 8
-    with pytest.raises(ValueError, match="produced no batches"):
-        next(infinite_batches([]))
-
-
-def test_context_batch_larger_than_pool_is_refused() -> None:
-    with pytest.raises(ValueError, match="exceeds the pool of 10"):
-        context_loader(_pool(size=10), batch_size=11, seed=0)
 
 
 def test_context_stream_workers_perturb_afresh_each_epoch_and_reproducibly() -> None:

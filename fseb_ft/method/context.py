@@ -11,8 +11,8 @@ saved with the run. :class:`ContextStream` feeds the training loop one context b
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -29,7 +29,6 @@ from fseb_ft.data.transforms import (
     epoch_seed,
     eval_transform,
     is_deterministic,
-    make_loader,
     perturbation_transform,
     seed_transform,
     seed_worker,
@@ -42,10 +41,8 @@ __all__ = [
     "ContextPool",
     "ContextStream",
     "build_context_pool",
-    "context_loader",
     "context_sets",
     "context_stream",
-    "infinite_batches",
     "mean_sq_feature_norm",
     "resolve_prior_on_pool",
 ]
@@ -58,8 +55,6 @@ if TYPE_CHECKING:
 
 MEAN_SQ_NORM_IMAGES = 1024
 """Images of a perturbed pool whose φ0 features estimate m = mean ‖h‖² (one seeded sample)."""
-
-_Batch = TypeVar("_Batch")
 
 
 class ContextPool(Dataset):
@@ -144,16 +139,15 @@ def build_context_pool(
     kind: str,
     train: LabeledImages | None,
     datasets: Sequence[LabeledImages],
-    weights: Sequence[float] | None,
-    size: int,
-    seed: int,
-    input_size: tuple[int, int],
-    mean: Sequence[float],
-    std: Sequence[float],
+    spec: InputSpec,
+    *,
+    weights: Sequence[float] | None = None,
+    size: int = 10_000,
+    seed: int = 0,
     perturb: bool = False,
     strength: float = 1.0,
 ) -> ContextPool:
-    """Build the context pool a recipe asks for.
+    """Build the context pool a recipe asks for, its images prepared as ``spec`` says.
 
     kind "train": the training inputs; "dataset": exactly one other dataset; "mixture": the
     training inputs (when given) followed by ``datasets``, in proportion to ``weights`` (equal
@@ -161,63 +155,44 @@ def build_context_pool(
     afresh every time an image is read), else the plain eval transform (a fixed pool whose
     features can be cached).
     """
-    _check_kind(kind)
-    datasets = list(datasets)
-    if kind == "train":
-        if train is None:
-            raise ValueError('context kind "train" needs the training dataset (train=None given)')
-        sources = [train]
-    elif kind == "dataset":
-        if len(datasets) != 1:
-            raise ValueError(
-                f'context kind "dataset" needs exactly one dataset, got {len(datasets)}; '
-                'use kind "mixture" to combine several'
-            )
-        sources = datasets
-    else:
-        sources = ([] if train is None else [train]) + datasets
-        if len(sources) < 2:
-            raise ValueError(
-                f'context kind "mixture" needs at least two sources, got {len(sources)} '
-                "(the training set, if given, counts as one)"
-            )
+    sources = _pool_sources(kind, train, datasets)
     if kind != "mixture" and weights is not None and len(weights) != 1:
         raise ValueError(f'context kind "{kind}" takes no mixture weights, got {list(weights)}')
-    settings = f"input_size={tuple(input_size)}, mean={tuple(mean)}, std={tuple(std)}"
+    settings = f"input_size={tuple(spec.size)}, mean={tuple(spec.mean)}, std={tuple(spec.std)}"
     if perturb:
-        transform = perturbation_transform(input_size, mean, std, strength, seed)
+        transform = perturbation_transform(spec.size, spec.mean, spec.std, strength, seed)
         description = f"perturbation(strength={strength}, {settings})"
     else:
-        transform = eval_transform(input_size, mean, std)
+        transform = eval_transform(spec.size, spec.mean, spec.std)
         description = f"eval({settings})"
     weights = weights if kind == "mixture" else None
     return ContextPool(sources, transform, size, seed, weights, kind, description)
 
 
-def context_loader(
-    pool: ContextPool, batch_size: int, seed: int, num_workers: int = 0
-) -> DataLoader:
-    """Batches of context images, reshuffled every epoch (seeded), incomplete batches dropped."""
-    if batch_size > len(pool):
+def _pool_sources(
+    kind: str, train: LabeledImages | None, datasets: Sequence[LabeledImages]
+) -> list[LabeledImages]:
+    """The datasets a pool of ``kind`` draws from (see :func:`build_context_pool`)."""
+    _check_kind(kind)
+    datasets = list(datasets)
+    if kind == "train":
+        if train is None:
+            raise ValueError('context kind "train" needs the training dataset (train=None given)')
+        return [train]
+    if kind == "dataset":
+        if len(datasets) != 1:
+            raise ValueError(
+                f'context kind "dataset" needs exactly one dataset, got {len(datasets)}; '
+                'use kind "mixture" to combine several'
+            )
+        return datasets
+    sources = ([] if train is None else [train]) + datasets
+    if len(sources) < 2:
         raise ValueError(
-            f"context batch size {batch_size} exceeds the pool of {len(pool)} images; "
-            "with drop_last no batch would ever be produced"
+            f'context kind "mixture" needs at least two sources, got {len(sources)} '
+            "(the training set, if given, counts as one)"
         )
-    return make_loader(pool, batch_size, True, num_workers, seed, drop_last=True)
-
-
-def infinite_batches(loader: Iterable[_Batch]) -> Iterator[_Batch]:
-    """Cycle through ``loader`` epoch after epoch, so a training step can always draw a batch.
-
-    Each pass re-iterates the loader, so a shuffling loader reshuffles between passes.
-    """
-    while True:
-        produced = False
-        for batch in loader:
-            produced = True
-            yield batch
-        if not produced:
-            raise ValueError("the loader produced no batches; cannot cycle an empty loader")
+    return sources
 
 
 class _SeededPermutations(Sampler[int]):
@@ -403,12 +378,10 @@ def context_stream(
         kind=ctx.kind,
         train=train if ctx.kind in ("train", "mixture") else None,
         datasets=others,
+        spec=spec,
         weights=list(ctx.weights) or None,
         size=ctx.pool_size,
         seed=seed,
-        input_size=spec.size,
-        mean=spec.mean,
-        std=spec.std,
         perturb=ctx.perturb,
     )
     accelerator.print(f"context: {pool!r}")

@@ -331,8 +331,9 @@ def predict_logits(
 
 
 def validation_split(recipe: Recipe, info: RunInfo | None) -> LabeledImages:
-    """The run's validation split, rebuilt from its recipe as :func:`~fseb_ft.data.sources.build_splits`
-    built it (``data.val``, or the seeded stratified ``data.val_fraction`` of ``data.train``).
+    """The run's validation split, rebuilt from its recipe as
+    :func:`~fseb_ft.data.sources.build_splits` built it (``data.val``, or the seeded stratified
+    ``data.val_fraction`` of ``data.train``).
 
     Raises:
         FsebError: the run was trained on in-memory data (``fseb_ft.finetune``), which the

@@ -17,7 +17,8 @@ from datasets import Dataset
 from fseb_ft import cli, logs
 from fseb_ft import finetune as finetune_module
 from fseb_ft.runs.atomic import DiskFullError
-from tests.test_pipeline import _write_folder, poison_loss, snapshot
+from tests.helpers import write_image_folder
+from tests.test_pipeline import poison_loss, snapshot
 
 ROOT = Path(__file__).parents[1]
 QUICKSTART = str(ROOT / "recipes" / "quickstart.yaml")
@@ -37,12 +38,13 @@ def _fails(argv: list[str], capsys: pytest.CaptureFixture[str], code: int) -> st
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("data")
-    _write_folder(root / "ok", "train", {"cat": 4, "dog": 4})
-    _write_folder(root / "ok", "test", {"cat": 2, "dog": 2, "owl": 2})  # owl: not a training class
+    write_image_folder(root / "ok", "train", {"cat": 4, "dog": 4})
+    # owl: not a training class
+    write_image_folder(root / "ok", "test", {"cat": 2, "dog": 2, "owl": 2})
     Dataset.from_dict({"image": [np.zeros((4, 4, 3), np.uint8)] * 4}).save_to_disk(root / "nolabel")
     (root / "a-file").write_text("")
     # A Kaggle root, as a new user pointed at it: its only sub-folder is train_images/.
-    _write_folder(root / "kaggle", "train_images", {".": 8})
+    write_image_folder(root / "kaggle", "train_images", {".": 8})
     (root / "kaggle" / "train.csv").write_text("id_code,diagnosis\n")
     return root
 

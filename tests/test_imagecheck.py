@@ -19,8 +19,8 @@ from fseb_ft.data.sources import load_imagefolder
 from fseb_ft.evaluate import evaluate_run
 from fseb_ft.finetune import run
 from fseb_ft.recipe import recipe_from_dict
+from tests.helpers import tiny_recipe, write_image_folder
 from tests.test_cli_errors import QUICKSTART, _fails
-from tests.test_pipeline import _recipe_dict, _write_folder
 
 
 def _jpeg(side: int = 16, seed: int = 0) -> bytes:
@@ -84,7 +84,7 @@ def test_broken_pngs_and_non_images_are_caught(tmp_path: Path) -> None:
 
 def _folder_with_bad_files(root: Path, bad: int) -> list[str]:
     """train/cat with 4 good PNGs and ``bad`` truncated JPEGs; their paths."""
-    _write_folder(root, "train", {"cat": 4})
+    write_image_folder(root, "train", {"cat": 4})
     paths = []
     for i in range(bad):
         path = root / "train" / "cat" / f"bad{i:02d}.jpg"
@@ -148,12 +148,12 @@ def test_hub_and_disk_datasets_are_checked_in_their_encoded_bytes() -> None:
 def _bad_run(tmp_path: Path, policy: str) -> tuple[dict, str]:
     """A tiny run whose training folder holds a truncated JPEG and a text file."""
     root = tmp_path / "data"
-    _write_folder(root / "ind", "train", {"cat": 6, "dog": 6})
-    _write_folder(root / "ind", "test", {"cat": 2, "dog": 2})
+    write_image_folder(root / "ind", "train", {"cat": 6, "dog": 6})
+    write_image_folder(root / "ind", "test", {"cat": 2, "dog": 2})
     bad = root / "ind" / "train" / "dog" / "cut.jpg"
     bad.write_bytes(_truncated_jpeg())
     (root / "ind" / "train" / "dog" / "notes.txt").write_text("labelled by hand")
-    recipe = _recipe_dict({"ind": root / "ind", "ood": root / "ind"}, tmp_path / "run", epochs=1)
+    recipe = tiny_recipe({"ind": root / "ind", "ood": root / "ind"}, tmp_path / "run", epochs=1)
     recipe["data"]["ood"] = {}
     recipe["data"]["bad_images"] = policy
     return recipe, str(bad)

@@ -16,14 +16,14 @@ from fseb_ft.finetune import run
 from fseb_ft.logs import above_progress_bars
 from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.recipe import recipe_from_dict
-from tests.test_pipeline import _recipe_dict, _write_folder
+from tests.helpers import tiny_recipe, write_image_folder
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("data")
-    _write_folder(root / "ind", "train", {"cat": 8, "dog": 8})
-    _write_folder(root / "ind", "test", {"cat": 2, "dog": 2})
+    write_image_folder(root / "ind", "train", {"cat": 8, "dog": 8})
+    write_image_folder(root / "ind", "test", {"cat": 2, "dog": 2})
     return {"ind": root / "ind", "ood": root / "ind"}
 
 
@@ -61,7 +61,7 @@ def test_lines_and_warnings_of_the_training_loop_go_above_its_bars(
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(FSEBObjective, "forward", noisy)
-    recipe = _recipe_dict(folders, tmp_path / "run", epochs=1)
+    recipe = tiny_recipe(folders, tmp_path / "run", epochs=1)
     recipe["fseb"]["reg_scale"] = 0.0  # PS-MAP: no context pool, a faster run
     with _console():
         run(recipe_from_dict(recipe), evaluate_test=False)

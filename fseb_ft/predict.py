@@ -62,10 +62,10 @@ from fseb_ft.evaluation.selective import (
 )
 from fseb_ft.evaluation.temperature import TEMPERATURE_RANGE, temperature_identified
 from fseb_ft.logs import configure_logging
-from fseb_ft.push import write_model_card
 from fseb_ft.recipe import DatasetSpec
 from fseb_ft.recipe.options import OOD_SCORES
 from fseb_ft.runs.atomic import write_text
+from fseb_ft.runs.export import write_model_card
 from fseb_ft.runs.loading import (
     ImageInputs,
     LoadedModel,

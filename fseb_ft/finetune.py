@@ -58,7 +58,6 @@ from fseb_ft.logs import configure_logging
 from fseb_ft.method.context import context_sets, context_stream, resolve_prior_on_pool
 from fseb_ft.method.models import create_model, head_init, input_spec
 from fseb_ft.method.objective import FSEBObjective
-from fseb_ft.push import share_run
 from fseb_ft.recipe import (
     ConfigError,
     DatasetSpec,
@@ -104,6 +103,7 @@ from fseb_ft.runs.rundir import (
     write_json,
     write_method_state,
 )
+from fseb_ft.runs.upload import share_run
 
 __all__ = ["compare", "finetune", "main", "resolve_recipe", "run"]
 

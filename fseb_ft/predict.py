@@ -35,70 +35,36 @@ out of the predictions and named in a note and in the meta file.
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
-import io
-import json
-import logging
-import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import yaml
-from torch import Tensor
 
 from fseb_ft.cli import help_text, run_entry
 from fseb_ft.errors import FsebError
-from fseb_ft.evaluation.metrics import predictive_entropy
-from fseb_ft.evaluation.ood import ood_score
-from fseb_ft.evaluation.selective import (
-    abstention_outcome,
-    abstention_threshold,
-    top_class_log_odds,
-)
+from fseb_ft.evaluation.abstention import AbstentionRule, out_of_range
 from fseb_ft.evaluation.temperature import TEMPERATURE_RANGE, temperature_identified
 from fseb_ft.logs import configure_logging
-from fseb_ft.push import write_model_card
 from fseb_ft.recipe import DatasetSpec
 from fseb_ft.recipe.options import OOD_SCORES
-from fseb_ft.runs.atomic import write_text
-from fseb_ft.runs.loading import (
-    ImageInputs,
-    LoadedModel,
-    first_line,
-    gather_inputs,
-    load_model,
-    predict_logits,
-    validation_split,
+from fseb_ft.runs.loading import LoadedModel, first_line, gather_inputs, load_model, predict_logits
+from fseb_ft.runs.prediction_files import (
+    accuracy,
+    format_rows,
+    image_rows,
+    meta_path,
+    output_format,
+    write_predictions,
 )
-from fseb_ft.runs.rundir import (
-    ABSTENTION_FILE,
-    MODEL_DIR,
-    RESULTS_JSON,
-    read_val_logits,
-    write_json,
-    write_val_logits,
-)
+from fseb_ft.runs.rundir import ABSTENTION_FILE
+from fseb_ft.runs.thresholds import DEFAULT_COVERAGE, choose_rule, keep_rule
 
-__all__ = [
-    "DEFAULT_COVERAGE",
-    "ImagePredictions",
-    "format_rows",
-    "main",
-    "meta_path",
-    "predict_images",
-    "summary",
-]
+__all__ = ["ImagePredictions", "main", "predict_images", "summary"]
 
-logger = logging.getLogger(__name__)
-
-DEFAULT_COVERAGE = 0.9
-"""The coverage a run's threshold is chosen for when nothing else is asked or kept."""
-_FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 _SHOWN = 10  # files named in a note before "… and N more"
 
 
@@ -111,11 +77,6 @@ class ImagePredictions:
     meta: dict[str, Any]
     """Model, temperature, threshold with its validation coverage and risk, counts, files left
     out: what ``<out stem>.meta.json`` holds."""
-
-
-# --------------------------------------------------------------------------------------------
-# The Python API
-# --------------------------------------------------------------------------------------------
 
 
 def predict_images(
@@ -167,18 +128,8 @@ def predict_images(
     Returns:
         The rows and the meta record (:class:`ImagePredictions`).
     """
-    if sum(x is not None for x in (coverage, max_risk, threshold)) > 1:
-        raise ValueError("give at most one of coverage, max_risk and threshold")
-    if top_k < 1:
-        raise ValueError(f"top_k must be at least 1, got {top_k}")
-    if ood is not None and ood not in OOD_SCORES:
-        raise ValueError(f"ood score must be one of {list(OOD_SCORES)}, got {ood!r}")
-    if temperature is not None and not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    for name, value in (("coverage", coverage), ("max_risk", max_risk), ("threshold", threshold)):
-        if value is not None and (problem := _out_of_range(name, value)) is not None:
-            raise ValueError(f"{name} {problem}")
-    fmt = _output_format(out, fmt)
+    _check_arguments(coverage, max_risk, threshold, top_k, ood, temperature)
+    fmt = output_format(out, fmt)
     images = [images] if isinstance(images, str | Path) else list(images)
     loaded = model if isinstance(model, LoadedModel) else load_model(model)
     if keep and loaded.run_dir is None:
@@ -193,220 +144,63 @@ def predict_images(
     loader_kw = {"batch_size": batch_size, "num_workers": num_workers, "progress": progress}
 
     inputs, names, labels, skipped = gather_inputs(loaded, images, dataset)
-    rule = _threshold(loaded, temp, coverage, max_risk, threshold, run_device, loader_kw)
+    rule = choose_rule(loaded, temp, coverage, max_risk, threshold, run_device, loader_kw)
     logits, errors = predict_logits(net, inputs, loaded, run_device, "predict", **loader_kw)
     readable = [i for i, err in enumerate(errors) if not err]
     unreadable = [f"{names[i]}: {errors[i]}" for i in range(len(names)) if errors[i]]
     if not readable:
         raise ValueError(f"none of the {len(names)} images could be read: {unreadable[0]}")
-    z = logits[readable].double() / (temp or 1.0)  # (M, K) temperature-scaled logits
-    probs = torch.softmax(z, dim=-1)  # (M, K)
-    log_odds = top_class_log_odds(z)  # (M,) the confidence τ applies to, never rounded to 1
-    abstain = log_odds < rule["log_odds_threshold"]  # (M,)
-    columns = {
-        "entropy": predictive_entropy(probs),  # (M,)
-        f"ood_{ood}": ood_score(ood, probs, z),  # (M,)
-    }
-    rows = _rows(
+    rows = image_rows(
         [names[i] for i in readable],
         None if labels is None else [labels[i] for i in readable],
-        probs, log_odds, abstain, columns, loaded.class_names, top_k,
+        logits[readable], temp, rule.log_odds_threshold, ood, loaded.class_names, top_k,
     )  # fmt: skip
     meta = {
         "model": loaded.where,
         "temperature": temp,
         "warnings": _temperature_warnings(temp) if temperature is None else [],
-        "abstention": rule,
+        "abstention": rule.to_json(),
         "ood_score": ood,
         "images": len(rows),
-        "abstained": int(abstain.sum()),
+        "abstained": sum(row["abstain"] for row in rows),
         "unreadable": unreadable,
         "left_out": [str(p) for p in skipped],
         "device": str(run_device),
     }
     if labels is not None:
-        meta["accuracy_accepted"] = _accuracy([r for r in rows if not r["abstain"]])
-        meta["accuracy_all"] = _accuracy(rows)
-    if keep and loaded.run_dir is not None and rule.get("chosen_on") != "kept":
-        meta["kept_in"] = str(_keep(loaded.run_dir, rule))
+        meta["accuracy_accepted"] = accuracy([r for r in rows if not r["abstain"]])
+        meta["accuracy_all"] = accuracy(rows)
+    if keep and loaded.run_dir is not None and rule.chosen_on != "kept":
+        meta["kept_in"] = str(keep_rule(loaded.run_dir, rule))
     if out is not None:
-        _write(Path(out), fmt, rows, meta)
+        write_predictions(Path(out), fmt, rows, meta)
     return ImagePredictions(rows=rows, meta=meta)
 
 
-# --------------------------------------------------------------------------------------------
-# The threshold
-# --------------------------------------------------------------------------------------------
-
-
-def _threshold(
-    loaded: LoadedModel,
-    temperature: float | None,
+def _check_arguments(
     coverage: float | None,
     max_risk: float | None,
     threshold: float | None,
-    device: torch.device,
-    loader_kw: dict[str, Any],
-) -> dict[str, Any]:
-    """The abstention rule: ``τ``, how it was chosen, and its validation coverage and risk.
-
-    At most one of ``coverage``, ``max_risk`` and ``threshold`` is given.
-    """
-    # Confidence is the maximum probability of softmax(logits / T): τ holds for this T only.
-    rule: dict[str, Any] = {"temperature": temperature}
-    if coverage is None and max_risk is None and threshold is None:
-        kept = loaded.kept
-        if kept and kept.get("temperature") == temperature:
-            return {**_with_log_odds(kept), "chosen_on": "kept"}
-        if loaded.run_dir is None:
-            return {**rule, "criterion": "none", **_probability_threshold(0.0), "validation": None}
-        coverage = DEFAULT_COVERAGE
-    if threshold is not None:
-        rule |= {"criterion": "threshold", "target": threshold, **_probability_threshold(threshold)}
-    else:
-        target = coverage if coverage is not None else max_risk
-        rule |= {"criterion": "coverage" if coverage is not None else "max_risk", "target": target}
-    if loaded.run_dir is None:
-        if threshold is None:
-            raise FsebError(
-                f"--{rule['criterion'].replace('_', '-')} chooses the threshold on a run's "
-                f"validation split, and {loaded.where} has none: predict with the run folder, "
-                "or give --threshold"
-            )
-        return {**rule, "validation": None}
-    try:
-        confidence, correct = _validation(loaded, loaded.run_dir, temperature, device, loader_kw)
-    except FsebError:
-        if threshold is None:
-            raise
-        return {**rule, "validation": None}  # τ given; the run's validation data is not at hand
-    if threshold is None:
-        found = abstention_threshold(confidence, correct, coverage=coverage, max_risk=max_risk)
-        log_odds = float(found["threshold"])
-        rule["threshold"] = float(torch.sigmoid(found["threshold"]))  # as a probability
-        rule["log_odds_threshold"] = log_odds
-        rule["chosen_on"] = "validation"
-    else:
-        found = abstention_outcome(
-            confidence, correct, torch.tensor(rule["log_odds_threshold"], dtype=torch.float64)
-        )
-    risk = float(found["risk"])
-    rule["validation"] = {
-        "n": len(confidence),
-        "accepted": int(found["accepted"]),
-        "coverage": float(found["coverage"]),
-        "risk": None if math.isnan(risk) else risk,
-    }
-    return rule
-
-
-def _validation(
-    loaded: LoadedModel,
-    run_dir: Path,
+    top_k: int,
+    ood: str | None,
     temperature: float | None,
-    device: torch.device,
-    loader_kw: dict[str, Any],
-) -> tuple[Tensor, Tensor]:
-    """Confidences (top-class log-odds, (N_v,)) and correctness (N_v,) on the validation split.
-
-    The logits come from the run's (``run_dir``) :data:`~fseb_ft.runs.rundir.VAL_LOGITS` when they
-    are as new as its weights; otherwise they are predicted (the whole validation split) and
-    cached there when the folder can be written to.
-    """
-    cached = read_val_logits(run_dir)
-    if cached is not None:
-        logits, labels = cached  # (N_v, K), (N_v,)
-    else:
-        val = validation_split(loaded.recipe, loaded.info)
-        logits, errors = predict_logits(
-            loaded.model, ImageInputs(None, val, loaded), loaded, device, "validation", **loader_kw
-        )
-        bad = [e for e in errors if e]
-        if bad:
-            raise ValueError(f"{len(bad)} validation image(s) cannot be read: {bad[0]}")
-        labels = torch.as_tensor(val.labels, dtype=torch.long)  # (N_v,)
-        try:
-            write_val_logits(run_dir, logits, labels)
-        except OSError as err:  # a cache: a read-only run folder (or a full disk) is only read
-            logger.info("validation logits not cached in %s: %s", run_dir, _reason(err))
-    return top_class_log_odds(logits, temperature or 1.0), logits.argmax(dim=-1) == labels
-
-
-def _probability_threshold(threshold: float) -> dict[str, float]:
-    """τ as a probability and as the top-class log-odds ``log(τ / (1 - τ))`` it equals."""
-    with np.errstate(divide="ignore"):
-        log_odds = float(np.log(threshold) - np.log1p(-threshold))  # ±inf at τ = 0 or 1
-    return {"threshold": float(threshold), "log_odds_threshold": log_odds}
-
-
-def _with_log_odds(rule: Mapping[str, Any]) -> dict[str, Any]:
-    """A kept rule with its log-odds threshold (derived from τ when a record lacks it)."""
-    if "log_odds_threshold" in rule:
-        return dict(rule)
-    return {**rule, **_probability_threshold(rule["threshold"])}
-
-
-def _keep(run_dir: Path, rule: Mapping[str, Any]) -> Path:
-    """Store ``rule`` with the run, its ``fseb.json`` and its card; return where it is kept.
+) -> None:
+    """Refuse what :func:`predict_images` cannot do before anything loads.
 
     Raises:
-        FsebError: the run folder cannot be written to (the message names the file).
+        ValueError: naming the argument and what it takes.
     """
-    kept = target = run_dir / ABSTENTION_FILE
-    try:
-        write_json(kept, {k: v for k, v in rule.items() if k != "chosen_on"})
-        target = run_dir / MODEL_DIR
-        if (target / "fseb.json").is_file() and (run_dir / RESULTS_JSON).is_file():
-            write_model_card(run_dir)
-    except OSError as err:
-        if isinstance(err, FsebError):  # a full disk: already one line naming the folder
-            raise
-        raise FsebError(
-            f"--keep could not write {target} ({_reason(err)}): make the run folder writable, "
-            "or leave out --keep"
-        ) from err
-    return kept
-
-
-def _reason(err: OSError) -> str:
-    """An OS error's reason without the temporary file it named (``Permission denied``)."""
-    return err.strerror or first_line(err)
-
-
-# --------------------------------------------------------------------------------------------
-# Rows and files
-# --------------------------------------------------------------------------------------------
-
-
-def _rows(
-    names: list[str],
-    labels: list[str] | None,
-    probs: Tensor,
-    log_odds: Tensor,
-    abstain: Tensor,
-    columns: Mapping[str, Tensor],
-    class_names: list[str],
-    top_k: int,
-) -> list[dict[str, Any]]:
-    k = min(top_k, probs.shape[1])
-    top_p, top_i = probs.topk(k, dim=-1)  # (M, k) each
-    rows = []
-    for i, name in enumerate(names):
-        row: dict[str, Any] = {"image": name}
-        if labels is not None:
-            row["label"] = labels[i]
-        row |= {
-            "prediction": class_names[int(top_i[i, 0])],
-            "probability": float(top_p[i, 0]),
-            "log_odds": float(log_odds[i]),
-            "abstain": bool(abstain[i]),
-            **{key: float(values[i]) + 0.0 for key, values in columns.items()},  # no -0.0
-        }
-        for j in range(k):
-            row[f"top{j + 1}"] = class_names[int(top_i[i, j])]
-            row[f"top{j + 1}_probability"] = float(top_p[i, j])
-        rows.append(row)
-    return rows
+    if sum(x is not None for x in (coverage, max_risk, threshold)) > 1:
+        raise ValueError("give at most one of coverage, max_risk and threshold")
+    if top_k < 1:
+        raise ValueError(f"top_k must be at least 1, got {top_k}")
+    if ood is not None and ood not in OOD_SCORES:
+        raise ValueError(f"ood score must be one of {list(OOD_SCORES)}, got {ood!r}")
+    if temperature is not None and not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    for name, value in (("coverage", coverage), ("max_risk", max_risk), ("threshold", threshold)):
+        if value is not None and (problem := out_of_range(name, value)) is not None:
+            raise ValueError(f"{name} {problem}")
 
 
 def _temperature_warnings(temperature: float | None) -> list[str]:
@@ -420,56 +214,6 @@ def _temperature_warnings(temperature: float | None) -> list[str]:
         f"{why if temperature < 1 else ''}: the fit "
         "found no minimum inside it; --temperature 1 gives the raw outputs"
     ]
-
-
-def _accuracy(rows: list[dict[str, Any]]) -> float | None:
-    return sum(r["prediction"] == r["label"] for r in rows) / len(rows) if rows else None
-
-
-def _output_format(out: str | Path | None, fmt: str | None) -> str:
-    if fmt is not None:
-        if fmt not in ("csv", "jsonl"):
-            raise ValueError(f"format must be csv or jsonl, got {fmt!r}")
-        return fmt
-    if out is None:
-        return "csv"
-    suffix = Path(out).suffix.lower()
-    if suffix not in _FORMATS:
-        raise ValueError(
-            f"cannot tell the format of --out {out} from its extension: use .csv or .jsonl, "
-            "or give --format"
-        )
-    return _FORMATS[suffix]
-
-
-def meta_path(out: str | Path) -> Path:
-    """The meta file beside ``out``: ``predictions.csv`` → ``predictions.meta.json``."""
-    out = Path(out)
-    return out.with_name(f"{out.stem}.meta.json")
-
-
-def _write(out: Path, fmt: str, rows: list[dict[str, Any]], meta: Mapping[str, Any]) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_text(out, format_rows(rows, fmt))
-    write_json(meta_path(out), {**meta, "predictions": str(out), "format": fmt})
-
-
-def format_rows(rows: list[dict[str, Any]], fmt: str) -> str:
-    """The rows as CSV (with a header) or JSON Lines text."""
-    if fmt != "csv":
-        return "".join(json.dumps(row) + "\n" for row in rows)
-    if not rows:
-        return ""
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return buffer.getvalue()
-
-
-# --------------------------------------------------------------------------------------------
-# The command
-# --------------------------------------------------------------------------------------------
 
 
 def main(
@@ -511,32 +255,31 @@ def main(
 
 def summary(meta: Mapping[str, Any], out: str | Path | None) -> str:
     """The lines the command prints: model, threshold and its validation numbers, counts."""
-    rule = meta["abstention"]
+    rule = AbstentionRule.from_json(meta["abstention"])
     temp = meta["temperature"]
     lines = [f"model: {meta['model']}" + ("" if temp is None else f" (temperature T = {temp:.4g})")]
-    tau = rule["threshold"]
     how = {
-        "coverage": f"chosen on the validation split for coverage {rule.get('target')}",
-        "max_risk": f"chosen on the validation split for risk ≤ {rule.get('target')}",
+        "coverage": f"chosen on the validation split for coverage {rule.target}",
+        "max_risk": f"chosen on the validation split for risk ≤ {rule.target}",
         "threshold": "given",
-    }.get(rule["criterion"])
-    if rule.get("chosen_on") == "kept":
+    }.get(rule.criterion)
+    if rule.chosen_on == "kept":
         how = f"kept with the model ({how})"
     if how is None:
         lines.append("threshold: none kept or given, so nothing abstains (give --threshold)")
     else:
         lines.append(
-            f"threshold: abstain when max probability < {tau:.6g} (top-class log-odds < "
-            f"{rule['log_odds_threshold']:.4g}), {how}"
+            f"threshold: abstain when max probability < {rule.threshold:.6g} (top-class log-odds "
+            f"< {rule.log_odds_threshold:.4g}), {how}"
         )
-    val = rule.get("validation")
-    if val:
-        risk = "n/a" if val["risk"] is None else f"{val['risk']:.4f}"
+    val = rule.validation
+    if val is not None:
+        risk = "n/a" if val.risk is None else f"{val.risk:.4f}"
         lines.append(
-            f"validation: coverage {val['coverage']:.4f} ({val['accepted']}/{val['n']} images), "
+            f"validation: coverage {val.coverage:.4f} ({val.accepted}/{val.n} images), "
             f"risk {risk} (error rate among accepted)"
         )
-    elif rule["criterion"] != "none":
+    elif rule.criterion != "none":
         lines.append("validation: coverage and risk unknown (no validation data with this model)")
     n, abstained = meta["images"], meta["abstained"]
     lines.append(f"predicted {n} image(s): {n - abstained} accepted, {abstained} abstained")
@@ -623,18 +366,6 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     return parser
 
 
-_RANGES = {"coverage": "(0, 1]", "max_risk": "[0, 1)", "threshold": "[0, 1]"}
-"""The values each abstention option takes, in interval notation (as docs/cli.md states them)."""
-
-
-def _out_of_range(name: str, value: float) -> str | None:
-    """Why ``value`` is no valid ``name`` (a key of :data:`_RANGES`); None when it is one."""
-    interval = _RANGES[name]
-    above = value > 0 if interval[0] == "(" else value >= 0
-    below = value < 1 if interval[-1] == ")" else value <= 1
-    return None if above and below else f"must lie in {interval}, got {value:g}"
-
-
 def _fraction(name: str) -> Callable[[str], float]:
     """The argparse type of the abstention option ``name``: a number in its range."""
 
@@ -643,7 +374,7 @@ def _fraction(name: str) -> Callable[[str], float]:
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if (problem := _out_of_range(name, value)) is not None:
+        if (problem := out_of_range(name, value)) is not None:
             raise argparse.ArgumentTypeError(problem)
         return value
 

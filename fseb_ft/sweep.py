@@ -44,7 +44,6 @@ from fseb_ft.engine.loop import NonFiniteLossError, TrainingDivergedError, highe
 from fseb_ft.evaluate import evaluate_run
 from fseb_ft.finetune import RecipeMismatchError, run
 from fseb_ft.logs import configure_logging
-from fseb_ft.push import export_run
 from fseb_ft.recipe import (
     ConfigError,
     ContextConfig,
@@ -58,6 +57,7 @@ from fseb_ft.recipe import (
 from fseb_ft.recipe.options import CONTEXT_KINDS
 from fseb_ft.recipe.schema import set_key
 from fseb_ft.runs.atomic import DiskFullError, write_text
+from fseb_ft.runs.export import export_run
 from fseb_ft.runs.plots import sweep_plot
 from fseb_ft.runs.report import markdown_table, method_title, split_note
 from fseb_ft.runs.rundir import (

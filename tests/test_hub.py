@@ -34,12 +34,12 @@ from PIL import Image
 from test_pipeline import _write_folder
 
 import fseb_ft.finetune as finetune_module
-import fseb_ft.push as hub
 from fseb_ft import cli
 from fseb_ft.data.files import read_image
 from fseb_ft.data.transforms import eval_transform
 from fseb_ft.finetune import run
 from fseb_ft.recipe import ConfigError, OutputConfig, dump_recipe, recipe_from_dict
+from fseb_ft.runs import export, upload
 from fseb_ft.runs.published import scrub
 from fseb_ft.runs.report import markdown_table
 from fseb_ft.runs.rundir import COMPARISON_PLOTS
@@ -98,21 +98,21 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     recipe = recipe_from_dict(_recipe_dict(root / "ind", root / "ood", out))
 
     shared: dict[str, Any] = {}
-    original = hub.share_run
+    original = upload.share_run
 
     def spy(model, *args, **kwargs):  # the exact model run() exports, and its logits
         shared["model"] = copy.deepcopy(model).eval()
         return original(model, *args, **kwargs)
 
     records = _Records()
-    logging.getLogger("fseb_ft.push").addHandler(records)
+    logging.getLogger("fseb_ft.runs.upload").addHandler(records)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(finetune_module, "share_run", spy)  # the name run() calls
         mp.setenv("HF_ENDPOINT", UNREACHABLE)
         start = time.perf_counter()
         results = run(recipe)
         seconds = time.perf_counter() - start
-    logging.getLogger("fseb_ft.push").removeHandler(records)
+    logging.getLogger("fseb_ft.runs.upload").removeHandler(records)
     return SimpleNamespace(
         dir=out,
         folder=out / "model",
@@ -270,8 +270,8 @@ def test_failed_push_is_fast_logged_with_the_retry_command_and_the_run_completes
     assert f"fseb-ft push {tiny_run.dir} {REPO_ID} --private" in failures[0]
 
     start = time.perf_counter()
-    with pytest.raises(hub.HubPushError, match="Retry with") as err:
-        hub.push_run(tiny_run.dir, REPO_ID, endpoint=UNREACHABLE, refresh_card=False)
+    with pytest.raises(upload.HubPushError, match="Retry with") as err:
+        upload.push_run(tiny_run.dir, REPO_ID, endpoint=UNREACHABLE, refresh_card=False)
     assert time.perf_counter() - start < 10
     assert f"--endpoint {UNREACHABLE}" in str(err.value)
 
@@ -288,12 +288,12 @@ def test_the_card_shows_the_sibling_psmap_run_or_a_given_baseline(tiny_run, tmp_
     raw["fseb"]["reg_scale"] = 0.0
     (psmap / "recipe.yaml").write_text(yaml.safe_dump(raw))
 
-    text = hub.write_model_card(run_dir).read_text()
+    text = export.write_model_card(run_dir).read_text()
     rows = {"FS-EB · test_byobnet": tiny_run.results, "PS-MAP · test_byobnet": other}
     table = markdown_table(rows)
     assert table in text and "12.35" in table
 
-    text = hub.write_model_card(run_dir, baseline={"Mine": other}).read_text()
+    text = export.write_model_card(run_dir, baseline={"Mine": other}).read_text()
     assert "| Mine |" in text and "PS-MAP · test_byobnet |" not in text
 
 
@@ -323,7 +323,7 @@ def test_a_published_model_folder_names_no_local_path(tmp_path: Path) -> None:
     # test_byobnet stands in for the local weights; its timm config says apache-2.0, which a
     # local folder's config is no record of.
     model = timm.create_model("test_byobnet", num_classes=2)
-    folder = hub.save_model_folder(model, tmp_path / "run", recipe, info, results)
+    folder = export.save_model_folder(model, tmp_path / "run", recipe, info, results)
 
     published = ("README.md", "config.json", "fseb.json", "training_recipe.yaml")
     for name in published:
@@ -356,7 +356,7 @@ def test_the_card_shows_only_the_runs_own_plots(tiny_run, fake_hub, tmp_path: Pa
     for name in COMPARISON_PLOTS:
         Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(run_dir / name)
 
-    hub.push_run(run_dir, REPO_ID, token="hf_test", endpoint=fake_hub.url)
+    upload.push_run(run_dir, REPO_ID, token="hf_test", endpoint=fake_hub.url)
     text = (run_dir / "model" / "README.md").read_text()
     assert "](reliability.png)" in text and "comparison" not in text
     (commit,) = fake_hub.commits
@@ -377,7 +377,7 @@ def test_push_of_a_compare_folder_names_its_runs_and_the_command_for_each(
     (line,) = [line for line in err.splitlines() if line.startswith("fseb-ft")]
     assert line.startswith("fseb-ft push: error: ") and "holds 2 run(s) (fseb, psmap)" in line
     for name in ("fseb", "psmap"):
-        assert hub.retry_command(compare / name, f"user/tiny-{name}", private=True) in line
+        assert upload.retry_command(compare / name, f"user/tiny-{name}", private=True) in line
 
 
 class _FakeHub(BaseHTTPRequestHandler):
@@ -444,7 +444,7 @@ def test_push_sends_exactly_the_model_folder(tiny_run, fake_hub, tmp_path: Path)
     for junk in ("model.tmp", ".README.md.tmp", "notes.txt", "optimizer.bin"):
         (folder / junk).write_text("not for the Hub")
 
-    url = hub.push_folder(
+    url = upload.push_folder(
         folder, REPO_ID, private=True, revision="dev", token="hf_test", endpoint=fake_hub.url
     )
     assert url == f"{fake_hub.url}/{REPO_ID}/commit/0"
@@ -520,7 +520,7 @@ def test_one_channel_fseb_model_round_trips(tmp_path: Path) -> None:
         "context": None,
     }
     results = {"test": {"accuracy": 0.5, "nll": 1.0, "n": 3}, "ood": {}}
-    folder = hub.save_model_folder(model, tmp_path, recipe, info, results)
+    folder = export.save_model_folder(model, tmp_path, recipe, info, results)
 
     loaded = timm.create_model(f"local-dir:{folder}", pretrained=True).eval()
     x = torch.randn(2, 1, 28, 28, generator=torch.Generator().manual_seed(1))
@@ -557,7 +557,7 @@ def test_card_names_the_hub_model_it_was_fine_tuned_from(
     )
     info = {"num_classes": 2, "class_names": ["a", "b"], "input": {"size": [16, 16],
             "mean": [0.5] * 3, "std": [0.5] * 3}}  # fmt: skip
-    folder = hub.save_model_folder(model, tmp_path, recipe, info, {"test": {"n": 0}})
+    folder = export.save_model_folder(model, tmp_path, recipe, info, {"test": {"n": 0}})
     card = ModelCard((folder / "README.md").read_text())
     assert card.data.base_model == base_model
     assert card.data.license == "apache-2.0"  # timm's record of the source weights' license
@@ -573,6 +573,67 @@ def test_output_config_checks_the_repo_id() -> None:
 
 
 def test_retry_command_quotes_paths() -> None:
-    cmd = hub.retry_command(Path("runs/my run"), "u/n", private=True, revision="dev")
+    cmd = upload.retry_command(Path("runs/my run"), "u/n", private=True, revision="dev")
     assert cmd == "fseb-ft push 'runs/my run' u/n --private --revision dev"
     assert huggingface_hub.__version__  # the client these tests exercise
+
+
+def _finished_looking_run(tmp_path: Path) -> tuple[Path, Any]:
+    """A run folder with a recipe (pushing to REPO_ID) and nothing else."""
+    raw = _recipe_dict(tmp_path / "ind", tmp_path / "ood", tmp_path / "run")
+    recipe = recipe_from_dict(raw)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "recipe.yaml").write_text(dump_recipe(recipe))
+    return tmp_path / "run", recipe
+
+
+def test_share_run_logs_what_the_disk_refuses_and_lets_a_bug_through(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    run_dir, recipe = _finished_looking_run(tmp_path)
+
+    def disk_full(*args: Any, **kwargs: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(upload, "save_model_folder", disk_full)
+    with caplog.at_level(logging.ERROR, logger="fseb_ft.runs.upload"):
+        assert upload.share_run(torch.nn.Linear(1, 1), run_dir, recipe, {}, {}) is None
+    (record,) = caplog.records
+    assert record.getMessage().startswith(f"could not write the model folder {run_dir / 'model'}")
+    assert f"fseb-ft push {run_dir} {REPO_ID} --private" in record.getMessage()
+
+    def missing_title(*args: Any, **kwargs: Any) -> None:
+        raise KeyError("no title for the OOD score 'new'")  # a bug, not the disk
+
+    monkeypatch.setattr(upload, "save_model_folder", missing_title)
+    with pytest.raises(KeyError, match="no title"):
+        upload.share_run(torch.nn.Linear(1, 1), run_dir, recipe, {}, {})
+
+
+def test_push_errors_are_fseb_ft_errors_and_the_retry_line_stays_a_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir, _ = _finished_looking_run(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["push", str(run_dir), "user/name"])
+    assert stop.value.code == 1
+    assert capsys.readouterr().err == (
+        f"fseb-ft: error: {run_dir} is not a finished fseb-ft run: run.json is missing (nothing "
+        "was sent) (--debug shows where)\n"
+    )
+
+    for name in ("config.json", "fseb.json"):  # an exported folder: straight to the upload
+        (run_dir / "model").mkdir(exist_ok=True)
+        (run_dir / "model" / name).write_text("{}")
+
+    def refused(*args: Any, **kwargs: Any) -> None:
+        raise ConnectionError("the Hub refused")
+
+    monkeypatch.setattr(upload, "push_folder", refused)
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["push", str(run_dir), "user/name", "--keep-card"])
+    assert stop.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"fseb-ft: error: could not push {run_dir / 'model'} to the Hub repo")
+    assert "ConnectionError: the Hub refused" in err
+    assert f"  {upload.retry_command(run_dir, 'user/name', private=True)}\n" in err

@@ -14,7 +14,7 @@ import timm
 import torch
 from huggingface_hub.errors import LocalEntryNotFoundError
 
-import fseb_ft.push as hub
+import fseb_ft.push as push
 from fseb_ft import cli
 from fseb_ft.data.files import read_image
 from fseb_ft.data.screening import check_image
@@ -25,6 +25,7 @@ from fseb_ft.method.models import create_model
 from fseb_ft.method.regularizer import CholeskyJitterWarning, function_space_term
 from fseb_ft.predict import predict_images
 from fseb_ft.recipe import ModelConfig, recipe_from_dict
+from fseb_ft.runs import upload
 from tests.test_pipeline import _recipe_dict, _write_folder, poison_loss
 
 UNREACHABLE = "http://127.0.0.1:9"  # discard port: nothing listens
@@ -80,15 +81,15 @@ def test_push_of_a_folder_that_is_not_a_run_says_so_without_hub_advice(
     monkeypatch.setenv("HF_ENDPOINT", UNREACHABLE)
     monkeypatch.delenv("HF_TOKEN", raising=False)
     with pytest.raises(SystemExit) as exit_info:
-        hub.main([str(tmp_path), "user/name"])
+        push.main([str(tmp_path), "user/name"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert f"{tmp_path} is not a run directory (it has no recipe.yaml)" in err
     assert "token" not in err and "Nothing was lost" not in err
 
     with pytest.raises(FileNotFoundError) as raised:
-        hub.push_run(tmp_path, "user/name", endpoint=UNREACHABLE)
-    assert not isinstance(raised.value, hub.HubPushError)
+        upload.push_run(tmp_path, "user/name", endpoint=UNREACHABLE)
+    assert not isinstance(raised.value, upload.HubPushError)
     assert "is not a finished fseb-ft run: recipe.yaml is missing" in str(raised.value)
     assert "Nothing was lost" not in str(raised.value) and "token" not in str(raised.value)
 

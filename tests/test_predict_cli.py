@@ -23,7 +23,6 @@ from safetensors import SafetensorError
 
 import fseb_ft
 from fseb_ft import api, cli
-from fseb_ft import predict as inference
 from fseb_ft.data.sources import build_splits, load_sklearn_digits
 from fseb_ft.data.transforms import eval_transform
 from fseb_ft.evaluation.predictions import eval_loader
@@ -31,7 +30,7 @@ from fseb_ft.evaluation.selective import top_class_log_odds
 from fseb_ft.finetune import run
 from fseb_ft.recipe import recipe_from_dict
 from fseb_ft.runs import loading as predictor
-from fseb_ft.runs import rundir
+from fseb_ft.runs import rundir, thresholds
 from fseb_ft.runs.loading import load_model, load_run_model
 from fseb_ft.runs.rundir import VAL_LOGITS, read_json, read_run, read_val_logits
 from tests.test_pipeline import snapshot
@@ -333,7 +332,7 @@ def test_a_second_choice_reuses_the_kept_validation_logits_until_the_weights_cha
     def no_second_pass(*args: object) -> None:
         raise AssertionError("the validation split was predicted again")
 
-    monkeypatch.setattr(inference, "validation_split", no_second_pass)
+    monkeypatch.setattr(thresholds, "validation_split", no_second_pass)
     again = api.predict_images(copy, images, coverage=0.5, temperature=1.0, progress=False)
     rule, temperature = again.meta["abstention"], first.meta["temperature"]
     confidence = top_class_log_odds(logits, 1.0)  # (N_v,)

@@ -5,8 +5,8 @@ without stopping at a bad file; its forward pass; and a run's validation split, 
 A run's network with its best weights is :func:`load_run_model`, and what the run predicts with
 (FS-VI: the Monte-Carlo predictive of the saved q(θ)) :func:`run_predictor`.
 
-The engine of ``fseb-ft predict`` (:mod:`fseb_ft.predict`), which chooses thresholds and
-writes files; nothing here does either.
+The engine of ``fseb-ft predict`` (:mod:`fseb_ft.predict`); its thresholds are chosen by
+:mod:`fseb_ft.runs.thresholds`, its files written by :mod:`fseb_ft.runs.prediction_files`.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from fseb_ft.data.sources import load_split
 from fseb_ft.data.splits import stratified_split
 from fseb_ft.data.transforms import eval_transform, make_loader
 from fseb_ft.errors import FsebError
+from fseb_ft.evaluation.abstention import AbstentionRule
 from fseb_ft.method.models import create_model
 from fseb_ft.method.predictive import posterior, predictor
 from fseb_ft.recipe import DatasetSpec, Recipe
@@ -93,15 +94,10 @@ class LoadedModel:
     """The run's resolved recipe."""
     info: RunInfo | None = None
     """The run's ``run.json``."""
-    kept: dict[str, Any] | None = None
-    """The abstention record the model keeps (``abstention.json`` / ``fseb.json``), if any."""
+    kept: AbstentionRule | None = None
+    """The abstention rule the model keeps (``abstention.json`` / ``fseb.json``), if any."""
     default_ood_score: str = "entropy"
     """The OOD score reported when none is asked for: the run's first ``eval.ood_scores``."""
-
-
-# --------------------------------------------------------------------------------------------
-# Loading a model
-# --------------------------------------------------------------------------------------------
 
 
 def load_model(model: str | Path) -> LoadedModel:
@@ -157,7 +153,7 @@ def _load_run(run_dir: Path) -> LoadedModel:
         run_dir=run_dir,
         recipe=recipe,
         info=info,
-        kept=read_abstention(run_dir),
+        kept=_kept(read_abstention(run_dir)),
         default_ood_score=recipe.eval.ood_scores[0],
     )
 
@@ -241,19 +237,18 @@ def _from_timm(model: nn.Module, where: str, meta: Mapping[str, Any]) -> LoadedM
         class_names=labels + [str(i) for i in range(len(labels), num_classes)],
         temperature=meta.get("temperature"),
         where=where,
-        kept=meta.get("abstention"),
+        kept=_kept(meta.get("abstention")),
     )
+
+
+def _kept(record: Mapping[str, Any] | None) -> AbstentionRule | None:
+    return AbstentionRule.from_json(record) if record else None
 
 
 def first_line(err: BaseException) -> str:
     """The first line of an error's message (its type's name when it has none)."""
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
-
-
-# --------------------------------------------------------------------------------------------
-# Inputs and the forward pass
-# --------------------------------------------------------------------------------------------
 
 
 class ImageInputs(Dataset):

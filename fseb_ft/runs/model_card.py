@@ -1,8 +1,9 @@
 """The model card (``README.md`` of a run's model folder): Hub metadata, provenance, method,
 results table, plots and a usage example, from the run's recipe, ``run.json`` and results.
 
-Text only: writing the folder and uploading it is :mod:`fseb_ft.push`'s job. The card is published,
-so it names local paths by their last component (:mod:`fseb_ft.runs.published`).
+Text only: writing the folder is :mod:`fseb_ft.runs.export`'s job, uploading it
+:mod:`fseb_ft.runs.upload`'s. The card is published, so it names local paths by their last
+component (:mod:`fseb_ft.runs.published`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from fseb_ft.evaluation.abstention import AbstentionRule
 from fseb_ft.recipe import Recipe, dump_recipe
 from fseb_ft.runs.published import LOCAL_DIR, PLACEHOLDER, model_label, placeholders, scrub
 from fseb_ft.runs.rundir import (
@@ -67,7 +69,7 @@ def model_card(
     plots: Sequence[str] = (),
     repo_id: str | None = None,
     local_dir: str | Path | None = None,
-    abstention: Mapping[str, Any] | None = None,
+    abstention: AbstentionRule | None = None,
 ) -> str:
     """The model card (``README.md``): Hub metadata, provenance, method, results, plots, usage.
 
@@ -351,7 +353,7 @@ def _usage_section(
     )
 
 
-def _predict_section(repo_id: str | None, abstention: Mapping[str, Any] | None) -> str:
+def _predict_section(repo_id: str | None, abstention: AbstentionRule | None) -> str:
     """The ``fseb-ft predict`` command, and the abstention threshold kept with the model."""
     command = (
         f"fseb-ft predict hf-hub:{repo_id or 'USER/NAME'} images/ --out predictions.csv\n"
@@ -366,24 +368,24 @@ def _predict_section(repo_id: str | None, abstention: Mapping[str, Any] | None) 
         "validation split; `--threshold` sets it; `--keep` stores it with the run, for later "
         "calls and this card.\n"
     )
-    val = (abstention or {}).get("validation")
-    if not abstention or not val:
+    if abstention is None or abstention.validation is None:
         return text
+    val = abstention.validation
     target = {"coverage": "coverage", "max_risk": "an error rate among accepted images of at most"}
-    criterion = abstention["criterion"]
+    criterion = abstention.criterion
     how = (
         "set by hand; on the validation split"
         if criterion == "threshold"
         else f"chosen on the validation split for {target.get(criterion, criterion)} "
-        f"{abstention['target']}: there"
+        f"{abstention.target}: there"
     )
-    risk = "n/a" if val["risk"] is None else f"{100 * val['risk']:.2f} %"
+    risk = "n/a" if val.risk is None else f"{100 * val.risk:.2f} %"
     return text + (
         f"\nThis model abstains when its largest probability is below "
-        f"**{abstention['threshold']:.4g}** (top-class log-odds below "
-        f"{abstention['log_odds_threshold']:.4g}; kept in `fseb.json` and used by default), "
-        f"{how} it accepts {100 * val['coverage']:.1f} % of the images "
-        f"({val['accepted']} of {val['n']}) with an error rate of {risk} among them.\n"
+        f"**{abstention.threshold:.4g}** (top-class log-odds below "
+        f"{abstention.log_odds_threshold:.4g}; kept in `fseb.json` and used by default), "
+        f"{how} it accepts {100 * val.coverage:.1f} % of the images "
+        f"({val.accepted} of {val.n}) with an error rate of {risk} among them.\n"
     )
 
 

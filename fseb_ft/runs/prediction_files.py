@@ -1,0 +1,130 @@
+"""What ``fseb-ft predict`` writes: one row per image, as CSV or JSON Lines, and the meta record
+beside it (``<out stem>.meta.json``), both written atomically.
+
+A row holds the image, its label (datasets), the predicted class and probability, the top-class
+log-odds the abstention threshold applies to, the ``abstain`` flag, the predictive entropy, an
+OOD score (:mod:`fseb_ft.evaluation.ood`) and the top-k classes with their probabilities.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fseb_ft.evaluation.metrics import predictive_entropy
+from fseb_ft.evaluation.ood import ood_score
+from fseb_ft.evaluation.selective import top_class_log_odds
+from fseb_ft.runs.atomic import write_text
+from fseb_ft.runs.rundir import write_json
+
+__all__ = [
+    "FORMATS",
+    "accuracy",
+    "format_rows",
+    "image_rows",
+    "meta_path",
+    "output_format",
+    "write_predictions",
+]
+
+FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+"""The formats of the predictions file, by its extension."""
+
+
+def image_rows(
+    names: list[str],
+    labels: list[str] | None,
+    logits: Tensor,
+    temperature: float | None,
+    log_odds_threshold: float,
+    ood: str,
+    class_names: list[str],
+    top_k: int,
+) -> list[dict[str, Any]]:
+    """One row per image of ``logits`` ``(M, K)`` (named ``names``, labelled ``labels``): the
+    temperature-scaled prediction, abstaining below ``log_odds_threshold``."""
+    z = logits.double() / (temperature or 1.0)  # (M, K) temperature-scaled logits
+    probs = torch.softmax(z, dim=-1)  # (M, K)
+    log_odds = top_class_log_odds(z)  # (M,) the confidence τ applies to, never rounded to 1
+    abstain = log_odds < log_odds_threshold  # (M,)
+    columns = {
+        "entropy": predictive_entropy(probs),  # (M,)
+        f"ood_{ood}": ood_score(ood, probs, z),  # (M,)
+    }
+    k = min(top_k, probs.shape[1])
+    top_p, top_i = probs.topk(k, dim=-1)  # (M, k) each
+    rows = []
+    for i, name in enumerate(names):
+        row: dict[str, Any] = {"image": name}
+        if labels is not None:
+            row["label"] = labels[i]
+        row |= {
+            "prediction": class_names[int(top_i[i, 0])],
+            "probability": float(top_p[i, 0]),
+            "log_odds": float(log_odds[i]),
+            "abstain": bool(abstain[i]),
+            **{key: float(values[i]) + 0.0 for key, values in columns.items()},  # no -0.0
+        }
+        for j in range(k):
+            row[f"top{j + 1}"] = class_names[int(top_i[i, j])]
+            row[f"top{j + 1}_probability"] = float(top_p[i, j])
+        rows.append(row)
+    return rows
+
+
+def accuracy(rows: list[dict[str, Any]]) -> float | None:
+    """The fraction of labelled ``rows`` predicted right; ``None`` without rows."""
+    return sum(r["prediction"] == r["label"] for r in rows) / len(rows) if rows else None
+
+
+def output_format(out: str | Path | None, fmt: str | None) -> str:
+    """``fmt`` (``csv`` or ``jsonl``), or the format :data:`FORMATS` gives ``out``'s extension;
+    ``csv`` without either."""
+    if fmt is not None:
+        if fmt not in ("csv", "jsonl"):
+            raise ValueError(f"format must be csv or jsonl, got {fmt!r}")
+        return fmt
+    if out is None:
+        return "csv"
+    suffix = Path(out).suffix.lower()
+    if suffix not in FORMATS:
+        raise ValueError(
+            f"cannot tell the format of --out {out} from its extension: use .csv or .jsonl, "
+            "or give --format"
+        )
+    return FORMATS[suffix]
+
+
+def meta_path(out: str | Path) -> Path:
+    """The meta file beside ``out``: ``predictions.csv`` → ``predictions.meta.json``."""
+    out = Path(out)
+    return out.with_name(f"{out.stem}.meta.json")
+
+
+def format_rows(rows: list[dict[str, Any]], fmt: str) -> str:
+    """The rows as CSV (with a header) or JSON Lines text."""
+    if fmt != "csv":
+        return "".join(json.dumps(row) + "\n" for row in rows)
+    if not rows:
+        return ""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def write_predictions(
+    out: Path, fmt: str, rows: list[dict[str, Any]], meta: Mapping[str, Any]
+) -> None:
+    """Write the rows to ``out`` and ``meta`` (with the file and its format) beside it."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_text(out, format_rows(rows, fmt))
+    write_json(meta_path(out), {**meta, "predictions": str(out), "format": fmt})

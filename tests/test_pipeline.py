@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 import fseb_ft.engine.loop as train_module
 from fseb_ft import cli
-from fseb_ft.engine.loop import NonFiniteLossError
+from fseb_ft.engine.loop import NonFiniteLossError, Trainer
 from fseb_ft.evaluate import evaluate_run
 from fseb_ft.finetune import RecipeMismatchError, run
 from fseb_ft.method.models import create_model
@@ -210,13 +210,13 @@ def test_killed_run_resumes_to_the_same_weights(
         run(recipe_from_dict(_recipe_dict(folders, resumed, epochs=3)))
 
     epochs_trained = []
-    original_epoch = train_module._train_epoch
+    original_epoch = Trainer._train_epoch
 
     def counting_epoch(*args, **kwargs):
         epochs_trained.append(args[-1])
         return original_epoch(*args, **kwargs)
 
-    monkeypatch.setattr(train_module, "_train_epoch", counting_epoch)
+    monkeypatch.setattr(Trainer, "_train_epoch", counting_epoch)
     training = run(recipe_from_dict(_recipe_dict(folders, resumed)))["training"]
     assert epochs_trained == [1]  # only the second epoch was trained again
     # The killed invocation's epoch still counts towards the run's training time.

@@ -113,7 +113,9 @@ class TrainerView(Protocol):
     objective: FSEBObjective
     run_dir: Path
     should_stop: bool
-    """Set to end training once this epoch's checkpoint is written (checked before each epoch)."""
+    """Set to end training once this epoch's checkpoint is written (checked before each epoch);
+    the run is then evaluated and exported. A rerun resumes after that epoch: a callback that
+    must stop it again keeps why in its state and sets this in ``on_train_begin``."""
 
     def warn(self, message: str) -> None:
         """Keep ``message`` for the results and the card, and log it once."""

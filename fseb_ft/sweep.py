@@ -40,6 +40,7 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
 from fseb_ft.cli import run_entry
+from fseb_ft.engine.callbacks import PruningCallback
 from fseb_ft.engine.loop import NonFiniteLossError, TrainingDivergedError, higher_is_better
 from fseb_ft.evaluate import evaluate_run
 from fseb_ft.finetune import RecipeMismatchError, run
@@ -482,7 +483,7 @@ def _objective(
         try:
             training = run(
                 _trial_recipe(recipe, params, folder),
-                on_epoch_end=_pruning_hook(trial, metric, recipe.train.epochs),
+                callbacks=[PruningCallback(trial, metric, recipe.train.epochs)],
                 evaluate_test=False,
             )["training"]
         except optuna.TrialPruned as pruned:
@@ -522,21 +523,6 @@ def _trial_recipe(recipe: Recipe, params: Mapping[str, Any], folder: Path) -> Re
     set_key(raw, ["train", "select_metric"], recipe.sweep.metric)
     set_key(raw, ["output", "dir"], str(folder))
     return recipe_from_dict(raw)
-
-
-def _pruning_hook(
-    trial: optuna.Trial, metric: str, epochs: int
-) -> Callable[[dict[str, float]], None]:
-    """Report each epoch's validation metric; prune (raise) when the pruner says so."""
-
-    def report(record: dict[str, float]) -> None:
-        epoch = int(record["epoch"])
-        trial.report(record[f"val_{metric}"], step=epoch)
-        # After the last epoch the trial is trained: scoring it costs nothing more.
-        if epoch < epochs and trial.should_prune():
-            raise optuna.TrialPruned(f"val_{metric} after epoch {epoch} is behind other trials")
-
-    return report
 
 
 # --------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import fseb_ft
 import fseb_ft.api
 from fseb_ft.data.images import HFImages, TorchImages, as_labeled_images
 from fseb_ft.data.splits import TooFewClassesError
+from fseb_ft.engine.callbacks import Callback, TrainerView
 from fseb_ft.recipe import ConfigError, load_recipe
 
 REPO = Path(__file__).parents[1]
@@ -226,3 +227,26 @@ def test_hf_adapter_finds_columns_from_features() -> None:
     data = as_labeled_images(_hf(1, 0))
     assert isinstance(data, HFImages) and data.class_names == CLASSES
     assert data.image_column == "picture" and data.labels.tolist() == [0, 1, 2]
+
+
+def test_a_callback_passed_to_finetune_runs_in_the_loop(tmp_path: Path) -> None:
+    class StopAtAccuracy(Callback):
+        """The user's early stop: training ends once validation accuracy reaches ``target``."""
+
+        def __init__(self, target: float) -> None:
+            self.target, self.seen = target, []
+
+        def on_epoch_end(self, trainer: TrainerView, record: dict[str, float]) -> None:
+            self.seen.append(record["epoch"])
+            if record["val_accuracy"] >= self.target:
+                trainer.should_stop = True
+
+    stop = StopAtAccuracy(0.0)  # reached after the first epoch
+    results = fseb_ft.finetune(
+        TINY | {"output": {"dir": str(tmp_path / "run")}},
+        train=PairDataset(8, seed=0),
+        callbacks=[stop],
+        fseb__reg_scale=0.0,
+        train__epochs=3,
+    )
+    assert stop.seen == [1] and results["training"]["epochs"] == 1

@@ -16,6 +16,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
+import fseb_ft.engine.run as run_module
 import fseb_ft.finetune as finetune_module
 from fseb_ft.engine.loop import TrainState, _save_checkpoint
 from fseb_ft.recipe import recipe_from_dict
@@ -86,12 +87,12 @@ def test_best_weights_on_a_full_disk_say_so_and_keep_the_previous_ones(
 ) -> None:
     path = tmp_path / "model" / "model.safetensors"
     model = nn.Linear(3, 2)
-    finetune_module._save_weights(model, path)
+    run_module._save_weights(model, path)
     before = path.read_bytes()
 
-    monkeypatch.setattr(finetune_module, "save_model", _fill_then_fail(DISK_FULL[kind]))
+    monkeypatch.setattr(run_module, "save_model", _fill_then_fail(DISK_FULL[kind]))
     with pytest.raises(DiskFullError, match="no space left on device") as err:
-        finetune_module._save_weights(model, path)
+        run_module._save_weights(model, path)
     assert f"in {path.parent}:" in str(err.value) and "best weights" in str(err.value)
     assert [p.name for p in path.parent.iterdir()] == ["model.safetensors"]
     assert path.read_bytes() == before
@@ -161,9 +162,9 @@ def test_a_run_removes_the_temporary_files_a_killed_run_left(
     def stop(*args: object, **kwargs: object) -> None:
         raise _StopError  # everything the test needs happened before the images are read
 
-    monkeypatch.setattr(finetune_module, "build_splits", lambda *args: SimpleNamespace(train=None))
-    monkeypatch.setattr(finetune_module, "_require_two_classes", lambda *args: None)
-    monkeypatch.setattr(finetune_module, "screen_splits", stop)
+    monkeypatch.setattr(run_module, "build_splits", lambda *args: SimpleNamespace(train=None))
+    monkeypatch.setattr(run_module, "_require_two_classes", lambda *args: None)
+    monkeypatch.setattr(run_module, "screen_splits", stop)
     recipe = recipe_from_dict(
         {
             "model": {"name": "test_byobnet", "pretrained": False},
@@ -189,7 +190,7 @@ def test_published_files_get_the_mode_a_plain_open_gives(tmp_path: Path) -> None
     plain.write_text("x")
     assert default_file_mode() == plain.stat().st_mode & 0o777
     path = tmp_path / "model" / "model.safetensors"
-    finetune_module._save_weights(nn.Linear(3, 2), path)
+    run_module._save_weights(nn.Linear(3, 2), path)
     assert oct(path.stat().st_mode & 0o777) == oct(default_file_mode())
     assert os.listdir(path.parent) == ["model.safetensors"]
 

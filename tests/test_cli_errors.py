@@ -16,6 +16,7 @@ from datasets import Dataset
 
 from fseb_ft import cli, logs
 from fseb_ft import finetune as finetune_module
+from fseb_ft.engine import run as run_module
 from fseb_ft.runs.atomic import DiskFullError
 from tests.helpers import write_image_folder
 from tests.test_pipeline import poison_loss, snapshot
@@ -211,7 +212,7 @@ def test_a_full_disk_is_one_line_and_keeps_what_was_written(
     def full(*args, **kwargs):
         raise DiskFullError(f"no space left on device in {tmp_path}: could not write X")
 
-    monkeypatch.setattr(finetune_module, "_save_weights", full)
+    monkeypatch.setattr(run_module, "_save_weights", full)
     line = _fails(_tiny(tmp_path), capsys, 1)
     assert "no space left on device" in line
     assert (tmp_path / "run" / "recipe.yaml").is_file()  # written before, still there

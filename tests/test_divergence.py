@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fseb_ft.engine.loop import TrainingDivergedError, _chance_warning, _check_divergence
+from fseb_ft.engine.callbacks import TrainingDivergedError, _chance_warning, _check_divergence
 from fseb_ft.evaluation.metrics import chance_accuracy, chance_nll
 from fseb_ft.finetune import run
 from fseb_ft.recipe import recipe_from_dict

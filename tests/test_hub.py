@@ -33,7 +33,7 @@ from huggingface_hub import CommitOperationAdd, HfApi, ModelCard
 from PIL import Image
 from test_pipeline import _write_folder
 
-import fseb_ft.finetune as finetune_module
+import fseb_ft.engine.run as run_module
 from fseb_ft import cli
 from fseb_ft.data.files import read_image
 from fseb_ft.data.transforms import eval_transform
@@ -107,7 +107,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     records = _Records()
     logging.getLogger("fseb_ft.runs.upload").addHandler(records)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(finetune_module, "share_run", spy)  # the name run() calls
+        mp.setattr(run_module, "share_run", spy)  # the name run() calls
         mp.setenv("HF_ENDPOINT", UNREACHABLE)
         start = time.perf_counter()
         results = run(recipe)

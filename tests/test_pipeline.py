@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import zlib
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,7 +23,8 @@ from safetensors.torch import load_file
 
 import fseb_ft.engine.loop as train_module
 from fseb_ft import cli
-from fseb_ft.engine.loop import NonFiniteLossError
+from fseb_ft.engine.callbacks import Callback, TrainerView
+from fseb_ft.engine.loop import NonFiniteLossError, Trainer
 from fseb_ft.evaluate import evaluate_run
 from fseb_ft.finetune import RecipeMismatchError, run
 from fseb_ft.method.models import create_model
@@ -210,13 +214,13 @@ def test_killed_run_resumes_to_the_same_weights(
         run(recipe_from_dict(_recipe_dict(folders, resumed, epochs=3)))
 
     epochs_trained = []
-    original_epoch = train_module._train_epoch
+    original_epoch = Trainer._train_epoch
 
     def counting_epoch(*args, **kwargs):
         epochs_trained.append(args[-1])
         return original_epoch(*args, **kwargs)
 
-    monkeypatch.setattr(train_module, "_train_epoch", counting_epoch)
+    monkeypatch.setattr(Trainer, "_train_epoch", counting_epoch)
     training = run(recipe_from_dict(_recipe_dict(folders, resumed)))["training"]
     assert epochs_trained == [1]  # only the second epoch was trained again
     # The killed invocation's epoch still counts towards the run's training time.
@@ -229,6 +233,62 @@ def test_killed_run_resumes_to_the_same_weights(
         assert a.keys() == b.keys()
         for key in a:
             assert np.array_equal(a[key].numpy(), b[key].numpy()), f"{name}: {key}"
+
+
+class StepCounter(Callback):
+    """A callback with state: the optimiser steps it saw, and the epochs it saw end."""
+
+    def __init__(self) -> None:
+        self.steps, self.epochs = 0, []
+
+    def on_step_end(self, trainer: TrainerView, terms: Mapping[str, torch.Tensor]) -> None:
+        self.steps += 1
+
+    def on_epoch_end(self, trainer: TrainerView, record: dict[str, float]) -> None:
+        self.epochs.append(int(record["epoch"]))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "epochs": self.epochs}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.steps, self.epochs = state["steps"], list(state["epochs"])
+
+
+def test_callback_state_survives_a_kill_and_resume(
+    folders: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    raw = _recipe_dict(folders, tmp_path / "run")
+    raw["fseb"]["reg_scale"] = 0.0  # PS-MAP: no context pool, a faster run
+    kill_after_checkpoint(monkeypatch)  # the first epoch's
+    with pytest.raises(KeyboardInterrupt):
+        run(recipe_from_dict(raw), callbacks=[StepCounter()])
+    saved = tmp_path / "run" / "checkpoints" / "epoch-0001" / "trainer_state.json"
+    assert json.loads(saved.read_text())["callbacks"] == {
+        "StepCounter": {"steps": 4, "epochs": [1]}
+    }
+    old = tmp_path / "old"  # the same checkpoint as written before callbacks had state
+    shutil.copytree(tmp_path / "run", old)
+    state = json.loads(saved.read_text())
+    del state["callbacks"]
+    (old / "checkpoints" / "epoch-0001" / "trainer_state.json").write_text(json.dumps(state))
+
+    counter = StepCounter()  # a new process: a new callback, its state from the checkpoint
+    run(recipe_from_dict(raw), callbacks=[counter])
+    assert (counter.steps, counter.epochs) == (8, [1, 2])
+    saved = tmp_path / "run" / "checkpoints" / "epoch-0002" / "trainer_state.json"
+    assert json.loads(saved.read_text())["callbacks"]["StepCounter"] == {
+        "steps": 8,
+        "epochs": [1, 2],
+    }
+
+    fresh = StepCounter()  # an old checkpoint resumes; the callback starts from nothing
+    raw["output"]["dir"] = str(old)
+    training = run(recipe_from_dict(raw), callbacks=[fresh])["training"]
+    assert (fresh.steps, fresh.epochs) == (4, [2]) and training["epochs"] == 2
+    # A run whose callbacks have no state writes trainer_state.json as before callbacks had any.
+    run(recipe_from_dict({**raw, "output": {"dir": str(tmp_path / "plain")}}))
+    saved = tmp_path / "plain" / "checkpoints" / "epoch-0002" / "trainer_state.json"
+    assert "callbacks" not in json.loads(saved.read_text())
 
 
 def test_more_epochs_for_a_finished_run_say_why_and_the_command_that_trains_on(

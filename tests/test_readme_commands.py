@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+import fseb_ft.engine.resume as resume_module
 import fseb_ft.evaluate as evaluate_module
 import fseb_ft.finetune as finetune_module
 import fseb_ft.predict as inference_module
@@ -47,7 +48,7 @@ def command_lines(markdown: str) -> list[str]:
 def _fake_run(recipe: Any, **_: Any) -> dict[str, Any]:
     """What a finished run leaves, after the same resume check as a real rerun."""
     run_dir = Path(recipe.output.dir)
-    finetune_module._check_resumable(recipe, run_dir)
+    resume_module.check_resumable(recipe, run_dir)
     (run_dir / "checkpoints" / checkpoint_name(1)).mkdir(parents=True, exist_ok=True)
     (run_dir / "checkpoints" / checkpoint_name(1) / TRAINER_STATE).write_text("{}")
     (run_dir / RECIPE_FILE).write_text(dump_recipe(recipe))

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+import fseb_ft.engine.run as run_module
 import fseb_ft.finetune as finetune_module
 from fseb_ft.evaluate import expand_run_dirs
 from fseb_ft.evaluate import main as evaluate_main
@@ -78,7 +79,7 @@ def test_a_run_killed_before_its_results_file_has_already_recorded_its_training(
     def killed(*args: Any, **kwargs: Any) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(finetune_module, "write_results", killed)
+    monkeypatch.setattr(run_module, "write_results", killed)
     out = tmp_path / "run"
     with pytest.raises(KeyboardInterrupt):
         run(recipe_from_dict(_tiny_psmap_recipe(tmp_path, out)))

@@ -16,9 +16,11 @@ import yaml
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
+import fseb_ft.engine.run as run_module
 import fseb_ft.evaluate as evaluate_module
 import fseb_ft.finetune as finetune_module
 import fseb_ft.sweep as sweep_module
+from fseb_ft.engine.loop import Trainer
 from fseb_ft.finetune import resolve_recipe
 from fseb_ft.recipe import ConfigError, Recipe, SweepParam, load_recipe, recipe_from_dict
 from fseb_ft.sweep import compare_sweeps, default_space, main, psmap_point, search_space, sweep
@@ -70,7 +72,7 @@ def test_sweep_writes_every_output_and_tests_only_the_winner(
         tested.append(args)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(finetune_module, "predict_splits", no_test_in_trials)
+    monkeypatch.setattr(run_module, "predict_splits", no_test_in_trials)
     monkeypatch.setattr(evaluate_module, "predict_splits", count)
     board = main([str(_recipe_file(folders, out)), "--trials", "2"])
 
@@ -109,14 +111,14 @@ def test_a_killed_sweep_continues_and_resumes_the_killed_trial(
     ]
 
     resumed = []
-    original_fit = finetune_module.fit
+    original_fit = Trainer.fit
 
-    def record_fit(**kwargs):
-        state = original_fit(**kwargs)
-        resumed.append((kwargs["run_dir"], len(state.history)))
+    def record_fit(trainer: Trainer):
+        state = original_fit(trainer)
+        resumed.append((trainer.run_dir, len(state.history)))
         return state
 
-    monkeypatch.setattr(finetune_module, "fit", record_fit)
+    monkeypatch.setattr(Trainer, "fit", record_fit)
     board = sweep(recipe, trials=3)
 
     assert board["finished"] == 3
@@ -135,13 +137,13 @@ def test_two_workers_on_one_study_run_its_budget_of_trials_together(
     both_busy = threading.Barrier(2, timeout=120)  # generous: a loaded machine is slow
     trained: list[str] = []
 
-    def train(trial_recipe: Recipe, on_epoch_end, evaluate_test: bool) -> dict:
+    def train(trial_recipe: Recipe, callbacks, evaluate_test: bool) -> dict:
         trained.append(trial_recipe.output.dir)
         if len(trained) <= 2:
             both_busy.wait()  # each worker holds a trial while the other does
         time.sleep(0.2)
         value = trial_recipe.optim.lr
-        on_epoch_end({"epoch": 1, "val_nll": value})
+        callbacks[0].on_epoch_end(None, {"epoch": 1, "val_nll": value})
         return {"training": {"best_val_nll": value, "epochs": 1}}
 
     monkeypatch.setattr(sweep_module, "run", train)

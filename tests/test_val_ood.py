@@ -10,7 +10,8 @@ from accelerate import Accelerator
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from fseb_ft.engine.loop import _val_ood_auroc, higher_is_better
+from fseb_ft.engine.callbacks import _val_ood_auroc
+from fseb_ft.engine.loop import higher_is_better
 from fseb_ft.recipe import ConfigError, recipe_from_dict
 
 DIGITS_0_4 = {"source": "sklearn_digits", "split": "test", "classes": [0, 1, 2, 3, 4]}

@@ -4,7 +4,9 @@ Mixed precision, gradient accumulation and multi-process come from Accelerate. E
 with a validation pass and an atomic checkpoint (written to a temporary directory, then renamed),
 so ``train.resume: auto`` continues a killed run from its last complete epoch with the same
 result as an uninterrupted one: shuffling, augmentation and the context stream are reseeded from
-(seed, epoch) rather than carried over in opaque iterator state.
+(seed, epoch) rather than carried over in opaque iterator state. What else happens in an epoch
+(the divergence stop, the chance warning, validation-OOD scores, a sweep's pruning) is a
+callback (:mod:`fseb_ft.engine.callbacks`).
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ import logging
 import math
 import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -27,19 +29,14 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from fseb_ft.data.transforms import epoch_seed, seed_transform
+from fseb_ft.engine.callbacks import Callback, TrainingDivergedError, TrainState, Validation
 from fseb_ft.errors import FsebError
-from fseb_ft.evaluation.metrics import (
-    chance_accuracy,
-    chance_nll,
-    classification_metrics,
-    ood_detection,
-)
-from fseb_ft.evaluation.ood import ood_score
+from fseb_ft.evaluation.metrics import classification_metrics
 from fseb_ft.evaluation.predictions import predict_logits
 from fseb_ft.logs import above_progress_bars
 from fseb_ft.method.context import ContextStream
 from fseb_ft.method.objective import FSEBObjective
-from fseb_ft.recipe import VAL_OOD_METRIC_SUFFIX, OptimConfig, TrainConfig, val_ood_metric
+from fseb_ft.recipe import VAL_OOD_METRIC_SUFFIX, OptimConfig, TrainConfig
 from fseb_ft.runs.atomic import cleaned_on_failure, publish
 from fseb_ft.runs.rundir import (
     CHECKPOINT_PREFIX,
@@ -51,15 +48,17 @@ from fseb_ft.runs.rundir import (
 
 __all__ = [
     "NonFiniteLossError",
+    "Prepared",
     "TrainState",
+    "Trainer",
     "TrainingDivergedError",
     "applied_precision",
     "build_optimizer",
     "build_scheduler",
-    "fit",
     "higher_is_better",
     "launch_warnings",
     "make_accelerator",
+    "param_norm",
 ]
 
 logger = logging.getLogger("fseb_ft")
@@ -68,33 +67,6 @@ _HIGHER_IS_BETTER = {"accuracy"}
 
 class NonFiniteLossError(FsebError, RuntimeError):
     """The training loss became NaN or infinite; the last good checkpoint is kept."""
-
-
-class TrainingDivergedError(FsebError, RuntimeError):
-    """The parameter norm grew past ``train.max_param_growth`` × its start: training diverged."""
-
-
-@dataclass
-class TrainState:
-    """Loop progress saved with every checkpoint."""
-
-    epoch: int = 0
-    """Epochs completed."""
-    step: int = 0
-    """Optimiser steps taken."""
-    best_epoch: int = -1
-    """Epoch (1-based) whose weights are in ``best/``; -1 before the first validation."""
-    best_value: float | None = None
-    """Validation value of the selection metric at ``best_epoch``."""
-    history: list[dict[str, float]] = field(default_factory=list)
-    """Per-epoch training and validation summaries."""
-    initial_param_norm: float | None = None
-    """‖θ‖ of the trainable parameters before the first step (the divergence check's scale)."""
-    seconds: float = 0.0
-    """Wall-clock seconds of the completed epochs (training and validation), summed over every
-    invocation of a resumed run."""
-    warnings: list[str] = field(default_factory=list)
-    """Problems found during training that do not stop it (reported in results and the card)."""
 
 
 def build_optimizer(cfg: OptimConfig, params: list[nn.Parameter]) -> torch.optim.Optimizer:
@@ -191,277 +163,215 @@ def launch_warnings(accelerator: Accelerator, environ: Mapping[str, str]) -> lis
     return found
 
 
-def fit(
-    *,
-    train: TrainConfig,
-    optim: OptimConfig,
-    num_workers: int,
-    accelerator: Accelerator,
-    objective: FSEBObjective,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    train_loader: DataLoader,
-    val_loader: DataLoader,
-    context: ContextStream | None,
-    run_dir: Path,
-    save_best: Callable[[nn.Module], None],
-    on_epoch_end: Callable[[dict[str, float]], None] | None = None,
-    val_ood_loaders: Mapping[str, DataLoader] | None = None,
-    ood_score_name: str = "entropy",
-    suggest_zero_head: bool = False,
-) -> TrainState:
-    """Train for ``train.epochs``, validating, checkpointing and resuming as configured.
+@dataclass(frozen=True)
+class Prepared:
+    """What the loop trains with. The model (``objective.model``), ``optimizer`` and loaders are
+    prepared by ``accelerator``; ``scheduler`` is not (it counts real optimiser steps)."""
 
-    ``train_loader``/``val_loader`` and ``objective.model``/``optimizer`` must already be
-    prepared by ``accelerator``; ``scheduler`` is stepped here once per optimiser step (not
-    prepared, so it counts real steps) and registered for checkpointing. ``num_workers`` is the
-    training loader's (``data.num_workers``): without workers, its transform is reseeded here.
-    FS-VI validates with its Monte-Carlo predictive (``objective.predictor``) and checkpoints
-    its σ with the rest. ``on_epoch_end`` receives each epoch's record (with its ``val_*``
-    metrics) once the epoch's checkpoint is saved, so an exception it raises (a sweep pruning
-    the trial) loses nothing.
-    ``val_ood_loaders`` (prepared; ``data.val_ood``) are predicted after each validation and
-    scored against it by ``ood_score_name``: ``val_ood_<name>_auroc`` in the record.
-    ``suggest_zero_head``: a divergence message advises ``model.head_init=zeros`` (for a
-    pretrained backbone with a random new head; a network trained from scratch needs that one).
+    accelerator: Accelerator
+    objective: FSEBObjective
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    train_loader: DataLoader
+    val_loader: DataLoader
+    context: ContextStream | None
+    """FS-EB's context stream; ``None`` for PS-MAP, which draws no context."""
+
+
+_Contexts = Iterator[tuple[Tensor, Tensor | None]]
+"""An epoch's context batches: ``(x̂, cached φ0 features or None)``."""
+_TERMS = ("loss", "nll", "fs_reg", "param_reg")
+"""The loss terms averaged over an epoch (``train_<term>`` in its record)."""
+
+
+class Trainer:
+    """Train for ``config.epochs``, validating, checkpointing and resuming as configured.
+
+    Each epoch: train (the training loader reseeded from (seed, epoch); without workers, its
+    transform too), validate (FS-VI with its Monte-Carlo predictive, ``objective.predictor``),
+    keep the weights best on ``config.select_metric`` (``save_best``, main process), then write
+    the checkpoint (Accelerate's state, FS-VI's σ, and :class:`TrainState` with the callbacks'
+    states). ``callbacks`` run in their order at each hook (:mod:`fseb_ft.engine.callbacks`).
     """
-    state = TrainState()
-    accelerator.register_for_checkpointing(scheduler)
-    if objective.variational is not None:  # FS-VI's ρ: not part of the prepared model
-        accelerator.register_for_checkpointing(objective.variational)
-    checkpoint = latest_checkpoint(run_dir) if train.resume == "auto" else None
-    if checkpoint is not None:
-        accelerator.load_state(str(checkpoint))
-        state = TrainState(**json.loads((checkpoint / TRAINER_STATE).read_text()))
-        accelerator.print(f"resuming from {checkpoint} (epoch {state.epoch} done)")
-    model = objective.model
-    if state.initial_param_norm is None:
-        state.initial_param_norm = param_norm(objective.model_parameters())
-    with above_progress_bars():  # log lines and warnings above the bars, not in them
-        for epoch in range(state.epoch, train.epochs):
-            started = time.perf_counter()
-            train_summary = _train_epoch(
-                train,
-                optim,
-                num_workers,
-                run_dir,
-                accelerator,
-                objective,
-                optimizer,
-                scheduler,
-                train_loader,
-                context,
-                state,
-                epoch,
-            )
-            # FS-VI's predictor returns log-probabilities, which log_softmax leaves as they are.
-            predictor = objective.predictor(train.seed)
-            logits, labels = predict_logits(predictor, val_loader, accelerator)  # (N_v, K), (N_v,)
-            log_probs = torch.log_softmax(logits, dim=-1)  # (N_v, K)
-            state.epoch = epoch + 1
-            record = {"epoch": state.epoch, "step": state.step, **train_summary}
-            record["param_norm"] = param_norm(objective.model_parameters())
-            _check_divergence(
-                record,
-                log_probs,
-                state.initial_param_norm,
-                train.max_param_growth,
-                suggest_zero_head=suggest_zero_head,
-            )
-            val = {k: float(v) for k, v in classification_metrics(log_probs, labels).items()}
-            for name, loader in (val_ood_loaders or {}).items():
-                val[val_ood_metric(name)] = _val_ood_auroc(
-                    predictor, loader, accelerator, ood_score_name, logits
+
+    def __init__(
+        self,
+        parts: Prepared,
+        config: TrainConfig,
+        optim: OptimConfig,
+        run_dir: Path,
+        save_best: Callable[[nn.Module], None],
+        callbacks: Sequence[Callback] = (),
+    ) -> None:
+        """``optim`` gives the gradient clipping, and the remedies a non-finite loss names."""
+        keys = [c.state_key for c in callbacks]
+        if len(set(keys)) < len(keys):
+            raise ValueError(f"callbacks need distinct state_key values, got {keys}")
+        self.parts, self.config, self.optim, self.run_dir = parts, config, optim, run_dir
+        self.accelerator, self.objective = parts.accelerator, parts.objective
+        self.save_best, self.callbacks = save_best, list(callbacks)
+        # Only those that act per step are called there: the others cost the hot path nothing.
+        self._per_step = [c for c in self.callbacks if _overrides(c, "on_step_end")]
+        self.state = TrainState()
+        self.should_stop = False
+
+    def fit(self) -> TrainState:
+        """Resume if configured, train the remaining epochs and return the final state."""
+        self._resume()
+        with above_progress_bars():  # log lines and warnings above the bars, not in them
+            self._emit("on_train_begin")
+            for epoch in range(self.state.epoch, self.config.epochs):
+                if self.should_stop:
+                    break
+                self._epoch(epoch)
+            self._emit("on_train_end")
+        return self.state
+
+    def warn(self, message: str) -> None:
+        """Keep ``message`` for the results and the card, and log it once (main process), as
+        every other warning of a run is."""
+        self.state.warnings.append(message)
+        if self.accelerator.is_main_process:
+            logger.warning(message)
+
+    def _emit(self, hook: str, *args: object) -> None:
+        for callback in self.callbacks:
+            getattr(callback, hook)(self, *args)
+
+    def _resume(self) -> None:
+        """Register what Accelerate checkpoints beside the prepared objects; load the latest
+        checkpoint (``train.resume: auto``) with the callbacks' states; measure ‖θ‖ at start."""
+        self.accelerator.register_for_checkpointing(self.parts.scheduler)
+        if self.objective.variational is not None:  # FS-VI's ρ: not part of the prepared model
+            self.accelerator.register_for_checkpointing(self.objective.variational)
+        checkpoint = latest_checkpoint(self.run_dir) if self.config.resume == "auto" else None
+        if checkpoint is not None:
+            self.accelerator.load_state(str(checkpoint))
+            self.state = TrainState(**json.loads((checkpoint / TRAINER_STATE).read_text()))
+            self.accelerator.print(f"resuming from {checkpoint} (epoch {self.state.epoch} done)")
+            for callback in self.callbacks:
+                if callback.state_key in self.state.callbacks:
+                    callback.load_state_dict(self.state.callbacks[callback.state_key])
+        if self.state.initial_param_norm is None:
+            self.state.initial_param_norm = param_norm(self.objective.model_parameters())
+
+    def _epoch(self, epoch: int) -> None:
+        """Train, validate and select; then the callbacks' epoch end and the checkpoint."""
+        started = time.perf_counter()
+        self._emit("on_epoch_begin", epoch)
+        summary = self._train_epoch(epoch)
+        self.state.epoch = epoch + 1
+        record = {"epoch": self.state.epoch, "step": self.state.step, **summary}
+        record["param_norm"] = param_norm(self.objective.model_parameters())
+        val = self._validate(record)
+        record.update({f"val_{k}": v for k, v in val.items()})
+        select = self.config.select_metric
+        if _improved(select, val[select], self.state.best_value):
+            self.state.best_value, self.state.best_epoch = val[select], self.state.epoch
+            if self.accelerator.is_main_process:
+                self.save_best(self.accelerator.unwrap_model(self.objective.model))
+        logged = {k: v for k, v in record.items() if k != "epoch"}
+        self.accelerator.log(logged, step=self.state.step)
+        record["seconds"] = time.perf_counter() - started
+        self.accelerator.print(_epoch_line(record, select, self.config.epochs))
+        self.state.seconds += record["seconds"]
+        self.state.history.append(record)
+        self._emit("on_epoch_end", record)
+        self.state.callbacks = {c.state_key: s for c in self.callbacks if (s := c.state_dict())}
+        _save_checkpoint(self.accelerator, self.run_dir, self.state)
+
+    def _validate(self, record: dict[str, float]) -> dict[str, float]:
+        """The validation metrics: the loop's (accuracy, NLL, …), then the callbacks'."""
+        # FS-VI's predictor returns log-probabilities, which log_softmax leaves as they are.
+        predictor = self.objective.predictor(self.config.seed)
+        logits, labels = predict_logits(predictor, self.parts.val_loader, self.accelerator)
+        log_probs = torch.log_softmax(logits, dim=-1)  # (N_v, K)
+        validation = Validation(predictor, logits, labels, log_probs, record)
+        # Before the metrics: a diverged run's non-finite predictions stop it here, not in them.
+        self._emit("on_validation_end", validation)
+        val = {k: float(v) for k, v in classification_metrics(log_probs, labels).items()}
+        return val | validation.metrics
+
+    def _train_epoch(self, epoch: int) -> dict[str, float]:
+        """One pass over the training loader; the epoch's mean loss terms and learning rate."""
+        loader = self.parts.train_loader
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(epoch)
+        if loader.num_workers == 0:
+            seed = epoch_seed(self.config.seed, epoch)
+            seed_transform(getattr(loader.dataset, "transform", None), seed)
+        self.objective.train()
+        context = self.parts.context
+        ctx_iter = context.epoch(epoch) if context is not None else None
+        sums: dict[str, Tensor] = {}
+        count = 0
+        bar = tqdm(
+            loader,
+            desc=f"epoch {epoch + 1}/{self.config.epochs}",
+            disable=not self.accelerator.is_main_process,
+            leave=False,
+        )
+        for x, y in bar:
+            terms = self._step(x, y, ctx_iter)
+            for key in _TERMS:
+                sums[key] = sums.get(key, 0.0) + terms[key].detach().float()
+            count += 1
+            # One host sync per log interval, not per step: also where a NaN is caught.
+            if count % self.config.log_every == 0 or count == len(loader):
+                bar.set_postfix(_fmt(self._means(sums, count, epoch), short=True), refresh=False)
+        means = {k: float(v) / max(count, 1) for k, v in sums.items()}
+        lr = self.parts.scheduler.get_last_lr()[0]
+        return {f"train_{k}": v for k, v in means.items()} | {"lr": lr}
+
+    def _step(self, x: Tensor, y: Tensor, ctx_iter: _Contexts | None) -> dict[str, Tensor]:
+        """Forward and backward one batch; an optimiser step when the accumulation is full."""
+        accelerator, objective = self.accelerator, self.objective
+        with accelerator.accumulate(objective.model):
+            ctx, feats = next(ctx_iter) if ctx_iter is not None else (None, None)
+            with accelerator.autocast():
+                terms = objective(x, y, ctx, feats)
+            accelerator.backward(terms["loss"])
+            stepped = accelerator.sync_gradients
+            if stepped and self.optim.grad_clip_norm is not None:
+                parameters = objective.trainable_parameters()
+                accelerator.clip_grad_norm_(parameters, self.optim.grad_clip_norm)
+            self.parts.optimizer.step()
+            self.parts.optimizer.zero_grad(set_to_none=True)
+            if stepped:
+                self.parts.scheduler.step()
+                self.state.step += 1
+        if stepped:
+            for callback in self._per_step:
+                callback.on_step_end(self, terms)
+        return terms
+
+    def _means(self, sums: Mapping[str, Tensor], count: int, epoch: int) -> dict[str, float]:
+        """The running means of the loss terms (a host sync); stop if one is not finite."""
+        means = {k: float(v) / count for k, v in sums.items()}
+        if not all(math.isfinite(v) for v in means.values()):
+            raise NonFiniteLossError(
+                _non_finite_message(
+                    self.optim,
+                    self.objective.reg_scale,
+                    self.run_dir,
+                    self.accelerator,
+                    epoch,
+                    self.state,
+                    means,
                 )
-            record.update({f"val_{k}": v for k, v in val.items()})
-            record["val_chance_accuracy"] = float(chance_accuracy(labels))
-            if _improved(train.select_metric, val[train.select_metric], state.best_value):
-                state.best_value, state.best_epoch = val[train.select_metric], state.epoch
-                if accelerator.is_main_process:
-                    save_best(accelerator.unwrap_model(model))
-            accelerator.log({k: v for k, v in record.items() if k != "epoch"}, step=state.step)
-            record["seconds"] = time.perf_counter() - started
-            accelerator.print(_epoch_line(record, train.select_metric, train.epochs))
-            state.seconds += record["seconds"]
-            state.history.append(record)
-            if state.epoch == train.epochs and all(_at_chance(r) for r in state.history):
-                _warn(state, accelerator, _chance_warning(state.history, labels))
-            _save_checkpoint(accelerator, run_dir, state)
-            if on_epoch_end is not None:
-                on_epoch_end(record)
-    return state
+            )
+        return means
 
 
-def _val_ood_auroc(
-    model: nn.Module, loader: DataLoader, accelerator: Accelerator, score: str, val_logits: Tensor
-) -> float:
-    """AUROC of the OOD score ``score`` separating ``loader``'s images from the validation split
-    (``val_logits``, (N_v, K)); OOD is the positive class (docs/method.md, "Metrics")."""
-    ood_logits = predict_logits(model, loader, accelerator)[0]  # (N_o, K)
-    s_in = ood_score(score, torch.softmax(val_logits, -1), val_logits)  # (N_v,)
-    s_out = ood_score(score, torch.softmax(ood_logits, -1), ood_logits)  # (N_o,)
-    return float(ood_detection(s_in, s_out)["auroc"])
+def _overrides(callback: Callback, hook: str) -> bool:
+    """Whether ``callback``'s class defines ``hook`` rather than inheriting the no-op."""
+    return getattr(type(callback), hook) is not getattr(Callback, hook)
 
 
 def param_norm(params: Sequence[Tensor]) -> float:
     """‖θ‖₂ over ``params`` (one host sync): the scale the divergence check compares."""
     with torch.no_grad():
         return math.sqrt(float(sum(p.detach().float().pow(2).sum() for p in params)))
-
-
-def _check_divergence(
-    record: dict[str, float],
-    val_log_probs: Tensor,
-    start: float,
-    limit: float | None,
-    *,
-    suggest_zero_head: bool,
-) -> None:
-    """Stop when ‖θ‖ grew past ``limit`` × its start, or it or the validation predictions are
-    not finite: training diverged. ``suggest_zero_head`` adds ``model.head_init=zeros`` to the
-    remedies.
-
-    A diverging run is otherwise silent: the training loss can stay finite while ‖θ‖ and
-    ``R_θ`` grow by orders of magnitude and validation sits at chance, and the run would end
-    with a model card.
-    """
-    norm = record["param_norm"]
-    finite = math.isfinite(norm) and bool(torch.isfinite(val_log_probs).all())
-    if finite and (limit is None or norm <= limit * start):
-        return
-    what = (
-        f"the parameter norm grew from {start:.4g} to {norm:.4g} ({norm / start:.3g}×, limit "
-        f"train.max_param_growth={limit:g})"
-        if finite
-        else f"the validation predictions are not finite (parameter norm {norm:.4g}, "
-        f"{start:.4g} at the start)"
-    )
-    head = ", start from model.head_init=zeros," if suggest_zero_head else ""
-    raise TrainingDivergedError(
-        f"training diverged in epoch {record['epoch']}: {what}; train_param_reg="
-        f"{record.get('train_param_reg', float('nan')):.4g}, train_fs_reg="
-        f"{record.get('train_fs_reg', float('nan')):.4g}. Stopped before saving this epoch; no "
-        f"model card was written. Lower optim.lr{head} or widen the prior (raise "
-        "fseb.prior_cov_diag or prior_cov_scale)."
-    )
-
-
-def _at_chance(record: dict[str, float]) -> bool:
-    """Validation accuracy no better than always predicting the most frequent class."""
-    return record["val_accuracy"] <= record["val_chance_accuracy"]
-
-
-_LEARNED = 0.01
-"""How far (1 %) a validation NLL must fall below the class frequencies' to count as learning:
-a model that predicts them is within rounding of it."""
-
-
-def _chance_warning(history: Sequence[dict[str, float]], labels: Tensor) -> str:
-    """Validation accuracy never beat chance (``labels``: the validation labels, (N_v,)): say so,
-    and what it points to.
-
-    The data when validation holds one class (nothing can beat chance there), or when the
-    model's NLL is :data:`_LEARNED` below that of the class frequencies
-    (:func:`~fseb_ft.evaluation.metrics.chance_nll`): it learned, but not enough to outvote the most
-    frequent class, which an unbalanced split makes hard. The training otherwise: it learned
-    nothing measurable.
-    """
-    best, chance = max(r["val_accuracy"] for r in history), history[-1]["val_chance_accuracy"]
-    said = (
-        f"validation accuracy never beat chance in {len(history)} epoch(s): best {best:.2%} "
-        f"against {chance:.2%} for always predicting the most frequent class ({len(labels)} "
-        "validation images). "
-    )
-    if len(torch.unique(labels)) < 2:
-        return said + (
-            "Every validation image is of one class, so no model can beat chance there and "
-            "validation selects nothing: the data is the cause. Give data.val images of at "
-            "least two classes (held out from data.train, a class needs two images or more)."
-        )
-    best_nll, frequency_nll = min(r["val_nll"] for r in history), float(chance_nll(labels))
-    nlls = (
-        f"best validation NLL {best_nll:.4f} against {frequency_nll:.4f} for predicting the "
-        "class frequencies"
-    )
-    if best_nll < (1 - _LEARNED) * frequency_nll:
-        return said + (
-            f"The model did learn ({nlls}), but not enough to outvote the most "
-            f"frequent class, {chance:.0%} of validation: the class balance, not the learning "
-            "rate, is the cause. Judge the run by its NLL (train.select_metric=nll), train "
-            "longer, or give the other classes more images."
-        )
-    balance = f" and the class balance ({chance:.0%} of validation is one class)"
-    return said + (
-        f"The model has learned nothing measurable ({nlls}): check the labels"
-        f"{balance if chance >= 0.5 else ''}, lower optim.lr, or train longer."
-    )
-
-
-def _warn(state: TrainState, accelerator: Accelerator, message: str) -> None:
-    """Keep ``message`` for the results and the card, and log it once (main process), as every
-    other warning of a run is."""
-    state.warnings.append(message)
-    if accelerator.is_main_process:
-        logger.warning(message)
-
-
-def _train_epoch(
-    cfg: TrainConfig,
-    optim: OptimConfig,
-    num_workers: int,
-    run_dir: Path,
-    accelerator: Accelerator,
-    objective: FSEBObjective,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    train_loader: DataLoader,
-    context: ContextStream | None,
-    state: TrainState,
-    epoch: int,
-) -> dict[str, float]:
-    seed = epoch_seed(cfg.seed, epoch)
-    if hasattr(train_loader, "set_epoch"):
-        train_loader.set_epoch(epoch)
-    if num_workers == 0:
-        seed_transform(getattr(train_loader.dataset, "transform", None), seed)
-    objective.train()
-    ctx_iter = context.epoch(epoch) if context is not None else None
-    sums: dict[str, Tensor] = {}
-    count = 0
-    bar = tqdm(
-        train_loader,
-        desc=f"epoch {epoch + 1}/{cfg.epochs}",
-        disable=not accelerator.is_main_process,
-        leave=False,
-    )
-    for x, y in bar:
-        with accelerator.accumulate(objective.model):
-            ctx, feats = next(ctx_iter) if ctx_iter is not None else (None, None)
-            with accelerator.autocast():
-                terms = objective(x, y, ctx, feats)
-            accelerator.backward(terms["loss"])
-            if accelerator.sync_gradients and optim.grad_clip_norm is not None:
-                accelerator.clip_grad_norm_(objective.trainable_parameters(), optim.grad_clip_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if accelerator.sync_gradients:
-                scheduler.step()
-                state.step += 1
-        for key in ("loss", "nll", "fs_reg", "param_reg"):
-            sums[key] = sums.get(key, 0.0) + terms[key].detach().float()
-        count += 1
-        # One host sync per log interval, not per step: also where a NaN is caught.
-        if count % cfg.log_every == 0 or count == len(train_loader):
-            means = {k: float(v) / count for k, v in sums.items()}
-            if not all(math.isfinite(v) for v in means.values()):
-                raise NonFiniteLossError(
-                    _non_finite_message(
-                        optim, objective.reg_scale, run_dir, accelerator, epoch, state, means
-                    )
-                )
-            bar.set_postfix(_fmt(means, short=True), refresh=False)
-    means = {k: float(v) / max(count, 1) for k, v in sums.items()}
-    return {f"train_{k}": v for k, v in means.items()} | {"lr": scheduler.get_last_lr()[0]}
 
 
 def _non_finite_message(
@@ -519,7 +429,7 @@ def _save_checkpoint(accelerator: Accelerator, run_dir: Path, state: TrainState)
     with cleaned_on_failure(tmp, what=f"checkpoint {final.name}", hint=hint):
         accelerator.save_state(str(tmp))
         if accelerator.is_main_process:
-            (tmp / TRAINER_STATE).write_text(json.dumps(asdict(state), indent=1))
+            (tmp / TRAINER_STATE).write_text(json.dumps(_saved(state), indent=1))
     if accelerator.is_main_process:
         shutil.rmtree(final, ignore_errors=True)
         publish(tmp, final)
@@ -527,6 +437,15 @@ def _save_checkpoint(accelerator: Accelerator, run_dir: Path, state: TrainState)
             if old != final:
                 shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
+
+
+def _saved(state: TrainState) -> dict[str, object]:
+    """``state`` as ``trainer_state.json`` holds it: without callback states when there are
+    none, so such a run writes the file it did before callbacks had state."""
+    saved = asdict(state)
+    if not saved["callbacks"]:
+        del saved["callbacks"]
+    return saved
 
 
 def _fmt(values: dict[str, float], short: bool = False) -> dict[str, str] | str:

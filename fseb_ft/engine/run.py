@@ -1,0 +1,416 @@
+"""One run from its recipe: data → model and objective → context → fit → evaluate → export.
+
+:func:`run` reads as those phases, each a function here. A run directory (``output.dir``)
+receives the resolved recipe, per-epoch checkpoints, the best model
+(``model/model.safetensors``), ``run.json`` (inputs, classes, context provenance, history) and
+``results.json`` / ``results.md``; the commands (``fseb-ft``, ``fseb_ft.finetune(...)``, a
+sweep's trials) all train through :func:`run`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from safetensors.torch import load_model, save_model
+from torch import nn
+from torch.utils.data import DataLoader
+
+from fseb_ft.data.images import LabeledImages
+from fseb_ft.data.inputs import InputSpec
+from fseb_ft.data.screening import screen_splits
+from fseb_ft.data.sources import build_splits, load_split
+from fseb_ft.data.splits import Splits, require_two_classes
+from fseb_ft.data.transforms import TransformedImages, make_loader, train_transform
+from fseb_ft.engine.allocator import keep_freed_memory
+from fseb_ft.engine.callbacks import (
+    Callback,
+    ChanceWarning,
+    DivergenceStop,
+    TrainState,
+    ValOODScores,
+)
+from fseb_ft.engine.loop import (
+    Prepared,
+    Trainer,
+    applied_precision,
+    build_optimizer,
+    build_scheduler,
+    launch_warnings,
+    make_accelerator,
+)
+from fseb_ft.engine.resume import check_resumable, check_same_data, flat_keys
+from fseb_ft.evaluation.predictions import eval_loader, predict_splits
+from fseb_ft.method.context import context_sets, context_stream, resolve_prior_on_pool
+from fseb_ft.method.models import create_model, head_init, input_spec
+from fseb_ft.method.objective import FSEBObjective
+from fseb_ft.recipe import ConfigError, DatasetSpec, Recipe, dump_recipe
+from fseb_ft.recipe.datasets import IN_MEMORY
+from fseb_ft.runs.atomic import cleaned_on_failure, publish, remove_orphans, write_text
+from fseb_ft.runs.report import eval_results, method_title, write_results
+from fseb_ft.runs.rundir import (
+    MODEL_WEIGHTS,
+    RECIPE_FILE,
+    RUN_INFO_FILE,
+    RunInfo,
+    check_output_dir,
+    clear_run,
+    read_method_state,
+    write_json,
+    write_method_state,
+)
+from fseb_ft.runs.upload import share_run
+
+__all__ = ["RunData", "run"]
+
+logger = logging.getLogger("fseb_ft")
+
+
+def run(
+    recipe: Recipe,
+    splits: Splits | None = None,
+    *,
+    callbacks: Sequence[Callback] = (),
+    evaluate_test: bool = True,
+) -> dict[str, Any]:
+    """Train, select on validation, evaluate on test and OOD sets; return the results dict.
+
+    ``splits`` replaces the datasets named in ``recipe.data`` (the Python API passes its own).
+    ``callbacks`` run after the built-in ones (:mod:`fseb_ft.engine.callbacks`; a sweep's pruner
+    is one). Without ``data.test`` the results are the validation split's (``results.json``:
+    ``"split": "validation"``). ``evaluate_test=False`` stops after training (recipe,
+    ``run.json`` with the history, checkpoints and best weights): no test, OOD or corruption
+    predictions, results files or model folder; the results dict holds only ``training``.
+    """
+    run_dir = Path(recipe.output.dir)
+    check_output_dir(run_dir)
+    check_resumable(recipe, run_dir)
+    if splits is None:  # the data first: a mistake in it stops the run before anything is written
+        splits = build_splits(recipe.data, recipe.train.seed)
+    _require_two_classes(recipe.data.train, splits.train)
+    accelerator, warned = _start(recipe, run_dir)
+    data = _data(recipe, splits, accelerator)
+    warned += _warn(accelerator, data.warnings)
+    parts, spec, val_ood_loaders = _model_and_objective(recipe, data, accelerator)
+    parts, prior = _context(recipe, data, spec, parts)
+    run_info = _record_start(recipe, data, spec, parts, prior, warned)
+    state = _fit(recipe, parts, val_ood_loaders, callbacks)
+    _load_best(parts, run_dir)
+    results = _evaluate(recipe, data.splits, spec, parts) if evaluate_test else {}
+    results["training"] = _training(recipe, state, warned)
+    _export(recipe, parts, run_info, results, evaluate_test)
+    return results
+
+
+@dataclass(frozen=True)
+class RunData:
+    """A run's images once screened: what the model, the context and run.json are built from."""
+
+    splits: Splits
+    context_sets: list[LabeledImages]
+    """The datasets of ``context.datasets`` (none for PS-MAP, which draws no context)."""
+    val_ood: dict[str, LabeledImages]
+    """The ``data.val_ood`` sets, scored against validation each epoch."""
+    num_classes: int
+    """The head's class count K."""
+    dropped: dict[str, list[str]]
+    """Unreadable images left out (``data.bad_images: skip``), by recipe key."""
+    warnings: list[str]
+    """What the labels make doubtful (a class without images, …)."""
+
+
+def _start(recipe: Recipe, run_dir: Path) -> tuple[Accelerator, list[str]]:
+    """The run's Accelerator, once the folder is tidied (orphans, ``train.resume=never``); the
+    launch's warnings, logged; the allocator setting for CPU training; the global seed."""
+    accelerator = make_accelerator(recipe.train, run_dir)
+    if accelerator.is_main_process:
+        for orphan in remove_orphans(run_dir):
+            accelerator.print(f"removed {orphan}, left by an interrupted run")
+        if recipe.train.resume == "never" and (removed := clear_run(run_dir)):
+            accelerator.print(
+                f"train.resume=never: starting over in {run_dir}; removing the earlier run's "
+                + ", ".join(removed)
+            )
+    accelerator.wait_for_everyone()
+    warned = _warn(accelerator, launch_warnings(accelerator, os.environ))
+    if accelerator.device.type == "cpu":
+        keep_freed_memory()
+    set_seed(recipe.train.seed)
+    return accelerator, warned
+
+
+def _data(recipe: Recipe, splits: Splits, accelerator: Accelerator) -> RunData:
+    """Screen the splits and the context sets for unreadable images, check the labels, and load
+    the validation OOD sets."""
+    seed, channels = recipe.train.seed, recipe.data.channels
+    screened, others, dropped = screen_splits(
+        splits,
+        # PS-MAP draws no context.
+        context_sets(recipe.context, channels, seed) if not recipe.fseb.is_ps_map else [],
+        recipe.data.bad_images,
+        accelerator.is_main_process,
+    )
+    num_classes, warnings = _num_classes(recipe, screened)
+    val_ood = {
+        name: load_split(f"data.val_ood.{name}", ood_spec, channels, seed)
+        for name, ood_spec in recipe.data.val_ood.items()
+    }
+    return RunData(screened, others, val_ood, num_classes, dropped, warnings)
+
+
+def _model_and_objective(
+    recipe: Recipe, data: RunData, accelerator: Accelerator
+) -> tuple[Prepared, InputSpec, dict[str, DataLoader]]:
+    """The model, its input spec, the loaders (the validation OOD sets' prepared apart), the
+    objective, optimiser and schedule; everything prepared, the context still to come."""
+    model = create_model(recipe.model, data.num_classes, in_chans=recipe.data.channels)
+    spec = input_spec(model, recipe.model, recipe.data)
+    kw, size = _loader_kw(recipe), recipe.eval.batch_size
+    transform = train_transform(spec.size, spec.mean, spec.std, recipe.data.augment, kw["seed"])
+    train_set = TransformedImages(data.splits.train, transform)
+    train_loader = make_loader(train_set, recipe.data.batch_size, shuffle=True, **kw)
+    val_loader = eval_loader(data.splits.val, spec, size, **kw)
+    # Prepared first, as they always were: Accelerate's checkpoints number loaders in this order.
+    val_ood_loaders = {
+        name: accelerator.prepare(eval_loader(images, spec, size, **kw))
+        for name, images in data.val_ood.items()
+    }
+    objective = FSEBObjective.from_config(model, len(data.splits.train), recipe.fseb)
+    _check_processes(objective, accelerator)
+    optimizer = build_optimizer(recipe.optim, objective.trainable_parameters())
+    model, optimizer, train_loader, val_loader = accelerator.prepare(
+        model, optimizer, train_loader, val_loader
+    )
+    objective.replace_model(model, accelerator.device)
+    steps_per_epoch = math.ceil(len(train_loader) / recipe.train.grad_accum_steps)
+    scheduler = build_scheduler(recipe.optim, optimizer, steps_per_epoch * recipe.train.epochs)
+    parts = Prepared(
+        accelerator, objective, optimizer, scheduler, train_loader, val_loader, context=None
+    )
+    return parts, spec, val_ood_loaders
+
+
+def _context(
+    recipe: Recipe, data: RunData, spec: InputSpec, parts: Prepared
+) -> tuple[Prepared, dict[str, float] | None]:
+    """FS-EB's context stream (PS-MAP draws none) in ``parts``, and the prior resolved on its
+    pool from ``fseb.prior_std`` (``None``: the recipe gives s and d)."""
+    context = None
+    if not recipe.fseb.is_ps_map:
+        context = context_stream(
+            recipe.context,
+            recipe.train.seed,
+            data.splits.train,
+            data.context_sets,
+            spec,
+            parts.accelerator,
+            parts.objective,
+            num_workers=recipe.data.num_workers,
+        )
+    prior = resolve_prior_on_pool(recipe.fseb, context, parts.objective)
+    return dataclasses.replace(parts, context=context), prior
+
+
+def _record_start(
+    recipe: Recipe,
+    data: RunData,
+    spec: InputSpec,
+    parts: Prepared,
+    prior: dict[str, float] | None,
+    warned: list[str],
+) -> RunInfo:
+    """The run's ``RunInfo``; refuse to resume on other data, then write the recipe and
+    ``run.json`` and start the trackers."""
+    run_dir, accelerator = Path(recipe.output.dir), parts.accelerator
+    run_info = RunInfo(
+        num_classes=data.num_classes,
+        class_names=data.splits.train.class_names,
+        input=spec,
+        num_train=len(data.splits.train),
+        data=data.splits.identities() | _identities("val_ood", data.val_ood),
+        context=None if parts.context is None else parts.context.pool.identity,
+        num_processes=accelerator.num_processes,
+        device=accelerator.device.type,
+        mixed_precision=applied_precision(accelerator),
+        warnings=warned,
+        prior=prior,
+        bad_images=data.dropped or None,
+    )
+    check_same_data(recipe.train, run_dir, run_info)
+    if accelerator.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_text(run_dir / RECIPE_FILE, dump_recipe(recipe))
+        write_json(run_dir / RUN_INFO_FILE, run_info.to_json())
+    if accelerator.log_with:
+        accelerator.init_trackers(run_dir.name, config=flat_keys(dataclasses.asdict(recipe)))
+    return run_info
+
+
+def _fit(
+    recipe: Recipe,
+    parts: Prepared,
+    val_ood_loaders: Mapping[str, DataLoader],
+    callbacks: Sequence[Callback],
+) -> TrainState:
+    """Train with the built-in callbacks, then ``callbacks``."""
+    run_dir, objective = Path(recipe.output.dir), parts.objective
+    builtin = [
+        DivergenceStop(
+            recipe.train.max_param_growth,
+            # A zero head helps a pretrained backbone's random one, not a network from scratch.
+            suggest_zero_head=recipe.model.pretrained and head_init(recipe.model) != "zeros",
+        ),
+        ValOODScores(val_ood_loaders, recipe.eval.ood_scores[0]),
+        ChanceWarning(),
+    ]
+    trainer = Trainer(
+        parts,
+        recipe.train,
+        recipe.optim,
+        run_dir,
+        save_best=lambda m: _save_best(m, objective, run_dir),
+        callbacks=[*builtin, *callbacks],
+    )
+    return trainer.fit()
+
+
+def _load_best(parts: Prepared, run_dir: Path) -> None:
+    """Load the best epoch's weights (FS-VI: and its σ) into the trained model."""
+    parts.accelerator.wait_for_everyone()
+    load_model(parts.accelerator.unwrap_model(parts.objective.model), str(run_dir / MODEL_WEIGHTS))
+    if parts.objective.method_state():
+        parts.objective.load_method_state(read_method_state(run_dir))
+
+
+def _evaluate(recipe: Recipe, splits: Splits, spec: InputSpec, parts: Prepared) -> dict[str, Any]:
+    """The results on the test split (validation without one), OOD sets and corruptions.
+
+    A sweep's trials skip it: only the sweep's winner sees the test split.
+    """
+    predictions = predict_splits(
+        parts.objective.predictor(recipe.train.seed),
+        splits,
+        spec,
+        recipe.eval,
+        parts.accelerator,
+        **_loader_kw(recipe),
+    )
+    return eval_results(predictions, recipe.eval.ood_scores)
+
+
+def _training(recipe: Recipe, state: TrainState, warned: list[str]) -> dict[str, Any]:
+    """The training record of ``results.json`` and ``run.json``."""
+    return {
+        "best_epoch": state.best_epoch,
+        f"best_val_{recipe.train.select_metric}": state.best_value,
+        "epochs": state.epoch,
+        "steps": state.step,
+        "seconds": state.seconds,
+        "history": state.history,
+        "warnings": [*warned, *state.warnings],
+    }
+
+
+def _export(
+    recipe: Recipe,
+    parts: Prepared,
+    run_info: RunInfo,
+    results: dict[str, Any],
+    evaluate_test: bool,
+) -> None:
+    """``run.json`` with the training record; with ``evaluate_test`` the results files and the
+    model folder (pushed if ``output.push_to_hub``)."""
+    accelerator, run_dir = parts.accelerator, Path(recipe.output.dir)
+    if accelerator.is_main_process:
+        # run.json before results.json: a results file marks a finished run, so a kill between
+        # the two must not leave one whose run.json lacks its training record.
+        run_info.training = results["training"]
+        write_json(run_dir / RUN_INFO_FILE, run_info.to_json())
+        if evaluate_test:
+            write_results(run_dir, results, title=method_title(recipe))
+            # RUN_DIR/model/ (timm's Hub format + card), pushed if output.push_to_hub; a disk
+            # error there is logged with its retry command, not raised: the results are written.
+            model = accelerator.unwrap_model(parts.objective.model)
+            share_run(model, run_dir, recipe, run_info, results)
+    accelerator.end_training()
+
+
+def _loader_kw(recipe: Recipe) -> dict[str, int]:
+    """The loaders' workers and seed."""
+    return {"num_workers": recipe.data.num_workers, "seed": recipe.train.seed}
+
+
+def _check_processes(objective: FSEBObjective, accelerator: Accelerator) -> None:
+    """FS-VI trains in one process: its σ is not synchronised across processes."""
+    if objective.variational is not None and accelerator.num_processes > 1:
+        raise ConfigError(
+            "fseb.method=fsvi runs in one process: its σ is not synchronised across processes"
+        )
+
+
+def _identities(key: str, sets: Mapping[str, Any]) -> dict[str, Any]:
+    """``{key: {name: provenance}}`` for run.json's ``data``; ``{}`` when ``sets`` is empty."""
+    return {key: {name: data.identity for name, data in sets.items()}} if sets else {}
+
+
+def _warn(accelerator: Accelerator, messages: list[str]) -> list[str]:
+    """Log ``messages`` once (main process) and return them for run.json."""
+    if accelerator.is_main_process:
+        for message in messages:
+            logger.warning(message)
+    return messages
+
+
+def _require_two_classes(spec: DatasetSpec, train: LabeledImages) -> None:
+    """Stop a run whose training images are of fewer than two classes, naming where they are
+    from: an image folder pointed one level too high (its only class ``train_images``)."""
+    if spec.path.startswith(IN_MEMORY):
+        require_two_classes(train, f"train= ({train.identity})", "Pass images of every class.")
+        return
+    where = ", ".join(
+        [f"{spec.source} {spec.path}".strip(), f"split {spec.split}"]
+        + ([f"classes {list(spec.classes)}"] if spec.classes is not None else [])
+    )
+    hint = (
+        "Point data.train.path at the folder whose sub-folders are the classes "
+        "(PATH/<split>/<class>/*.jpg or PATH/<class>/*.jpg)."
+        if spec.source == "imagefolder"
+        else "Check data.train's split, label column and classes."
+    )
+    require_two_classes(train, f"data.train ({where})", hint)
+
+
+def _num_classes(recipe: Recipe, splits: Splits) -> tuple[int, list[str]]:
+    """The head's class count K, after checking the splits' labels; and the data warnings."""
+    found = splits.train.num_classes
+    k = recipe.model.num_classes or found
+    if k < found:
+        raise ValueError(
+            f"model.num_classes={k} but the training labels go up to {found - 1}; "
+            f"set model.num_classes to at least {found} or null"
+        )
+    return k, splits.check_labels(k)
+
+
+def _save_best(model: nn.Module, objective: FSEBObjective, run_dir: Path) -> None:
+    """The best weights (FS-VI: μ), and the method's state beside them (FS-VI: σ)."""
+    _save_weights(model, run_dir / MODEL_WEIGHTS)
+    write_method_state(run_dir, objective.method_state())
+
+
+def _save_weights(model: nn.Module, path: Path) -> None:
+    """Atomically replace the best weights (a killed run never leaves a half-written file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    hint = f"the best weights so far stay in {path}" if path.exists() else ""
+    with cleaned_on_failure(tmp, what="the best weights", hint=hint):
+        save_model(model, str(tmp))
+    publish(tmp, path)

@@ -61,7 +61,8 @@ def _by_hand(log_probs: Tensor, labels: Tensor) -> dict[str, Tensor]:
 def test_the_bundle_has_the_same_keys_order_and_bits_as_the_individual_functions(k: int) -> None:
     log_probs, labels = _inputs(k, seed=k)
     got, want = classification_metrics(log_probs, labels), _by_hand(log_probs, labels)
-    assert list(got) == list(want)
+    # A metric registered later comes after these (test_metrics pins the whole key set).
+    assert list(got)[: len(want)] == list(want)
     for key in want:
         assert got[key].dtype == torch.float64 and got[key].ndim == 0, key
         assert torch.equal(got[key], want[key]), key
@@ -70,7 +71,7 @@ def test_the_bundle_has_the_same_keys_order_and_bits_as_the_individual_functions
 def test_a_binary_task_with_one_class_reports_a_nan_positive_auroc() -> None:
     log_probs, _ = _inputs(2, seed=0)
     got = classification_metrics(log_probs, torch.ones(log_probs.shape[0], dtype=torch.long))
-    assert list(got)[-1] == "auroc_positive" and math.isnan(got["auroc_positive"].item())
+    assert math.isnan(got["auroc_positive"].item())
 
 
 def test_each_selective_curve_is_computed_once_per_bundle(monkeypatch: pytest.MonkeyPatch) -> None:

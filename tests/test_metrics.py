@@ -707,6 +707,12 @@ def test_all_exports() -> None:
         "binary_auroc",
         "chance_accuracy",
         "chance_nll",
+        "METRIC_REGISTRY",
+        "Metric",
+        "MetricInputs",
+        "higher_is_better",
+        "metric",
+        "metric_inputs",
     }
     assert set(O.__all__) == {
         "ood_metrics",

@@ -14,8 +14,12 @@ argument, what was expected and what was received (:mod:`fseb_ft.evaluation.chec
 
 This module holds the classification, calibration and ensemble metrics and the standard bundle
 of them, and is the one import path of every metric: the selective-prediction curve
-(:mod:`fseb_ft.evaluation.selective`) and the detection metrics
-(:mod:`fseb_ft.evaluation.detection`) are part of its API.
+(:mod:`fseb_ft.evaluation.selective`), the detection metrics
+(:mod:`fseb_ft.evaluation.detection`) and the metric registry
+(:mod:`fseb_ft.evaluation.metric_registry`) are part of its API. The bundle
+(:func:`classification_metrics`) is the registry: each of its metrics is one function of the
+shared :class:`MetricInputs`, registered below with ``@metric(name, title=..., scale=...,
+higher_is_better=...)`` (and ``applies=`` when it is defined for some class counts only).
 
 Nothing here touches files, logging or Accelerate; callers gather tensors across processes first.
 """
@@ -35,9 +39,19 @@ from fseb_ft.evaluation.checks import (
     to_float64,
 )
 from fseb_ft.evaluation.detection import binary_auroc, ood_detection
+from fseb_ft.evaluation.metric_registry import (
+    METRIC_REGISTRY,
+    Metric,
+    MetricInputs,
+    higher_is_better,
+    metric,
+)
 from fseb_ft.evaluation.selective import selective_prediction
 
 __all__ = [
+    "METRIC_REGISTRY",
+    "Metric",
+    "MetricInputs",
     "accuracy",
     "binary_auroc",
     "brier",
@@ -48,6 +62,9 @@ __all__ = [
     "confidence_scores",
     "ece",
     "ensemble_log_probs",
+    "higher_is_better",
+    "metric",
+    "metric_inputs",
     "nll",
     "ood_detection",
     "predictive_entropy",
@@ -294,16 +311,8 @@ def ensemble_log_probs(member_log_probs: Tensor) -> Tensor:
     return torch.logsumexp(x, dim=0) - math.log(x.shape[0])  # (N, K)
 
 
-def classification_metrics(log_probs: Tensor, labels: Tensor) -> dict[str, Tensor]:
-    """The standard in-distribution bundle, all 0-dim float64 tensors.
-
-    Keys: ``accuracy``, ``nll``, ``brier``, ``ece`` (15 bins), ``ece_10bin``, ``sel_pred_auc``
-    and ``aurc`` (confidence = max probability), ``sel_pred_auc_entropy`` and ``aurc_entropy``
-    (confidence = negative predictive entropy). Definitions as in the individual functions.
-
-    Binary tasks (K = 2) also get ``auroc_positive``: :func:`binary_auroc` of the positive-class
-    (label 1) probability, the usual headline metric of imbalanced tasks such as melanoma
-    detection; NaN when ``labels`` hold only one class.
+def metric_inputs(log_probs: Tensor, labels: Tensor) -> MetricInputs:
+    """Check ``log_probs`` and ``labels`` and compute what every registered metric reads.
 
     Args:
         log_probs: ``(N, K)`` natural-log class probabilities (see :func:`nll`).
@@ -315,25 +324,105 @@ def classification_metrics(log_probs: Tensor, labels: Tensor) -> dict[str, Tenso
     labels = labels.to(probs.device)  # (N,)
     correct = probs.argmax(dim=-1) == labels  # (N,)
     scores = confidence_scores(probs)
-    by_max_prob = selective_prediction(scores["max_prob"], correct)
-    by_entropy = selective_prediction(scores["neg_entropy"], correct)
-    out = {
-        "accuracy": accuracy(probs, labels),
-        "nll": nll(log_probs, labels),
-        "brier": brier(probs, labels),
-        "ece": ece(probs, labels, n_bins=15),
-        "ece_10bin": ece(probs, labels, n_bins=10),
-        "sel_pred_auc": by_max_prob["sel_pred_auc"],
-        "aurc": by_max_prob["aurc"],
-        "sel_pred_auc_entropy": by_entropy["sel_pred_auc"],
-        "aurc_entropy": by_entropy["aurc"],
+    return MetricInputs(
+        log_probs=log_probs,
+        labels=labels,
+        probs=probs,
+        correct=correct,
+        confidence=scores,
+        selective={name: selective_prediction(s, correct) for name, s in scores.items()},
+    )
+
+
+@metric("accuracy", title="Acc. (%)", scale=100.0, higher_is_better=True)
+def _accuracy(x: MetricInputs) -> Tensor:
+    """:func:`accuracy`."""
+    return accuracy(x.probs, x.labels)
+
+
+@metric("nll", title="NLL", higher_is_better=False)
+def _nll(x: MetricInputs) -> Tensor:
+    """:func:`nll`, from the log-probabilities as given."""
+    return nll(x.log_probs, x.labels)
+
+
+@metric("brier", title="Brier", higher_is_better=False)
+def _brier(x: MetricInputs) -> Tensor:
+    """:func:`brier`."""
+    return brier(x.probs, x.labels)
+
+
+@metric("ece", title="ECE (%)", scale=100.0, higher_is_better=False)
+def _ece(x: MetricInputs) -> Tensor:
+    """:func:`ece` with 15 bins."""
+    return ece(x.probs, x.labels, n_bins=15)
+
+
+@metric("ece_10bin", title="ECE-10 (%)", scale=100.0, higher_is_better=False)
+def _ece_10bin(x: MetricInputs) -> Tensor:
+    """:func:`ece` with the paper's 10 bins."""
+    return ece(x.probs, x.labels, n_bins=10)
+
+
+@metric("sel_pred_auc", title="Sel. Pred. (%)", scale=100.0, higher_is_better=True)
+def _sel_pred_auc(x: MetricInputs) -> Tensor:
+    """Area under the accuracy–coverage curve, confidence = max probability."""
+    return x.selective["max_prob"]["sel_pred_auc"]
+
+
+@metric("aurc", title="AURC (%)", scale=100.0, higher_is_better=False)
+def _aurc(x: MetricInputs) -> Tensor:
+    """Area under the risk–coverage curve, confidence = max probability."""
+    return x.selective["max_prob"]["aurc"]
+
+
+@metric("sel_pred_auc_entropy", title="Sel. Pred. entropy (%)", scale=100.0, higher_is_better=True)
+def _sel_pred_auc_entropy(x: MetricInputs) -> Tensor:
+    """Area under the accuracy–coverage curve, confidence = negative predictive entropy."""
+    return x.selective["neg_entropy"]["sel_pred_auc"]
+
+
+@metric("aurc_entropy", title="AURC entropy (%)", scale=100.0, higher_is_better=False)
+def _aurc_entropy(x: MetricInputs) -> Tensor:
+    """Area under the risk–coverage curve, confidence = negative predictive entropy."""
+    return x.selective["neg_entropy"]["aurc"]
+
+
+@metric(
+    "auroc_positive",
+    title="AUROC pos. (%)",
+    scale=100.0,
+    higher_is_better=True,
+    applies=lambda k: k == 2,
+)
+def _auroc_positive(x: MetricInputs) -> Tensor:
+    """:func:`binary_auroc` of the positive class (label 1), the usual headline metric of
+    imbalanced binary tasks such as melanoma detection; NaN when the labels hold one class."""
+    n_pos = int(x.labels.sum())
+    if not 0 < n_pos < x.labels.shape[0]:
+        return torch.tensor(math.nan, dtype=torch.float64, device=x.probs.device)
+    # log p_1 ranks exactly as p_1 but keeps underflowed probabilities apart.
+    return binary_auroc(to_float64(x.log_probs[:, 1]), x.labels)
+
+
+def classification_metrics(log_probs: Tensor, labels: Tensor) -> dict[str, Tensor]:
+    """The standard in-distribution bundle: every metric of :data:`METRIC_REGISTRY` that applies
+    to the task, in registration order, all 0-dim float64 tensors.
+
+    Keys: ``accuracy``, ``nll``, ``brier``, ``ece`` (15 bins), ``ece_10bin``, ``sel_pred_auc``
+    and ``aurc`` (confidence = max probability), ``sel_pred_auc_entropy`` and ``aurc_entropy``
+    (confidence = negative predictive entropy). Definitions as in the individual functions.
+
+    Binary tasks (K = 2) also get ``auroc_positive``: :func:`binary_auroc` of the positive-class
+    (label 1) probability; NaN when ``labels`` hold only one class.
+
+    Args:
+        log_probs: ``(N, K)`` natural-log class probabilities (see :func:`nll`).
+        labels: ``(N,)`` integer labels in ``[0, K)``.
+    """
+    inputs = metric_inputs(log_probs, labels)
+    return {
+        name: m.compute(inputs)
+        for name, m in METRIC_REGISTRY.items()
+        if m.applies_to(inputs.num_classes)
     }
-    if probs.shape[1] == 2:
-        n_pos = int(labels.sum())
-        out["auroc_positive"] = (
-            # log p_1 ranks exactly as p_1 but keeps underflowed probabilities apart.
-            binary_auroc(to_float64(log_probs[:, 1]), labels)
-            if 0 < n_pos < labels.shape[0]
-            else torch.tensor(math.nan, dtype=torch.float64, device=probs.device)
-        )
-    return out

@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from fseb_ft.evaluation.metrics import METRIC_REGISTRY, Metric
 from fseb_ft.evaluation.ood import OOD_SCORE_REGISTRY
 from fseb_ft.recipe import Recipe
 from fseb_ft.runs.published import model_label
@@ -32,19 +33,26 @@ __all__ = [
     "warnings_markdown",
 ]
 
-_COLUMNS: tuple[tuple[str, str, float], ...] = (
-    ("accuracy", "Acc. (%)", 100.0),
-    ("nll", "NLL", 1.0),
-    ("ece", "ECE (%)", 100.0),
-    ("ece_10bin", "ECE-10 (%)", 100.0),
-    ("brier", "Brier", 1.0),
-    ("sel_pred_auc", "Sel. Pred. (%)", 100.0),
-    ("aurc", "AURC (%)", 100.0),
+_COLUMNS: tuple[Metric, ...] = tuple(
+    METRIC_REGISTRY[name]
+    for name in (
+        "accuracy",
+        "nll",
+        "ece",
+        "ece_10bin",
+        "brier",
+        "sel_pred_auc",
+        "aurc",
+        "auroc_positive",
+    )
 )
-# Shown only when some result has it (binary tasks, see metrics.classification_metrics).
-_OPTIONAL_COLUMNS: tuple[tuple[str, str, float], ...] = (
-    ("auroc_positive", "AUROC pos. (%)", 100.0),
+"""The results table's metric columns, in order; titles and scales are the registry's. A metric
+defined for some tasks only (``applies``, e.g. ``auroc_positive`` for K = 2) shows only when some
+result has it."""
+_CORRUPTION_COLUMNS: tuple[Metric, ...] = tuple(
+    METRIC_REGISTRY[name] for name in ("accuracy", "nll", "ece", "sel_pred_auc")
 )
+"""The columns of the corrupted split's summary table, per severity."""
 # (metric suffix, column title) of each OOD score's columns: key f"{score}_{suffix}".
 _OOD_COLUMNS: tuple[tuple[str, str], ...] = (
     ("auroc", "AUROC (%)"),
@@ -95,8 +103,7 @@ def corruption_markdown(results: Mapping[str, Any]) -> str:
         return ""
     split = results_split(results)
     summary = results.get("corruption_summary") or corruption_summary(corruptions)
-    columns = [c for c in _COLUMNS if c[0] in ("accuracy", "nll", "ece", "sel_pred_auc")]
-    header = ["Severity", *(title for _, title, _ in columns)]
+    header = ["Severity", *(m.title for m in _CORRUPTION_COLUMNS)]
     lines = [
         f"## Covariate shift: corrupted {split} split\n\nMean over {len(corruptions)} "
         f"corruption(s): {', '.join(corruptions)}.\n",
@@ -114,17 +121,18 @@ def corruption_markdown(results: Mapping[str, Any]) -> str:
         if sev in scaled_summary:
             rows.append((f"{label}{TS_SUFFIX}", scaled_summary[sev]))
     for label, metrics in rows:
-        cells = [_num(metrics.get(key), scale) for key, _, scale in columns]
+        cells = [_num(metrics.get(m.name), m.scale) for m in _CORRUPTION_COLUMNS]
         lines.append("| " + " | ".join([label, *cells]) + " |")
     severities = sorted({sev for by_sev in corruptions.values() for sev in by_sev}, key=int)
+    acc, ece = METRIC_REGISTRY["accuracy"], METRIC_REGISTRY["ece"]
     lines += [
-        "\nAcc. (%) / ECE (%) per corruption and severity:\n",
+        f"\n{acc.title} / {ece.title} per corruption and severity:\n",
         "| Corruption | " + " | ".join(severities) + " |",
         "|" + "---|" * (len(severities) + 1),
     ]
     for name, by_sev in corruptions.items():
         cells = [
-            f"{_num(by_sev[s]['accuracy'], 100.0)} / {_num(by_sev[s]['ece'], 100.0)}"
+            f"{_num(by_sev[s][acc.name], acc.scale)} / {_num(by_sev[s][ece.name], ece.scale)}"
             if s in by_sev
             else "–"
             for s in severities
@@ -167,9 +175,12 @@ def markdown_table(results: Mapping[str, Mapping[str, Any]]) -> str:
     results = _with_ts_rows(results)
     ood_names = sorted({n for r in results.values() for n in r.get("ood", {})})
     ood_scores = ood_scores_in(results.values())
-    columns = list(_COLUMNS)
-    columns += [c for c in _OPTIONAL_COLUMNS if any(c[0] in r["test"] for r in results.values())]
-    header = ["Method", *(title for _, title, _ in columns)]
+    columns = [
+        m
+        for m in _COLUMNS
+        if m.applies is None or any(m.name in r["test"] for r in results.values())
+    ]
+    header = ["Method", *(m.title for m in columns)]
     # Entropy alone keeps the titles tables had before other scores existed.
     named = ood_scores != ["entropy"]
     header += [
@@ -181,7 +192,7 @@ def markdown_table(results: Mapping[str, Mapping[str, Any]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for method, res in results.items():
         row = [method]
-        row += [_num(res["test"].get(key), scale) for key, _, scale in columns]
+        row += [_num(res["test"].get(m.name), m.scale) for m in columns]
         for name in ood_names:
             scores = res.get("ood", {}).get(name, {})
             for score in ood_scores:

@@ -41,8 +41,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from fseb_ft.cli import run_entry
 from fseb_ft.engine.callbacks import PruningCallback
-from fseb_ft.engine.loop import NonFiniteLossError, TrainingDivergedError, higher_is_better
+from fseb_ft.engine.loop import NonFiniteLossError, TrainingDivergedError
 from fseb_ft.evaluate import evaluate_run
+from fseb_ft.evaluation.metrics import higher_is_better
 from fseb_ft.finetune import RecipeMismatchError, run
 from fseb_ft.logs import configure_logging
 from fseb_ft.recipe import (

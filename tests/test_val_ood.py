@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fseb_ft.engine.callbacks import _val_ood_auroc
-from fseb_ft.engine.loop import higher_is_better
+from fseb_ft.evaluation.metrics import higher_is_better
 from fseb_ft.recipe import ConfigError, recipe_from_dict
 
 DIGITS_0_4 = {"source": "sklearn_digits", "split": "test", "classes": [0, 1, 2, 3, 4]}

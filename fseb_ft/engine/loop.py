@@ -31,12 +31,12 @@ from tqdm.auto import tqdm
 from fseb_ft.data.transforms import epoch_seed, seed_transform
 from fseb_ft.engine.callbacks import Callback, TrainingDivergedError, TrainState, Validation
 from fseb_ft.errors import FsebError
-from fseb_ft.evaluation.metrics import classification_metrics
+from fseb_ft.evaluation.metrics import classification_metrics, higher_is_better
 from fseb_ft.evaluation.predictions import predict_logits
 from fseb_ft.logs import above_progress_bars
 from fseb_ft.method.context import ContextStream
 from fseb_ft.method.objective import FSEBObjective
-from fseb_ft.recipe import VAL_OOD_METRIC_SUFFIX, OptimConfig, TrainConfig
+from fseb_ft.recipe import OptimConfig, TrainConfig
 from fseb_ft.runs.atomic import cleaned_on_failure, publish
 from fseb_ft.runs.rundir import (
     CHECKPOINT_PREFIX,
@@ -55,14 +55,12 @@ __all__ = [
     "applied_precision",
     "build_optimizer",
     "build_scheduler",
-    "higher_is_better",
     "launch_warnings",
     "make_accelerator",
     "param_norm",
 ]
 
 logger = logging.getLogger("fseb_ft")
-_HIGHER_IS_BETTER = {"accuracy"}
 
 
 class NonFiniteLossError(FsebError, RuntimeError):
@@ -403,12 +401,6 @@ def _non_finite_message(
         f"training loss became non-finite in epoch {epoch + 1} near step {state.step} "
         f"({_fmt(means)}); {saved}. Try: {', '.join(remedies)}."
     )
-
-
-def higher_is_better(metric: str) -> bool:
-    """Whether a larger value of the validation ``metric`` is better (accuracy, a
-    ``data.val_ood`` set's ``ood_<name>_auroc``) or worse (NLL, ECE, Brier)."""
-    return metric in _HIGHER_IS_BETTER or metric.endswith(VAL_OOD_METRIC_SUFFIX)
 
 
 def _improved(metric: str, value: float, best: float | None) -> bool:

@@ -44,7 +44,8 @@ OOD_SCORES = ("entropy", "msp", "max_logit", "energy")
 negative maximum softmax probability, negative maximum logit, energy ``-logsumexp(logits)``."""
 SELECT_METRICS = ("nll", "accuracy", "ece", "brier")
 """Validation metrics that select a checkpoint (``train.select_metric``) or a sweep's winner
-(``sweep.metric``); ``fseb_ft.engine.loop`` knows which are higher-is-better."""
+(``sweep.metric``); the metric registry (``fseb_ft.evaluation.metric_registry``) knows which
+are higher-is-better."""
 
 PRUNERS = ("hyperband", "successive_halving", "none")
 """How a sweep stops unpromising trials early on their per-epoch validation metric

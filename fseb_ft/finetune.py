@@ -148,7 +148,7 @@ def compare(recipe: Recipe | str | Path, overrides: Sequence[str] = ()) -> dict[
         title = f"{recipe.model.name}: PS-MAP vs {recipe.fseb.method_name}"
         note = split_note(results["PS-MAP"])  # both runs report on the same split
         write_text(out / COMPARISON_MD, f"# {title}\n\n{note}{table}")
-        write_json(out / COMPARISON_JSON, results)
+        write_json(out / COMPARISON_JSON, {label: dict(r) for label, r in results.items()})
         from fseb_ft.runs.report import write_comparison_plots
 
         # comparison_reliability.png / comparison_selective.png from run()'s predictions.
@@ -233,7 +233,8 @@ def finetune(
         splits.train, splits.val = _hold_out(splits.train, resolved)
     else:
         splits.val = as_labeled_images(val, **wrap)
-    return run(resolved, splits=splits, callbacks=callbacks)
+    # The record alone: JSON-ready, as documented.
+    return dict(run(resolved, splits=splits, callbacks=callbacks))
 
 
 def resolve_recipe(

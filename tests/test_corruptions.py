@@ -18,7 +18,8 @@ import fseb_ft.data.corruptions as C
 from fseb_ft.data.images import ArrayImages
 from fseb_ft.data.splits import stratified_split
 from fseb_ft.data.transforms import TransformedImages, eval_transform
-from fseb_ft.evaluate import evaluate_ensemble, evaluate_run
+from fseb_ft.engine.ensemble import evaluate_ensemble
+from fseb_ft.engine.reevaluate import evaluate_run
 from fseb_ft.evaluate import main as evaluate_main
 from fseb_ft.evaluation.predictions import Predictions
 from fseb_ft.finetune import run

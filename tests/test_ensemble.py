@@ -18,7 +18,8 @@ from test_pipeline import N_OOD, N_TEST, _recipe_dict, _write_folder
 
 from fseb_ft import evaluate
 from fseb_ft.cli import main as cli
-from fseb_ft.evaluate import default_ensemble_dir, evaluate_ensemble, evaluate_run
+from fseb_ft.engine.ensemble import default_ensemble_dir, evaluate_ensemble
+from fseb_ft.engine.reevaluate import evaluate_run
 from fseb_ft.evaluation.metrics import classification_metrics
 from fseb_ft.evaluation.ood import ood_metrics
 from fseb_ft.evaluation.temperature import fit_temperature

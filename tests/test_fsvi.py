@@ -198,7 +198,7 @@ def test_fsvi_run_trains_evaluates_and_exports_the_mean(tmp_path) -> None:
     import timm
     from safetensors.torch import load_file
 
-    from fseb_ft.evaluate import evaluate_run
+    from fseb_ft.engine.reevaluate import evaluate_run
     from fseb_ft.finetune import run
     from fseb_ft.recipe import recipe_from_dict
     from fseb_ft.runs.loading import load_run_model

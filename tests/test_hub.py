@@ -283,7 +283,7 @@ def test_the_card_shows_the_sibling_psmap_run_or_a_given_baseline(tiny_run, tmp_
     psmap.mkdir()
     other = copy.deepcopy(tiny_run.results)
     other["test"]["accuracy"] = 0.123456
-    (psmap / "results.json").write_text(json.dumps(other))
+    (psmap / "results.json").write_text(json.dumps(dict(other)))
     raw = yaml.safe_load((run_dir / "recipe.yaml").read_text())
     raw["fseb"]["reg_scale"] = 0.0
     (psmap / "recipe.yaml").write_text(yaml.safe_dump(raw))

@@ -12,8 +12,9 @@ import pytest
 import fseb_ft.finetune as finetune_module
 from fseb_ft import cli
 from fseb_ft.data.sources import load_split
+from fseb_ft.engine.ensemble import evaluate_ensemble
+from fseb_ft.engine.reevaluate import evaluate_run
 from fseb_ft.errors import FsebError
-from fseb_ft.evaluate import evaluate_ensemble, evaluate_run
 from fseb_ft.finetune import run
 from fseb_ft.recipe import DatasetSpec, recipe_from_dict
 from fseb_ft.runs.report import markdown_table

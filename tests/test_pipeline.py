@@ -25,7 +25,7 @@ import fseb_ft.engine.loop as train_module
 from fseb_ft import cli
 from fseb_ft.engine.callbacks import Callback, TrainerView
 from fseb_ft.engine.loop import NonFiniteLossError, Trainer
-from fseb_ft.evaluate import evaluate_run
+from fseb_ft.engine.reevaluate import evaluate_run
 from fseb_ft.finetune import RecipeMismatchError, run
 from fseb_ft.method.models import create_model
 from fseb_ft.method.objective import FSEBObjective

@@ -16,14 +16,17 @@ import yaml
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
+import fseb_ft.engine.reevaluate as reevaluate_module
 import fseb_ft.engine.run as run_module
-import fseb_ft.evaluate as evaluate_module
+import fseb_ft.engine.search as search_module
 import fseb_ft.finetune as finetune_module
-import fseb_ft.sweep as sweep_module
+import fseb_ft.runs.leaderboard as leaderboard_module
 from fseb_ft.engine.loop import Trainer
+from fseb_ft.engine.search import compare_sweeps, default_space, psmap_point, search_space, sweep
+from fseb_ft.engine.trials import experimental_ok, open_storage
 from fseb_ft.finetune import resolve_recipe
 from fseb_ft.recipe import ConfigError, Recipe, SweepParam, load_recipe, recipe_from_dict
-from fseb_ft.sweep import compare_sweeps, default_space, main, psmap_point, search_space, sweep
+from fseb_ft.sweep import main
 from tests.test_pipeline import _recipe_dict, _write_folder, kill_after_checkpoint
 
 SPACE = {"optim.lr": {"low": 0.01, "high": 0.1, "log": True}}
@@ -53,7 +56,7 @@ def _study(out: Path) -> optuna.Study:
 
 
 def _retry_of(trial: optuna.trial.FrozenTrial) -> int | None:
-    with sweep_module._experimental_ok():
+    with experimental_ok():
         return RetryHeartbeatStaleTrialCallback.retried_trial_number(trial)
 
 
@@ -66,14 +69,14 @@ def test_sweep_writes_every_output_and_tests_only_the_winner(
         raise AssertionError("a trial predicted the test split")
 
     tested = []
-    original = evaluate_module.predict_splits
+    original = reevaluate_module.predict_splits
 
     def count(*args, **kwargs):
         tested.append(args)
         return original(*args, **kwargs)
 
     monkeypatch.setattr(run_module, "predict_splits", no_test_in_trials)
-    monkeypatch.setattr(evaluate_module, "predict_splits", count)
+    monkeypatch.setattr(reevaluate_module, "predict_splits", count)
     board = main([str(_recipe_file(folders, out)), "--trials", "2"])
 
     assert len(tested) == 1  # the winner's test split, once
@@ -146,9 +149,9 @@ def test_two_workers_on_one_study_run_its_budget_of_trials_together(
         callbacks[0].on_epoch_end(None, {"epoch": 1, "val_nll": value})
         return {"training": {"best_val_nll": value, "epochs": 1}}
 
-    monkeypatch.setattr(sweep_module, "run", train)
-    monkeypatch.setattr(sweep_module, "WAIT_S", 0.05)
-    monkeypatch.setattr(sweep_module, "sweep_plot", lambda *args, **kwargs: None)
+    monkeypatch.setattr(search_module, "run", train)
+    monkeypatch.setattr(search_module, "WAIT_S", 0.05)
+    monkeypatch.setattr(leaderboard_module, "sweep_plot", lambda *args, **kwargs: None)
     with ThreadPoolExecutor(2) as workers:
         boards = list(workers.map(lambda _: sweep(recipe, trials=3), range(2)))
 
@@ -169,12 +172,14 @@ def test_a_dead_workers_trial_is_retried_by_another_in_its_folder(
     study = optuna.create_study(storage=url, study_name=out.name)
     trial = study.ask()
     params = {"optim.lr": trial.suggest_float("optim.lr", 0.01, 0.1, log=True)}
-    folder = out / "trials" / sweep_module._folder_name(params)
+    folder = out / "trials" / search_module._folder_name(params)
     trial.set_user_attr("host", "lost-machine")  # not this one: only its heartbeat tells
     saves = kill_after_checkpoint(monkeypatch)  # the machine is lost after its checkpoint
     with pytest.raises(KeyboardInterrupt):
-        finetune_module.run(sweep_module._trial_recipe(recipe, params, folder), evaluate_test=False)
-    sweep_module._storage(url).record_heartbeat(trial._trial_id)
+        finetune_module.run(
+            search_module._trial_recipe(recipe, params, folder), evaluate_test=False
+        )
+    open_storage(url).record_heartbeat(trial._trial_id)
     with closing(sqlite3.connect(out / "study.db")) as db, db:  # its last heartbeat: an hour ago
         db.execute("UPDATE trial_heartbeats SET heartbeat = datetime('now', '-1 hour')")
 
@@ -354,7 +359,7 @@ def test_compare_names_an_fsvi_recipes_arm_fsvi(
         params = {"optim.lr": 0.01}
         return {"best": {"value": 0.5, "number": 0, "params": params, "results": None}}
 
-    monkeypatch.setattr(sweep_module, "sweep", fake_sweep)
+    monkeypatch.setattr(search_module, "sweep", fake_sweep)
     raw = {
         "data": {"train": {"source": "sklearn_digits"}},
         "fseb": {"method": "fsvi", "reg_scale": 1.0},

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-import fseb_ft.evaluate as evaluate_module
+import fseb_ft.engine.ensemble as ensemble_module
 import fseb_ft.runs.report as report_module
 from fseb_ft import api
-from fseb_ft.evaluate import evaluate_ensemble, evaluate_run
+from fseb_ft.engine.ensemble import evaluate_ensemble
+from fseb_ft.engine.reevaluate import evaluate_run
 from fseb_ft.finetune import compare
 from fseb_ft.recipe import recipe_from_dict
 from tests.test_pipeline import N_OOD, _recipe_dict, _write_folder
@@ -77,7 +78,7 @@ def test_reevaluation_ensemble_and_predict_work_on_the_validation_split(
     compared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The run's figures are checked above; drawing them twice more costs seconds, not behaviour.
-    for module in (report_module, evaluate_module):
+    for module in (report_module, ensemble_module):
         monkeypatch.setattr(module, "write_plots", lambda *args, **kwargs: [])
     saved = json.loads((compared / "fseb" / "results.json").read_text())
     again = evaluate_run(compared / "fseb", cpu=True)

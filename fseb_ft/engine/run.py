@@ -55,7 +55,7 @@ from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.recipe import ConfigError, DatasetSpec, Recipe, dump_recipe
 from fseb_ft.recipe.datasets import IN_MEMORY
 from fseb_ft.runs.atomic import cleaned_on_failure, publish, remove_orphans, write_text
-from fseb_ft.runs.report import eval_results, method_title, write_results
+from fseb_ft.runs.report import EvalResults, eval_results, method_title, write_results
 from fseb_ft.runs.rundir import (
     MODEL_WEIGHTS,
     RECIPE_FILE,
@@ -80,15 +80,17 @@ def run(
     *,
     callbacks: Sequence[Callback] = (),
     evaluate_test: bool = True,
-) -> dict[str, Any]:
-    """Train, select on validation, evaluate on test and OOD sets; return the results dict.
+) -> Mapping[str, Any]:
+    """Train, select on validation, evaluate on test and OOD sets; return the results.
 
     ``splits`` replaces the datasets named in ``recipe.data`` (the Python API passes its own).
     ``callbacks`` run after the built-in ones (:mod:`fseb_ft.engine.callbacks`; a sweep's pruner
     is one). Without ``data.test`` the results are the validation split's (``results.json``:
     ``"split": "validation"``). ``evaluate_test=False`` stops after training (recipe,
     ``run.json`` with the history, checkpoints and best weights): no test, OOD or corruption
-    predictions, results files or model folder; the results dict holds only ``training``.
+    predictions, results files or model folder; the results are a dict holding only
+    ``training``. Evaluated, they are an :class:`~fseb_ft.runs.report.EvalResults`: the record of
+    ``results.json``, read as a mapping, and its predictions.
     """
     run_dir = Path(recipe.output.dir)
     check_output_dir(run_dir)
@@ -104,8 +106,10 @@ def run(
     run_info = _record_start(recipe, data, spec, parts, prior, warned)
     state = _fit(recipe, parts, val_ood_loaders, callbacks)
     _load_best(parts, run_dir)
-    results = _evaluate(recipe, data.splits, spec, parts) if evaluate_test else {}
-    results["training"] = _training(recipe, state, warned)
+    training = _training(recipe, state, warned)
+    results: Mapping[str, Any] = {"training": training}
+    if evaluate_test:
+        results = _evaluate(recipe, data.splits, spec, parts).extended(training=training)
     _export(recipe, parts, run_info, results, evaluate_test)
     return results
 
@@ -290,7 +294,7 @@ def _load_best(parts: Prepared, run_dir: Path) -> None:
         parts.objective.load_method_state(read_method_state(run_dir))
 
 
-def _evaluate(recipe: Recipe, splits: Splits, spec: InputSpec, parts: Prepared) -> dict[str, Any]:
+def _evaluate(recipe: Recipe, splits: Splits, spec: InputSpec, parts: Prepared) -> EvalResults:
     """The results on the test split (validation without one), OOD sets and corruptions.
 
     A sweep's trials skip it: only the sweep's winner sees the test split.
@@ -323,7 +327,7 @@ def _export(
     recipe: Recipe,
     parts: Prepared,
     run_info: RunInfo,
-    results: dict[str, Any],
+    results: Mapping[str, Any],
     evaluate_test: bool,
 ) -> None:
     """``run.json`` with the training record; with ``evaluate_test`` the results files and the

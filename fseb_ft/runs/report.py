@@ -9,8 +9,9 @@ results with (:func:`markdown_table`, :func:`corruption_markdown`, :func:`method
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,16 +63,37 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-class EvalResults(dict):
-    """A results dict (JSON-ready, as :func:`evaluate_predictions` returns) that also carries the
-    :class:`Predictions` it was computed from as ``.predictions``, so figures can be drawn
-    without predicting again. The predictions are not part of the dict and never serialised.
+@dataclasses.dataclass(frozen=True, eq=False)
+class EvalResults(Mapping[str, Any]):
+    """An evaluation: its results record and the predictions it was computed from.
+
+    It reads as that record (``results["test"]``, ``dict(results)``, ``==`` with a mapping),
+    which is what ``results.json`` holds; being no dict, it is written as ``dict(results)``. The
+    predictions are kept to draw figures without predicting again, and are never written.
     """
 
-    def __init__(self, results: Mapping[str, Any], predictions: Predictions | None = None) -> None:
-        """Copy ``results`` and attach ``predictions``."""
-        super().__init__(results)
-        self.predictions = predictions
+    results: dict[str, Any]
+    """JSON-ready: ``split``, ``test``, ``ood``, ``corruptions``, ``temperature_scaled``
+    (:func:`eval_results`), then what the evaluation's maker adds with :meth:`extended`
+    (``training``; an ensemble's ``members`` and ``runs``)."""
+    predictions: Predictions = dataclasses.field(repr=False)
+    """The test (or validation), OOD and corruption predictions behind ``results``."""
+
+    def __getitem__(self, key: str) -> Any:
+        """The record's ``key``."""
+        return self.results[key]
+
+    def __iter__(self) -> Iterator[str]:
+        """The record's keys, in ``results.json``'s order."""
+        return iter(self.results)
+
+    def __len__(self) -> int:
+        """The number of the record's keys."""
+        return len(self.results)
+
+    def extended(self, **entries: Any) -> EvalResults:
+        """These results with ``entries`` after the record's own keys (``results.json``'s order)."""
+        return dataclasses.replace(self, results={**self.results, **entries})
 
 
 def evaluate_predictions(
@@ -147,15 +169,15 @@ def write_results(
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_json(run_dir / RESULTS_JSON, results)
+    write_json(run_dir / RESULTS_JSON, dict(results))
     heading = f"{title}{split_suffix(results)}"  # figures and heading name a validation split
     md = f"# {heading}\n\n" + split_note(results) + warnings_markdown(results)
     md += markdown_table({title: results})
     if results.get("corruptions"):
         md += "\n" + corruption_markdown(results)
     write_text(run_dir / RESULTS_MD, md)
-    if predictions is None:
-        predictions = getattr(results, "predictions", None)
+    if predictions is None and isinstance(results, EvalResults):
+        predictions = results.predictions
     if predictions is not None:
         write_plots(run_dir, predictions, heading, strict=False)
     write_corruption_plot(run_dir, results, title)
@@ -242,22 +264,18 @@ def eval_results(predictions: Predictions, ood_scores: Sequence[str] = ("entropy
     ``temperature_scaled`` (:func:`temperature_scaled_results`). ``RESULTS_SPLIT`` (first) names
     the split the in-distribution metrics come from (``predictions.split``).
     """
-    results = EvalResults(
-        {RESULTS_SPLIT: predictions.split}
-        | evaluate_predictions(
-            predictions.test,
-            predictions.ood,
-            predictions.corruptions,
-            predictions.corruption_labels,
-            ood_scores=ood_scores,
-            test_logits=predictions.test_logits,
-            ood_logits=predictions.ood_logits,
-        ),
-        predictions,
+    results = {RESULTS_SPLIT: predictions.split} | evaluate_predictions(
+        predictions.test,
+        predictions.ood,
+        predictions.corruptions,
+        predictions.corruption_labels,
+        ood_scores=ood_scores,
+        test_logits=predictions.test_logits,
+        ood_logits=predictions.ood_logits,
     )
     if predictions.val is not None:
         results["temperature_scaled"] = temperature_scaled_results(predictions, ood_scores)
-    return results
+    return EvalResults(results, predictions)
 
 
 def temperature_scaled_results(

@@ -1,0 +1,137 @@
+"""Re-evaluating a saved run: its best weights predict its splits again, its results rewritten.
+
+A run is read from its resolved ``recipe.yaml``, ``run.json`` and best weights; ``eval.*``
+overrides change how it is evaluated this time only. The ensemble of several runs
+(:mod:`fseb_ft.engine.ensemble`) reads and predicts each member the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from accelerate import Accelerator
+
+from fseb_ft.data.screening import screen_splits
+from fseb_ft.data.sources import build_splits
+from fseb_ft.evaluation.predictions import Predictions, predict_splits
+from fseb_ft.recipe import Recipe
+from fseb_ft.runs.atomic import is_not_writable
+from fseb_ft.runs.loading import load_run_model, run_predictor
+from fseb_ft.runs.report import EvalResults, eval_results, method_title, write_results
+from fseb_ft.runs.rundir import (
+    MODEL_WEIGHTS,
+    RECIPE_FILE,
+    RESULTS_JSON,
+    RESULTS_MD,
+    RUN_INFO_FILE,
+    RunInfo,
+    epochs_done,
+    read_json,
+    read_run,
+)
+
+__all__ = ["SavedRun", "evaluate_run", "predict_run", "read_saved_run"]
+
+# Log lines name the command (``WARNING fseb_ft.evaluate: …``), wherever its machinery lives.
+logger = logging.getLogger("fseb_ft.evaluate")
+
+
+class SavedRun(NamedTuple):
+    """A finished run as read from its folder."""
+
+    run_dir: Path
+    recipe: Recipe
+    """Its resolved recipe, with this evaluation's overrides."""
+    info: RunInfo
+    """Its ``run.json``."""
+
+
+def read_saved_run(run_dir: Path, cpu: bool, overrides: Sequence[str] = ()) -> SavedRun:
+    """A finished run's resolved recipe and ``run.json``; a clear error if it is not one."""
+    needed = (RECIPE_FILE, RUN_INFO_FILE, MODEL_WEIGHTS)
+    recipe, info = read_run(run_dir, [f"train.cpu={str(cpu).lower()}", *overrides], needed)
+    return SavedRun(run_dir, recipe, info)
+
+
+def evaluate_run(
+    run_dir: str | Path, cpu: bool = False, overrides: Sequence[str] = ()
+) -> EvalResults:
+    """Re-evaluate a finished run from its ``recipe.yaml``, ``run.json`` and best weights.
+
+    Rewrites the run's ``results.json``, ``results.md`` and plots (keeping the ``training``
+    record of the original results); a run folder that cannot be written to (read-only) keeps
+    its files, with a warning. ``overrides`` (``eval.key=value``, e.g.
+    ``eval.corruptions=all``) change evaluation settings of the saved recipe for this
+    evaluation only; ``recipe.yaml`` is left as it is.
+    """
+    run = read_saved_run(Path(run_dir), cpu, overrides)
+    run_dir, recipe, info = run
+    accelerator = Accelerator(cpu=cpu, mixed_precision=recipe.train.mixed_precision)
+    evaluated = eval_results(predict_run(run, accelerator), recipe.eval.ood_scores)
+    previous = run_dir / RESULTS_JSON
+    if previous.exists():
+        training = read_json(previous).get("training")
+    elif info.training is not None:  # trained without evaluation (a sweep's trial): in run.json
+        training = info.training
+    else:  # stopped before it finished: say so wherever these numbers are read
+        training = _unfinished(run_dir, recipe.train.epochs)
+        logger.warning("%s: %s", run_dir, training["warnings"][0])
+    results = evaluated.extended(training=training)
+    if accelerator.is_main_process:
+        _rewrite_results(run_dir, results, method_title(recipe))
+    return results
+
+
+def _rewrite_results(run_dir: Path, results: EvalResults, title: str) -> None:
+    """Write the results into the run; a folder the OS refuses to write to is left as it is."""
+    try:
+        write_results(run_dir, results, title=title)
+    except OSError as err:
+        if not is_not_writable(err):
+            raise
+        # Re-evaluating reads the run only: the numbers are still worth returning and printing.
+        logger.warning(
+            "could not write %s, %s and the plots into %s (%s): the run keeps its earlier "
+            "results, and these are not saved",
+            RESULTS_JSON, RESULTS_MD, run_dir, err.strerror,
+        )  # fmt: skip
+
+
+def _unfinished(run_dir: Path, epochs: int) -> dict[str, Any]:
+    """The training record of a run stopped before its last epoch: epochs done, a warning."""
+    done = epochs_done(run_dir)
+    return {
+        "unfinished": True,
+        "epochs": done,
+        "warnings": [
+            f"unfinished: {done} of {epochs} epochs trained. These are the best weights of the "
+            "epochs done, not of the run the recipe describes; rerun its training command to "
+            "finish it"
+        ],
+    }
+
+
+def predict_run(run: SavedRun, accelerator: Accelerator) -> Predictions:
+    """Load the run's best weights and predict its test split and OOD sets (FS-VI: with the
+    Monte-Carlo predictive of its saved q(θ), :func:`~fseb_ft.runs.loading.run_predictor`)."""
+    run_dir, recipe, info = run
+    # The images training left out (data.bad_images: skip) are left out again, so the numbers
+    # are the run's; with ``stop``, an image damaged since is one clear error, not a traceback.
+    splits, _, _ = screen_splits(
+        build_splits(recipe.data, recipe.train.seed),
+        [],
+        recipe.data.bad_images,
+        progress=accelerator.is_main_process,
+        train=False,
+    )
+    model = accelerator.prepare(load_run_model(run_dir, recipe, info))
+    predictor = run_predictor(run_dir, recipe, accelerator.unwrap_model(model))
+    loader_kw = {"num_workers": recipe.data.num_workers, "seed": recipe.train.seed}
+    predictions = predict_splits(
+        predictor, splits, info.input, recipe.eval, accelerator, **loader_kw
+    )
+    accelerator.free_memory(model)
+    return predictions

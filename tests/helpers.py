@@ -1,5 +1,5 @@
-"""What several test modules build: a tiny timm-shaped classifier, image folders and the recipe
-of a tiny run on them.
+"""What several test modules build or do: a tiny timm-shaped classifier, image folders and the
+recipe of a tiny run on them; a NaN loss, a kill after a checkpoint, a folder's bytes.
 
 Import what you need: ``from tests.helpers import TinyNet, tiny_recipe, write_image_folder``.
 """
@@ -11,9 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 from PIL import Image
 from torch import nn
+
+import fseb_ft.engine.loop as train_module
+from fseb_ft.method.objective import FSEBObjective
+
+N_TEST = 13  # odd, so two processes see an uneven last batch
+N_OOD = 5
 
 
 class TinyNet(nn.Module):
@@ -78,3 +85,39 @@ def tiny_recipe(folders: dict[str, Path], out: Path, epochs: int = 2) -> dict[st
         "eval": {"batch_size": 4},
         "output": {"dir": str(out)},
     }
+
+
+def poison_loss(monkeypatch: pytest.MonkeyPatch, after: int = 0) -> None:
+    """Make the training loss NaN from the objective's call ``after + 1`` on."""
+    original = FSEBObjective.forward
+    calls = []
+
+    def poisoned(self, *args, **kwargs):
+        terms = original(self, *args, **kwargs)
+        calls.append(1)
+        if len(calls) > after:
+            terms["loss"] = terms["loss"] * float("nan")
+        return terms
+
+    monkeypatch.setattr(FSEBObjective, "forward", poisoned)
+
+
+def kill_after_checkpoint(monkeypatch: pytest.MonkeyPatch, count: int = 1) -> list[Path]:
+    """Kill a run (``KeyboardInterrupt``) right after the ``count``-th epoch checkpoint written
+    from now on; checkpoints after it are written as usual. Returns the run folder of each."""
+    original = train_module._save_checkpoint
+    saved: list[Path] = []
+
+    def save_then_die(accelerator, run_dir, state) -> None:
+        original(accelerator, run_dir, state)
+        saved.append(run_dir)
+        if len(saved) == count:
+            raise KeyboardInterrupt(f"simulated kill after checkpoint {count}")
+
+    monkeypatch.setattr(train_module, "_save_checkpoint", save_then_die)
+    return saved
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (relative path → bytes): what a reader of it would see."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}

@@ -16,20 +16,20 @@ from fseb_ft.engine.loop import Trainer
 from fseb_ft.finetune import run
 from fseb_ft.recipe import recipe_from_dict
 from fseb_ft.runs.rundir import latest_checkpoint
-from tests.test_pipeline import _recipe_dict, _write_folder
+from tests.helpers import tiny_recipe, write_image_folder
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("data")
-    _write_folder(root / "ind", "train", {"cat": 12, "dog": 12, "fox": 12})
-    _write_folder(root / "ind", "test", {"cat": 5, "dog": 4, "fox": 4})
+    write_image_folder(root / "ind", "train", {"cat": 12, "dog": 12, "fox": 12})
+    write_image_folder(root / "ind", "test", {"cat": 5, "dog": 4, "fox": 4})
     return {"ind": root / "ind", "ood": root / "ind"}
 
 
 def _psmap(folders: dict[str, Path], out: Path, epochs: int) -> dict[str, Any]:
     """A PS-MAP recipe (no context pool: the fastest run) of 27 training images, 4 batches."""
-    raw = _recipe_dict(folders, out, epochs=epochs)
+    raw = tiny_recipe(folders, out, epochs=epochs)
     raw["data"]["ood"] = {}
     raw["fseb"]["reg_scale"] = 0.0
     raw["train"]["trackers"] = []

@@ -18,8 +18,7 @@ from fseb_ft import cli, logs
 from fseb_ft import finetune as finetune_module
 from fseb_ft.engine import run as run_module
 from fseb_ft.runs.atomic import DiskFullError
-from tests.helpers import write_image_folder
-from tests.test_pipeline import poison_loss, snapshot
+from tests.helpers import poison_loss, snapshot, write_image_folder
 
 ROOT = Path(__file__).parents[1]
 QUICKSTART = str(ROOT / "recipes" / "quickstart.yaml")

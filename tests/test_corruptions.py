@@ -12,7 +12,6 @@ import pytest
 import torch
 from PIL import Image
 from scipy import ndimage
-from test_pipeline import N_TEST, _recipe_dict, _write_folder
 
 import fseb_ft.data.corruptions as C
 from fseb_ft.data.images import ArrayImages
@@ -31,6 +30,7 @@ from fseb_ft.runs.report import (
     temperature_scaled_results,
 )
 from fseb_ft.runs.rundir import CORRUPTION_PLOT
+from tests.helpers import N_TEST, tiny_recipe, write_image_folder
 
 NOISE = ("gaussian_noise", "shot_noise", "impulse_noise", "speckle_noise")
 # Corruptions whose mean pixel change must grow strictly with the severity.
@@ -330,11 +330,11 @@ def test_run_reports_every_corruption_and_severity_and_reevaluates_from_the_cach
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root = tmp_path / "data"
-    _write_folder(root / "ind", "train", {"cat": 12, "dog": 12, "fox": 12})
-    _write_folder(root / "ind", "test", {"cat": 5, "dog": 4, "fox": 4})
-    _write_folder(root / "ood", "test", {"owl": 5})
+    write_image_folder(root / "ind", "train", {"cat": 12, "dog": 12, "fox": 12})
+    write_image_folder(root / "ind", "test", {"cat": 5, "dog": 4, "fox": 4})
+    write_image_folder(root / "ood", "test", {"owl": 5})
     out, cache = tmp_path / "run", tmp_path / "cache"
-    recipe = _recipe_dict({"ind": root / "ind", "ood": root / "ood"}, out, epochs=1)
+    recipe = tiny_recipe({"ind": root / "ind", "ood": root / "ood"}, out, epochs=1)
     recipe["fseb"]["reg_scale"] = 0.0  # PS-MAP: the same evaluation, a faster loop
     recipe["eval"] |= {
         "corruptions": ["gaussian_noise", "contrast"],

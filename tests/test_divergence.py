@@ -12,15 +12,15 @@ from fseb_ft.engine.callbacks import TrainingDivergedError, _chance_warning, _ch
 from fseb_ft.evaluation.metrics import chance_accuracy, chance_nll
 from fseb_ft.finetune import run
 from fseb_ft.recipe import recipe_from_dict
-from tests.test_pipeline import _recipe_dict, _write_folder
+from tests.helpers import tiny_recipe, write_image_folder
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("data")
-    _write_folder(root / "ind", "train", {"cat": 12, "dog": 12, "fox": 12})
-    _write_folder(root / "ind", "test", {"cat": 5, "dog": 4, "fox": 4})
-    _write_folder(root / "ood", "test", {"owl": 5})
+    write_image_folder(root / "ind", "train", {"cat": 12, "dog": 12, "fox": 12})
+    write_image_folder(root / "ind", "test", {"cat": 5, "dog": 4, "fox": 4})
+    write_image_folder(root / "ood", "test", {"owl": 5})
     return {"ind": root / "ind", "ood": root / "ood"}
 
 
@@ -103,7 +103,7 @@ def test_a_diverging_run_stops_before_it_writes_results_or_a_model_card(
     folders: dict[str, Path], tmp_path: Path
 ) -> None:
     # The new user's failure: a random head under a tight prior (s = 1e-5, d = 1e-2) blows up.
-    recipe = _recipe_dict(folders, tmp_path / "run", epochs=1)
+    recipe = tiny_recipe(folders, tmp_path / "run", epochs=1)
     recipe["model"]["head_init"] = "timm"
     recipe["fseb"].update(prior_cov_scale=1e-5, prior_cov_diag=1e-2)
     recipe["optim"]["lr"] = 0.05
@@ -122,7 +122,7 @@ def test_a_run_that_never_beats_chance_warns_in_its_results_and_model_card(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # A zero head that never moves predicts class 0 for everything: exactly chance.
-    recipe = _recipe_dict(folders, tmp_path / "run", epochs=1)
+    recipe = tiny_recipe(folders, tmp_path / "run", epochs=1)
     recipe["model"]["head_init"] = "zeros"
     recipe["fseb"]["reg_scale"] = 0.0
     recipe["optim"].update(lr=1e-30, warmup_steps=0)

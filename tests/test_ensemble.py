@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from test_pipeline import N_OOD, N_TEST, _recipe_dict, _write_folder
 
 from fseb_ft import evaluate
 from fseb_ft.cli import main as cli
@@ -25,17 +24,18 @@ from fseb_ft.evaluation.ood import ood_metrics
 from fseb_ft.evaluation.temperature import fit_temperature
 from fseb_ft.finetune import compare
 from fseb_ft.runs.rundir import COMPARISON_PLOTS, PLOTS
+from tests.helpers import N_OOD, N_TEST, tiny_recipe, write_image_folder
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("ensemble")
-    _write_folder(root / "ind", "train", {"cat": 12, "dog": 12, "fox": 12})
-    _write_folder(root / "ind", "test", {"cat": 5, "dog": 4, "fox": 4})
-    _write_folder(root / "ood", "test", {"owl": N_OOD})
+    write_image_folder(root / "ind", "train", {"cat": 12, "dog": 12, "fox": 12})
+    write_image_folder(root / "ind", "test", {"cat": 5, "dog": 4, "fox": 4})
+    write_image_folder(root / "ood", "test", {"owl": N_OOD})
     recipe = root / "recipe.yaml"
     folders = {"ind": root / "ind", "ood": root / "ood"}
-    recipe.write_text(yaml.safe_dump(_recipe_dict(folders, root / "compare", epochs=1)))
+    recipe.write_text(yaml.safe_dump(tiny_recipe(folders, root / "compare", epochs=1)))
     compare(recipe)
     return {"root": root, "psmap": root / "compare" / "psmap", "fseb": root / "compare" / "fseb"}
 

@@ -31,7 +31,6 @@ import torch
 import yaml
 from huggingface_hub import CommitOperationAdd, HfApi, ModelCard
 from PIL import Image
-from test_pipeline import _write_folder
 
 import fseb_ft.engine.run as run_module
 from fseb_ft import cli
@@ -43,6 +42,7 @@ from fseb_ft.runs import export, upload
 from fseb_ft.runs.published import scrub
 from fseb_ft.runs.report import markdown_table
 from fseb_ft.runs.rundir import COMPARISON_PLOTS
+from tests.helpers import write_image_folder
 
 UNREACHABLE = "http://127.0.0.1:9"  # discard port: nothing listens, connections are refused
 REPO_ID = "user/tiny-fseb"
@@ -50,7 +50,7 @@ BASE_FILES = {"config.json", "model.safetensors", "fseb.json", "README.md", "tra
 TEST_IMAGE_SIZE = (44, 30)  # (H, W) of the tiny run's test images; the model takes 16 x 16
 
 
-def _recipe_dict(data: Path, ood: Path, out: Path) -> dict[str, Any]:
+def tiny_recipe(data: Path, ood: Path, out: Path) -> dict[str, Any]:
     return {
         "model": {"name": "test_byobnet", "pretrained": False, "input_size": 16},
         "data": {
@@ -86,16 +86,16 @@ class _Records(logging.Handler):
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     """A finished FS-EB run whose push (to a closed loopback port) failed."""
     root = tmp_path_factory.mktemp("hub")
-    _write_folder(root / "ind", "train", {"cat": 8, "dog": 8, "fox": 8})
+    write_image_folder(root / "ind", "train", {"cat": 8, "dog": 8, "fox": 8})
     # Test images larger than the 16 px input and not square, as users' photos are: evaluation
     # must resize them exactly as the card's snippet does.
-    _write_folder(root / "ind", "test", {"cat": 3, "dog": 3, "fox": 3}, size=TEST_IMAGE_SIZE)
-    _write_folder(root / "ood", "test", {"owl": 4})
+    write_image_folder(root / "ind", "test", {"cat": 3, "dog": 3, "fox": 3}, size=TEST_IMAGE_SIZE)
+    write_image_folder(root / "ood", "test", {"owl": 4})
     out = root / "compare" / "fseb"
     out.mkdir(parents=True)
     # A plot in the run directory (the plotting code writes these) must travel with the model.
     Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(out / "reliability.png")
-    recipe = recipe_from_dict(_recipe_dict(root / "ind", root / "ood", out))
+    recipe = recipe_from_dict(tiny_recipe(root / "ind", root / "ood", out))
 
     shared: dict[str, Any] = {}
     original = upload.share_run
@@ -580,7 +580,7 @@ def test_retry_command_quotes_paths() -> None:
 
 def _finished_looking_run(tmp_path: Path) -> tuple[Path, Any]:
     """A run folder with a recipe (pushing to REPO_ID) and nothing else."""
-    raw = _recipe_dict(tmp_path / "ind", tmp_path / "ood", tmp_path / "run")
+    raw = tiny_recipe(tmp_path / "ind", tmp_path / "ood", tmp_path / "run")
     recipe = recipe_from_dict(raw)
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "recipe.yaml").write_text(dump_recipe(recipe))

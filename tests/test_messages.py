@@ -26,7 +26,7 @@ from fseb_ft.method.regularizer import CholeskyJitterWarning, function_space_ter
 from fseb_ft.predict import predict_images
 from fseb_ft.recipe import ModelConfig, recipe_from_dict
 from fseb_ft.runs import upload
-from tests.test_pipeline import _recipe_dict, _write_folder, poison_loss
+from tests.helpers import poison_loss, tiny_recipe, write_image_folder
 
 UNREACHABLE = "http://127.0.0.1:9"  # discard port: nothing listens
 
@@ -35,9 +35,9 @@ def test_nan_before_any_epoch_finished_names_no_checkpoint_and_fits_an_fp32_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = tmp_path / "data"
-    _write_folder(data, "train", {"cat": 6, "dog": 6})
-    _write_folder(data, "test", {"cat": 2, "dog": 2})
-    raw = _recipe_dict({"ind": data, "ood": data}, tmp_path / "run", epochs=1)
+    write_image_folder(data, "train", {"cat": 6, "dog": 6})
+    write_image_folder(data, "test", {"cat": 2, "dog": 2})
+    raw = tiny_recipe({"ind": data, "ood": data}, tmp_path / "run", epochs=1)
     raw["data"]["augment"] = "none"
     recipe = recipe_from_dict(raw)
     poison_loss(monkeypatch)

@@ -18,7 +18,7 @@ from fseb_ft.errors import FsebError
 from fseb_ft.finetune import run
 from fseb_ft.recipe import DatasetSpec, recipe_from_dict
 from fseb_ft.runs.report import markdown_table
-from tests.test_pipeline import _recipe_dict, _write_folder, kill_after_checkpoint
+from tests.helpers import kill_after_checkpoint, tiny_recipe, write_image_folder
 
 QUICKSTART = Path(__file__).parents[1] / "recipes" / "quickstart.yaml"
 
@@ -27,9 +27,9 @@ def test_evaluating_a_killed_run_says_it_is_unfinished(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = tmp_path / "data"
-    _write_folder(data, "train", {"cat": 7, "dog": 7})  # 10 to train: batches of 8 and 2
-    _write_folder(data, "test", {"cat": 2, "dog": 2})
-    raw = _recipe_dict({"ind": data, "ood": data}, tmp_path / "run", epochs=3)
+    write_image_folder(data, "train", {"cat": 7, "dog": 7})  # 10 to train: batches of 8 and 2
+    write_image_folder(data, "test", {"cat": 2, "dog": 2})
+    raw = tiny_recipe({"ind": data, "ood": data}, tmp_path / "run", epochs=3)
     raw["data"]["ood"] = {}
     raw["fseb"]["reg_scale"] = 0.0  # PS-MAP: no context pool, a faster run
     kill_after_checkpoint(monkeypatch)  # the first epoch's

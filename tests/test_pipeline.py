@@ -8,7 +8,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,22 +17,25 @@ import pytest
 import torch
 import yaml
 from accelerate.state import AcceleratorState
-from PIL import Image
 from safetensors.torch import load_file
 
-import fseb_ft.engine.loop as train_module
 from fseb_ft import cli
 from fseb_ft.engine.callbacks import Callback, TrainerView
 from fseb_ft.engine.loop import NonFiniteLossError, Trainer
 from fseb_ft.engine.reevaluate import evaluate_run
 from fseb_ft.finetune import RecipeMismatchError, run
 from fseb_ft.method.models import create_model
-from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.recipe import load_recipe, recipe_from_dict
+from tests.helpers import (
+    N_OOD,
+    N_TEST,
+    kill_after_checkpoint,
+    poison_loss,
+    tiny_recipe,
+    write_image_folder,
+)
 
 REPO = Path(__file__).parents[1]
-N_TEST = 13  # odd, so two processes see an uneven last batch
-N_OOD = 5
 # What `accelerate launch --cpu --num_processes 2 --mixed_precision bf16` sets (it starts one).
 LAUNCH_2_CPU_BF16 = {
     "ACCELERATE_USE_CPU": "True",
@@ -42,95 +44,20 @@ LAUNCH_2_CPU_BF16 = {
 }
 
 
-def _write_folder(
-    root: Path, split: str, classes: dict[str, int], size: int | tuple[int, int] = 16
-) -> None:
-    """Noisy per-class-coloured PNGs ``root/split/<class>/NNN.png`` of ``size`` (side or (H, W))."""
-    height, width = (size, size) if isinstance(size, int) else size
-    # crc32, not hash(): str hashes are salted per process, and fixtures must not vary by run.
-    rng = np.random.default_rng(zlib.crc32(f"{root.name}/{split}".encode()))
-    for name, count in classes.items():
-        base = rng.integers(0, 256, size=3)
-        (root / split / name).mkdir(parents=True, exist_ok=True)
-        for i in range(count):
-            noise = rng.integers(-40, 40, size=(height, width, 3))
-            pixels = np.clip(base + noise, 0, 255).astype(np.uint8)
-            Image.fromarray(pixels).save(root / split / name / f"{i:03d}.png")
-
-
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("data")
-    _write_folder(root / "ind", "train", {"cat": 12, "dog": 12, "fox": 12})
-    _write_folder(root / "ind", "test", {"cat": 5, "dog": 4, "fox": 4})
-    _write_folder(root / "ood", "test", {"owl": N_OOD})
+    write_image_folder(root / "ind", "train", {"cat": 12, "dog": 12, "fox": 12})
+    write_image_folder(root / "ind", "test", {"cat": 5, "dog": 4, "fox": 4})
+    write_image_folder(root / "ood", "test", {"owl": N_OOD})
     return {"ind": root / "ind", "ood": root / "ood"}
-
-
-def poison_loss(monkeypatch: pytest.MonkeyPatch, after: int = 0) -> None:
-    """Make the training loss NaN from the objective's call ``after + 1`` on."""
-    original = FSEBObjective.forward
-    calls = []
-
-    def poisoned(self, *args, **kwargs):
-        terms = original(self, *args, **kwargs)
-        calls.append(1)
-        if len(calls) > after:
-            terms["loss"] = terms["loss"] * float("nan")
-        return terms
-
-    monkeypatch.setattr(FSEBObjective, "forward", poisoned)
-
-
-def kill_after_checkpoint(monkeypatch: pytest.MonkeyPatch, count: int = 1) -> list[Path]:
-    """Kill a run (``KeyboardInterrupt``) right after the ``count``-th epoch checkpoint written
-    from now on; checkpoints after it are written as usual. Returns the run folder of each."""
-    original = train_module._save_checkpoint
-    saved: list[Path] = []
-
-    def save_then_die(accelerator, run_dir, state) -> None:
-        original(accelerator, run_dir, state)
-        saved.append(run_dir)
-        if len(saved) == count:
-            raise KeyboardInterrupt(f"simulated kill after checkpoint {count}")
-
-    monkeypatch.setattr(train_module, "_save_checkpoint", save_then_die)
-    return saved
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    """Every file under ``folder`` (relative path → bytes): what a reader of it would see."""
-    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
-
-
-def _recipe_dict(folders: dict[str, Path], out: Path, epochs: int = 2) -> dict:
-    return {
-        "model": {"name": "test_byobnet", "pretrained": False, "input_size": 16},
-        "data": {
-            "train": {"source": "imagefolder", "path": str(folders["ind"]), "split": "train"},
-            "test": {"source": "imagefolder", "path": str(folders["ind"]), "split": "test"},
-            "ood": {
-                "owls": {"source": "imagefolder", "path": str(folders["ood"]), "split": "test"}
-            },
-            "val_fraction": 0.25,
-            "augment": "crop_flip",
-            "batch_size": 8,
-            "num_workers": 0,
-        },
-        "context": {"kind": "train", "perturb": True, "pool_size": 20, "batch_size": 4},
-        "fseb": {"prior_var": 1.0, "prior_cov_scale": 0.01, "prior_cov_diag": 1.0},
-        "optim": {"lr": 0.05, "warmup_steps": 2},
-        "train": {"epochs": epochs, "cpu": True, "log_every": 2},
-        "eval": {"batch_size": 4},
-        "output": {"dir": str(out)},
-    }
 
 
 def test_end_to_end_run_writes_everything_and_reevaluates_identically(
     folders: dict[str, Path], tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
-    results = run(recipe_from_dict(_recipe_dict(folders, out)))
+    results = run(recipe_from_dict(tiny_recipe(folders, out)))
     for name in (
         "recipe.yaml",
         "run.json",
@@ -149,7 +76,7 @@ def test_end_to_end_run_writes_everything_and_reevaluates_identically(
     assert yaml.safe_load((out / "recipe.yaml").read_text())["fseb"]["prior_cov_diag"] == 1.0
     assert "| FS-EB" in (out / "results.md").read_text()
 
-    psmap_into_same_dir = _recipe_dict(folders, out)
+    psmap_into_same_dir = tiny_recipe(folders, out)
     psmap_into_same_dir["fseb"]["reg_scale"] = 0.0
     with pytest.raises(RecipeMismatchError, match=r"fseb.reg_scale: 1.0 → 0.0"):
         run(recipe_from_dict(psmap_into_same_dir))
@@ -165,7 +92,7 @@ def test_temperature_scaling_and_ood_scores_end_to_end(
     folders: dict[str, Path], tmp_path: Path
 ) -> None:
     out = tmp_path / "ts"
-    recipe = _recipe_dict(folders, out, epochs=1)
+    recipe = tiny_recipe(folders, out, epochs=1)
     recipe["eval"] |= {"temperature_scaling": True, "ood_scores": ["entropy", "energy"]}
     recipe["fseb"]["reg_scale"] = 0.0  # PS-MAP: no context pool, a faster run
     results = run(recipe_from_dict(recipe))
@@ -201,17 +128,17 @@ def test_killed_run_resumes_to_the_same_weights(
     folders: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     straight = tmp_path / "straight"
-    run(recipe_from_dict(_recipe_dict(folders, straight)))
+    run(recipe_from_dict(tiny_recipe(folders, straight)))
 
     resumed = tmp_path / "resumed"
     kill_after_checkpoint(monkeypatch)  # the first epoch's
     with pytest.raises(KeyboardInterrupt):
-        run(recipe_from_dict(_recipe_dict(folders, resumed)))
+        run(recipe_from_dict(tiny_recipe(folders, resumed)))
     assert [p.name for p in (resumed / "checkpoints").iterdir()] == ["epoch-0001"]
     with pytest.raises(
         RecipeMismatchError, match=r"finish it first \(rerun it with train.epochs=2"
     ):
-        run(recipe_from_dict(_recipe_dict(folders, resumed, epochs=3)))
+        run(recipe_from_dict(tiny_recipe(folders, resumed, epochs=3)))
 
     epochs_trained = []
     original_epoch = Trainer._train_epoch
@@ -221,7 +148,7 @@ def test_killed_run_resumes_to_the_same_weights(
         return original_epoch(*args, **kwargs)
 
     monkeypatch.setattr(Trainer, "_train_epoch", counting_epoch)
-    training = run(recipe_from_dict(_recipe_dict(folders, resumed)))["training"]
+    training = run(recipe_from_dict(tiny_recipe(folders, resumed)))["training"]
     assert epochs_trained == [1]  # only the second epoch was trained again
     # The killed invocation's epoch still counts towards the run's training time.
     epoch_seconds = [record["seconds"] for record in training["history"]]
@@ -257,7 +184,7 @@ class StepCounter(Callback):
 def test_callback_state_survives_a_kill_and_resume(
     folders: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    raw = _recipe_dict(folders, tmp_path / "run")
+    raw = tiny_recipe(folders, tmp_path / "run")
     raw["fseb"]["reg_scale"] = 0.0  # PS-MAP: no context pool, a faster run
     kill_after_checkpoint(monkeypatch)  # the first epoch's
     with pytest.raises(KeyboardInterrupt):
@@ -295,7 +222,7 @@ def test_more_epochs_for_a_finished_run_say_why_and_the_command_that_trains_on(
     folders: dict[str, Path], tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
-    recipe = _recipe_dict(folders, out, epochs=1)
+    recipe = tiny_recipe(folders, out, epochs=1)
     recipe["fseb"]["reg_scale"] = 0.0  # PS-MAP: no context pool, a faster run
     run(recipe_from_dict(recipe))
     recipe["train"]["epochs"] = 2
@@ -323,7 +250,7 @@ def test_two_process_run_counts_every_test_sample_once(
 ) -> None:
     out = tmp_path / "ddp"
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(yaml.safe_dump(_recipe_dict(folders, out, epochs=1)))
+    recipe.write_text(yaml.safe_dump(tiny_recipe(folders, out, epochs=1)))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
            "--master_port=29533", "-m", "fseb_ft.finetune", str(recipe)]  # fmt: skip
@@ -339,7 +266,7 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(
     folders: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "nan"
-    recipe = recipe_from_dict(_recipe_dict(folders, out))
+    recipe = recipe_from_dict(tiny_recipe(folders, out))
     steps_per_epoch = 4  # 27 training images, batches of 8
     poison_loss(monkeypatch, after=steps_per_epoch + 1)  # from the second step of epoch 2
     with pytest.raises(NonFiniteLossError, match=r"non-finite in epoch 2 .*last good checkpoint"):
@@ -377,7 +304,7 @@ def test_run_records_the_precision_that_ran_and_says_what_it_could_not_honour(
     for key, value in environ.items():
         monkeypatch.setenv(key, value)
     out = tmp_path / "run"
-    recipe = _recipe_dict(folders, out, epochs=1)
+    recipe = tiny_recipe(folders, out, epochs=1)
     recipe["fseb"]["reg_scale"] = 0.0  # one quick step: what is recorded is under test
     recipe["data"]["batch_size"] = recipe["eval"]["batch_size"] = 32
     recipe["optim"]["lr"] = 0.001

@@ -33,7 +33,7 @@ from fseb_ft.runs import loading as predictor
 from fseb_ft.runs import rundir, thresholds
 from fseb_ft.runs.loading import load_model, load_run_model
 from fseb_ft.runs.rundir import VAL_LOGITS, read_json, read_run, read_val_logits
-from tests.test_pipeline import snapshot
+from tests.helpers import snapshot
 
 COLUMNS = ["image", "prediction", "probability", "log_odds", "abstain", "entropy", "ood_entropy"]
 N_GOOD = 12  # readable PNGs in the image folder

@@ -14,7 +14,7 @@ from fseb_ft.evaluate import expand_run_dirs
 from fseb_ft.evaluate import main as evaluate_main
 from fseb_ft.finetune import run
 from fseb_ft.recipe import recipe_from_dict
-from tests.test_pipeline import _recipe_dict, _write_folder, snapshot
+from tests.helpers import snapshot, tiny_recipe, write_image_folder
 
 
 def test_a_compare_output_folder_stands_for_its_runs(tmp_path: Path) -> None:
@@ -46,9 +46,9 @@ def test_evaluating_a_folder_that_holds_no_run_is_one_clear_line(
 
 def _tiny_psmap_recipe(tmp_path: Path, out: Path) -> dict[str, Any]:
     """One epoch of PS-MAP on 16 two-class images, no OOD set."""
-    _write_folder(tmp_path / "data", "train", {"cat": 8, "dog": 8})
-    _write_folder(tmp_path / "data", "test", {"cat": 2, "dog": 2})
-    recipe = _recipe_dict({"ind": tmp_path / "data", "ood": tmp_path / "data"}, out, epochs=1)
+    write_image_folder(tmp_path / "data", "train", {"cat": 8, "dog": 8})
+    write_image_folder(tmp_path / "data", "test", {"cat": 2, "dog": 2})
+    recipe = tiny_recipe({"ind": tmp_path / "data", "ood": tmp_path / "data"}, out, epochs=1)
     recipe["data"]["ood"] = {}
     recipe["fseb"]["reg_scale"] = 0.0
     return recipe
@@ -90,10 +90,10 @@ def test_a_run_killed_before_its_results_file_has_already_recorded_its_training(
 
 def test_a_rerun_on_changed_data_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    _write_folder(data, "train", {"airplane": 6, "cat": 6, "ship": 6})
-    _write_folder(data, "test", {"airplane": 2, "cat": 2, "ship": 2})
+    write_image_folder(data, "train", {"airplane": 6, "cat": 6, "ship": 6})
+    write_image_folder(data, "test", {"airplane": 2, "cat": 2, "ship": 2})
     out = tmp_path / "run"
-    raw = _recipe_dict({"ind": data, "ood": data}, out, epochs=1)
+    raw = tiny_recipe({"ind": data, "ood": data}, out, epochs=1)
     raw["data"]["ood"] = {}
     raw["fseb"]["reg_scale"] = 0.0  # PS-MAP: no context pool, a faster run
     run(recipe_from_dict(raw))
@@ -112,15 +112,15 @@ def test_a_rerun_on_changed_data_is_refused_before_anything_is_written(tmp_path:
     (data / "test" / "deer").rename(data / "test" / "ship")
     run(recipe_from_dict(raw))  # the same data again: resumes (a finished run: nothing to train)
 
-    _write_folder(data, "train", {"dog": 6})
-    _write_folder(data, "test", {"dog": 2})
+    write_image_folder(data, "train", {"dog": 6})
+    write_image_folder(data, "test", {"dog": 2})
     refused(r"num_classes: 3 → 4")
     for split in ("train", "test"):
         for image in (data / split / "dog").iterdir():
             image.unlink()
         (data / split / "dog").rmdir()
 
-    _write_folder(tmp_path / "more", "train", {"cat": 3})
+    write_image_folder(tmp_path / "more", "train", {"cat": 3})
     for i, image in enumerate(sorted((tmp_path / "more" / "train" / "cat").iterdir())):
         image.rename(data / "train" / "cat" / f"new{i}.png")
     refused(r"num_train: 14 → 16; data\.train: 'imagefolder:")

@@ -27,7 +27,7 @@ from fseb_ft.engine.trials import experimental_ok, open_storage
 from fseb_ft.finetune import resolve_recipe
 from fseb_ft.recipe import ConfigError, Recipe, SweepParam, load_recipe, recipe_from_dict
 from fseb_ft.sweep import main
-from tests.test_pipeline import _recipe_dict, _write_folder, kill_after_checkpoint
+from tests.helpers import kill_after_checkpoint, tiny_recipe, write_image_folder
 
 SPACE = {"optim.lr": {"low": 0.01, "high": 0.1, "log": True}}
 
@@ -35,15 +35,15 @@ SPACE = {"optim.lr": {"low": 0.01, "high": 0.1, "log": True}}
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("data")
-    _write_folder(root / "ind", "train", {"cat": 8, "dog": 8})
-    _write_folder(root / "ind", "test", {"cat": 3, "dog": 3})
-    _write_folder(root / "ood", "test", {"owl": 3})
-    _write_folder(root / "ood", "val", {"owl": 3})
+    write_image_folder(root / "ind", "train", {"cat": 8, "dog": 8})
+    write_image_folder(root / "ind", "test", {"cat": 3, "dog": 3})
+    write_image_folder(root / "ood", "test", {"owl": 3})
+    write_image_folder(root / "ood", "val", {"owl": 3})
     return {"ind": root / "ind", "ood": root / "ood"}
 
 
 def _recipe_file(folders: dict[str, Path], out: Path) -> Path:
-    raw = _recipe_dict(folders, out, epochs=1)
+    raw = tiny_recipe(folders, out, epochs=1)
     raw["train"]["trackers"] = []
     raw["sweep"] = {"space": SPACE, "pruner": "none"}
     path = out.parent / f"{out.name}.yaml"
@@ -194,7 +194,7 @@ def test_a_dead_workers_trial_is_retried_by_another_in_its_folder(
 
 
 def test_search_space_names_a_bad_key(folders: dict[str, Path], tmp_path: Path) -> None:
-    raw = _recipe_dict(folders, tmp_path / "run")
+    raw = tiny_recipe(folders, tmp_path / "run")
     raw["sweep"] = {"space": {"fseb.reg_scael": {"low": 0.1, "high": 1}}}
     with pytest.raises(ConfigError, match=r"sweep.space: 'fseb.reg_scael' is not a recipe key"):
         recipe_from_dict(raw)

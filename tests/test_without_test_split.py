@@ -17,7 +17,7 @@ from fseb_ft.engine.ensemble import evaluate_ensemble
 from fseb_ft.engine.reevaluate import evaluate_run
 from fseb_ft.finetune import compare
 from fseb_ft.recipe import recipe_from_dict
-from tests.test_pipeline import N_OOD, _recipe_dict, _write_folder
+from tests.helpers import N_OOD, tiny_recipe, write_image_folder
 
 N_VAL = 9  # the stratified 25 % of 36 training images held out for validation
 NOTE = "no test split was given (`data.test`)"
@@ -28,9 +28,9 @@ def compared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``--compare`` of a one-epoch recipe with OOD set, temperature scaling and a corruption,
     but no ``data.test``: OUTPUT/psmap and OUTPUT/fseb."""
     root = tmp_path_factory.mktemp("no-test")
-    _write_folder(root / "ind", "train", {"cat": 12, "dog": 12, "fox": 12})
-    _write_folder(root / "ood", "test", {"owl": N_OOD})
-    raw = _recipe_dict({"ind": root / "ind", "ood": root / "ood"}, root / "out", epochs=1)
+    write_image_folder(root / "ind", "train", {"cat": 12, "dog": 12, "fox": 12})
+    write_image_folder(root / "ood", "test", {"owl": N_OOD})
+    raw = tiny_recipe({"ind": root / "ind", "ood": root / "ood"}, root / "out", epochs=1)
     del raw["data"]["test"]
     raw["train"]["trackers"] = []
     raw["eval"] |= {

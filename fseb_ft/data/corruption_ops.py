@@ -29,11 +29,6 @@ _LUMA = np.array(
 )  # ITU-R BT.601, as fseb_ft.data.pixels and OpenCV's RGB2GRAY
 
 
-# ---------------------------------------------------------------------------------------------
-# Noise
-# ---------------------------------------------------------------------------------------------
-
-
 def _gaussian_noise(x: np.ndarray, level: int, rng: np.random.Generator, s: float) -> np.ndarray:
     c = (0.04, 0.06, 0.08, 0.09, 0.10)[level]
     return x + c * rng.standard_normal(x.shape)
@@ -56,11 +51,6 @@ def _impulse_noise(x: np.ndarray, level: int, rng: np.random.Generator, s: float
 def _speckle_noise(x: np.ndarray, level: int, rng: np.random.Generator, s: float) -> np.ndarray:
     c = (0.06, 0.1, 0.12, 0.16, 0.2)[level]
     return x + x * c * rng.standard_normal(x.shape)
-
-
-# ---------------------------------------------------------------------------------------------
-# Blur
-# ---------------------------------------------------------------------------------------------
 
 
 def _gaussian(x: np.ndarray, sigma: float, mode: str = "nearest", truncate: float = 4.0):
@@ -157,11 +147,6 @@ def _zoom_blur(x: np.ndarray, level: int, rng: np.random.Generator, s: float) ->
     return (x + out) / (len(factors) + 1)
 
 
-# ---------------------------------------------------------------------------------------------
-# Weather
-# ---------------------------------------------------------------------------------------------
-
-
 def _snow(x: np.ndarray, level: int, rng: np.random.Generator, s: float) -> np.ndarray:
     loc, scale, zoom, threshold, radius, sigma, keep = (
         (0.1, 0.2, 1, 0.6, 8, 3, 0.95),
@@ -213,11 +198,6 @@ def _fog(x: np.ndarray, level: int, rng: np.random.Generator, s: float) -> np.nd
     peak = x.max()
     fogged = x + amount * _plasma_fractal(size, decay, rng)[:height, :width, None]
     return fogged * peak / (peak + amount)
-
-
-# ---------------------------------------------------------------------------------------------
-# Digital
-# ---------------------------------------------------------------------------------------------
 
 
 def _brightness(x: np.ndarray, level: int, rng: np.random.Generator, s: float) -> np.ndarray:
@@ -304,10 +284,6 @@ def _elastic_transform(x: np.ndarray, level: int, rng: np.random.Generator, s: f
         axis=-1,
     )
 
-
-# ---------------------------------------------------------------------------------------------
-# Registry
-# ---------------------------------------------------------------------------------------------
 
 CORRUPTIONS: dict[str, _Corruption] = {
     "gaussian_noise": _gaussian_noise,

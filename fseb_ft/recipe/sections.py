@@ -321,7 +321,7 @@ class EvalConfig:
     ``data.test``) under these common corruptions (Hendrycks & Dietterich 2019, CIFAR-10-C
     parameters), each at every severity of ``severities``; ``all`` (alone or in the list)
     stands for the 14 benchmark corruptions, saved expanded in the run's ``recipe.yaml``. Names
-    are those of ``fseb_ft.data.corruptions.CORRUPTIONS``; results go to ``corruptions`` in
+    are those of ``fseb_ft.recipe.options.CORRUPTIONS``; results go to ``corruptions`` in
     ``results.json``, a table in ``results.md`` and ``corruptions.png``. ``[]``: none."""
     severities: tuple[int, ...] = (1, 2, 3, 4, 5)
     """Corruption severities to evaluate, each in 1–5."""

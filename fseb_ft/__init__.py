@@ -9,9 +9,8 @@ Fine-tuning from Python (imports the training stack on first use)::
     import fseb_ft
     results = fseb_ft.finetune("recipes/cifar10.yaml", train=train_ds, test=test_ds)
 
-Predicting new images with abstention (``fseb-ft predict``; ``fseb_ft.evaluation.predictions`` is
-the module
-of evaluation-set predictions, so the function has its own name)::
+Predicting new images with abstention (``fseb-ft predict``; ``fseb_ft.predict`` is the command's
+module, so the function has its own name)::
 
     out = fseb_ft.predict_images("runs/quickstart/fseb", ["photos/"], coverage=0.9)
 

@@ -12,16 +12,14 @@ model folder in timm's Hub format (a run's ``model/``, exported or downloaded) o
 ``hf-hub:owner/name``. IMAGES are files, folders (searched recursively for image files) and
 glob patterns; ``--dataset`` takes a recipe's dataset spec instead (its labels are kept).
 
-Each image gets its predicted class and probability, the top-k classes, the predictive entropy,
-an OOD score (:mod:`fseb_ft.evaluation.ood`) and an ``abstain`` flag: the model abstains when its
-confidence,
-the maximum class probability after the run's temperature scaling, is below a threshold ``τ``.
-``--coverage`` and ``--max-risk`` choose ``τ`` on the run's validation split, rebuilt from its
-recipe as training built it (:mod:`fseb_ft.evaluation.selective`); ``--threshold`` sets it. Without
-any of
-them the model's kept threshold is used, else a run chooses one for coverage 0.9, else nothing
-abstains. Choosing is a query: it changes nothing the run does. Only ``--keep`` stores the
-threshold with the run (``abstention.json``, the model folder's ``fseb.json`` and card), so that
+Each image gets its predicted class and probability, the top-k classes, the predictive entropy, an
+OOD score (:mod:`fseb_ft.evaluation.ood`) and an ``abstain`` flag: the model abstains when its
+confidence, the maximum class probability after the run's temperature scaling, is below a threshold
+``τ``. ``--coverage`` and ``--max-risk`` choose ``τ`` on the run's validation split, rebuilt from
+its recipe as training built it (:mod:`fseb_ft.evaluation.selective`); ``--threshold`` sets it.
+Without any of them the model's kept threshold is used, else a run chooses one for coverage 0.9,
+else nothing abstains. Choosing is a query: it changes nothing the run does. Only ``--keep`` stores
+the threshold with the run (``abstention.json``, the model folder's ``fseb.json`` and card), so that
 later calls, a model folder exported from it and a pushed copy abstain the same way. The
 validation logits are cached with the run (``val_logits.safetensors``) so the next choice needs
 no second pass over validation; a run folder that cannot be written to is only read.

@@ -22,16 +22,14 @@ import pytest
 import fseb_ft.engine.resume as resume_module
 import fseb_ft.evaluate as evaluate_module
 import fseb_ft.finetune as finetune_module
-import fseb_ft.predict as inference_module
+import fseb_ft.predict as predict_module
 import fseb_ft.sweep as sweep_module
 from fseb_ft import cli
 from fseb_ft.recipe import dump_recipe
 from fseb_ft.runs.rundir import RECIPE_FILE, TRAINER_STATE, checkpoint_name
 
 ROOT = Path(__file__).parents[1]
-MODULE_COMMANDS = {"fseb_ft.finetune": "train", "fseb_ft.evaluate": "evaluate",
-                   "fseb_ft.sweep": "sweep", "fseb_ft.predict": "predict",
-                   "fseb_ft.push": "push"}  # fmt: skip
+MODULE_COMMANDS = {command.module: name for name, command in cli.COMMANDS.items()}
 
 
 def command_lines(markdown: str) -> list[str]:
@@ -67,8 +65,8 @@ class Session:
         monkeypatch.setattr(evaluate_module, "evaluate_run", self._evaluate)
         monkeypatch.setattr(evaluate_module, "evaluate_ensemble", self._ensemble)
         monkeypatch.setattr(sweep_module, "sweep", self._sweep)
-        monkeypatch.setattr(inference_module, "predict_images", self._predict)
-        monkeypatch.setattr(inference_module, "summary", lambda meta, out: "")
+        monkeypatch.setattr(predict_module, "predict_images", self._predict)
+        monkeypatch.setattr(predict_module, "summary", lambda meta, out: "")
 
     def _needs_run(self, run_dir: str | Path) -> None:
         assert (Path(run_dir) / RECIPE_FILE).is_file(), f"{run_dir}: no earlier command made it"

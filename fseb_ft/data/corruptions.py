@@ -20,12 +20,11 @@ severity of a corruption uses the same random draws (common random numbers), so 
 between severities is the corruption getting stronger, not a new noise pattern.
 
 **Cache.** :class:`CorruptedImages` corrupts a whole :class:`~fseb_ft.data.images.LabeledImages`
-once and
-stores the uint8 pixels under ``cache_dir`` (default :func:`default_cache_dir`:
+once and stores the uint8 pixels under ``cache_dir`` (default :func:`default_cache_dir`:
 ``$XDG_CACHE_HOME/fseb_ft/corruptions`` or ``~/.cache/fseb_ft/corruptions``) as
-``<corruption>/s<severity>-seed<seed>-<hash>.npy`` (all pixels, flat) with an ``.npz`` index
-(image shapes and the key), keyed by the base set's ``identity``, a hash of a few of its images,
-the corruption, severity, seed and :data:`VERSION`. A later evaluation memory-maps them instead
+``<corruption>/s<severity>-seed<seed>-<hash>.npy`` (all pixels, flat) with an ``.npz`` index (image
+shapes and the key), keyed by the base set's ``identity``, a hash of a few of its images, the
+corruption, severity, seed and :data:`VERSION`. A later evaluation memory-maps them instead
 of recomputing.
 """
 

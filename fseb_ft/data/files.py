@@ -155,9 +155,8 @@ class FileImages(LabeledImages):
     """Image files on disk with integer labels, decoded with PIL when an item is read.
 
     Decoding is the one :class:`~fseb_ft.data.images.HFImages` uses (grayscale, 16-bit, palette,
-    RGBA
-    and CMYK images are converted, not rejected), so the pixels equal those of the
-    ``datasets`` imagefolder path.
+    RGBA and CMYK images are converted, not rejected), so the pixels equal those of the ``datasets``
+    imagefolder path.
     """
 
     def __init__(

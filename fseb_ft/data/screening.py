@@ -11,9 +11,8 @@ read only the header, and PIL's ``verify()`` does nothing for JPEG, so neither f
 truncated JPEG. A JPEG is therefore decoded at 1/8 scale (``draft``), which still reads every
 byte of its compressed stream; other formats are decoded in full.
 
-An image of more than 8 bits per pixel (16-bit, 32-bit integer, floating point) is also given
-to :func:`fseb_ft.data.pixels.as_uint8`, so pixels it refuses (a float TIFF outside [0, 1]) are
-found
+An image of more than 8 bits per pixel (16-bit, 32-bit integer, floating point) is also given to
+:func:`fseb_ft.data.pixels.as_uint8`, so pixels it refuses (a float TIFF outside [0, 1]) are found
 here too, not at a training step.
 
 Of fseb_ft this imports only :mod:`fseb_ft.errors`, :mod:`fseb_ft.data.images`,

@@ -63,7 +63,8 @@ def evaluate_ensemble(
 
     Writes ``results.json`` (the ensemble's ``test``/``ood`` metrics at the top level, as for a
     run, plus ``members``: each member's metrics, and ``runs``), ``results.md`` (members and
-    ensemble as rows) and :data:`PLOTS` to ``out_dir`` (default: :func:`default_ensemble_dir`).
+    ensemble as rows) and :data:`~fseb_ft.runs.rundir.PLOTS` to ``out_dir`` (default:
+    :func:`default_ensemble_dir`).
 
     Returns:
         The ensemble's :class:`EvalResults` (``.predictions``: the ensemble's).

@@ -4,7 +4,7 @@
 :func:`ood_detection` ranks in- against out-of-distribution samples by an OOD score
 (:mod:`fseb_ft.evaluation.ood`); :func:`binary_auroc` ranks a binary task's classes by the
 positive class's score. Conventions and argument checks are those of
-:mod:`fseb_ft.evaluation.metrics`.
+the metrics (:mod:`fseb_ft.evaluation.checks`).
 """
 
 from __future__ import annotations

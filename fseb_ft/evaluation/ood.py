@@ -7,7 +7,7 @@ Each is one function registered by :func:`register_ood_score` under its name in
 whether it reads logits; :data:`OOD_SCORE_REGISTRY` lists them in that order.
 :func:`ood_metrics` reports AUROC, AUPR and FPR95 of each chosen score, in- and
 out-of-distribution scored together (:func:`fseb_ft.evaluation.detection.ood_detection`).
-Conventions and argument checks are those of :mod:`fseb_ft.evaluation.metrics`.
+Conventions and argument checks are those of the metrics (:mod:`fseb_ft.evaluation.checks`).
 """
 
 from __future__ import annotations

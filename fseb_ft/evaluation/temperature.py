@@ -1,6 +1,7 @@
 """Temperature scaling (Guo et al., 2017): one temperature fitted on validation logits.
 
-Pure tensor maths; conventions and argument checks are those of :mod:`fseb_ft.evaluation.metrics`.
+Pure tensor maths; conventions and argument checks are those of the metrics
+(:mod:`fseb_ft.evaluation.checks`).
 """
 
 from __future__ import annotations

@@ -125,13 +125,12 @@ def function_kl(
 
         KL_k = ½ [tr(Kc⁻¹ S_k) + m_kᵀ Kc⁻¹ m_k − M + log|Kc| − log|S_k|]
 
-    The classes are independent under the prior (FS-EB's ``Kc`` per output dimension), and
-    ``S_k`` is the k-th diagonal block of the linearised (MK × MK) covariance: the cross-class
-    covariances are dropped, so q factorises over classes like the prior (K Cholesky factors of
-    M × M instead of one of MK × MK). ``Σ_k ½ m_kᵀ Kc⁻¹ m_k`` is FS-EB's ``R_f`` at the mean
-    (:func:`fseb_ft.method.regularizer.function_space_term`); as σ → 0, ``S_k → εI`` and the rest
-    is a
-    constant. Computed in float64 (float32 on MPS) outside autocast, like ``R_f``.
+    The classes are independent under the prior (FS-EB's ``Kc`` per output dimension), and ``S_k``
+    is the k-th diagonal block of the linearised (MK × MK) covariance: the cross-class covariances
+    are dropped, so q factorises over classes like the prior (K Cholesky factors of M × M instead of
+    one of MK × MK). ``Σ_k ½ m_kᵀ Kc⁻¹ m_k`` is FS-EB's ``R_f`` at the mean
+    (:func:`fseb_ft.method.regularizer.function_space_term`); as σ → 0, ``S_k → εI`` and the rest is
+    a constant. Computed in float64 (float32 on MPS) outside autocast, like ``R_f``.
 
     Args:
         mean: ``f(x̂; μ)``, (M, K).

@@ -2,8 +2,7 @@
 the logits at the context points (``torch.func``), and Monte-Carlo predictions.
 
 The maths (the KL, the covariance formulas) is :mod:`fseb_ft.method.fsvi`; the loss that combines
-them
-with the likelihood is :class:`fseb_ft.method.objective.FSEBObjective` with ``method="fsvi"``
+them with the likelihood is :class:`fseb_ft.method.objective.FSEBObjective` with ``method="fsvi"``
 (docs/method.md, "FS-VI").
 """
 

@@ -1,8 +1,10 @@
-"""Option lists, written once: recipes validate against them and code dispatches on them.
+"""Option lists, written once: recipes validate against them, the recipe reference lists them.
 
 Plain constants, importing nothing, so every layer can read them. A recipe field's ``Literal``
-type is built from the tuple here (``Literal[AUGMENTATIONS]``), so the recipe reference, the
-validation message and the code that acts on the value cannot disagree.
+type is built from the tuple here (``Literal[AUGMENTATIONS]``), so the recipe reference and the
+validation message cannot disagree. Where code finds an option by name in a registry (sources,
+augmentations, OOD scores, metrics, corruptions), a test holds the registry equal to its list
+here, so a name cannot be valid in a recipe and unknown to the code.
 """
 
 AUGMENTATIONS = ("none", "flip", "crop_flip", "randaug-lite")

@@ -43,7 +43,7 @@ from fseb_ft.runs.rundir import (
 __all__ = ["default_ensemble_dir", "evaluate_ensemble"]
 
 # Log lines name the command (``WARNING fseb_ft.evaluate: …``), wherever its machinery lives.
-logger = logging.getLogger("fseb_ft.evaluate")
+logger = logging.getLogger(__name__)
 
 
 def evaluate_ensemble(

@@ -36,7 +36,7 @@ from fseb_ft.runs.rundir import (
 __all__ = ["SavedRun", "evaluate_run", "predict_run", "read_saved_run"]
 
 # Log lines name the command (``WARNING fseb_ft.evaluate: …``), wherever its machinery lives.
-logger = logging.getLogger("fseb_ft.evaluate")
+logger = logging.getLogger(__name__)
 
 
 class SavedRun(NamedTuple):

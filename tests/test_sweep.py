@@ -23,9 +23,16 @@ import fseb_ft.finetune as finetune_module
 import fseb_ft.runs.leaderboard as leaderboard_module
 from fseb_ft.engine.loop import Trainer
 from fseb_ft.engine.search import compare_sweeps, default_space, psmap_point, search_space, sweep
-from fseb_ft.engine.trials import experimental_ok, open_storage
+from fseb_ft.engine.trials import PRUNERS, experimental_ok, open_storage, open_study
 from fseb_ft.finetune import resolve_recipe
-from fseb_ft.recipe import ConfigError, Recipe, SweepParam, load_recipe, recipe_from_dict
+from fseb_ft.recipe import (
+    ConfigError,
+    Recipe,
+    SweepParam,
+    load_recipe,
+    options,
+    recipe_from_dict,
+)
 from fseb_ft.sweep import main
 from tests.helpers import kill_after_checkpoint, tiny_recipe, write_image_folder
 
@@ -191,6 +198,27 @@ def test_a_dead_workers_trial_is_retried_by_another_in_its_folder(
     assert _retry_of(retry) == 0
     assert retry.params == params and Path(retry.user_attrs["dir"]) == folder
     assert saves == [folder]  # the retry resumed from the saved epoch: nothing left to train
+
+
+def test_every_pruner_of_the_recipe_has_a_builder_and_the_study_gets_it(tmp_path: Path) -> None:
+    """A name in ``options.PRUNERS`` without its builder fails here, not in a sweep."""
+    assert tuple(PRUNERS) == options.PRUNERS
+    expected = {
+        "hyperband": optuna.pruners.HyperbandPruner,
+        "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
+        "none": optuna.pruners.NopPruner,
+    }
+    for name in options.PRUNERS:
+        raw = {
+            "data": {"train": {"source": "sklearn_digits"}},
+            "train": {"epochs": 7},
+            "output": {"dir": str(tmp_path / name)},
+            "sweep": {"space": SPACE, "pruner": name},
+        }
+        storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
+        pruner = open_study(recipe_from_dict(raw), storage, None).pruner
+        assert type(pruner) is expected[name]
+    assert PRUNERS["hyperband"](7)._max_resource == 7  # type: ignore[attr-defined]
 
 
 def test_search_space_names_a_bad_key(folders: dict[str, Path], tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ __all__ = [
     "HEARTBEAT_S",
     "HOST_ATTR",
     "PID_ATTR",
+    "PRUNERS",
     "SURPLUS_ATTR",
     "ahead_of",
     "claimed",
@@ -102,6 +103,15 @@ def tpe_sampler(seed: int) -> optuna.samplers.TPESampler:
     return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
 
 
+PRUNERS: dict[str, Callable[[int], optuna.pruners.BasePruner]] = {
+    "hyperband": lambda epochs: optuna.pruners.HyperbandPruner(min_resource=1, max_resource=epochs),
+    "successive_halving": lambda epochs: optuna.pruners.SuccessiveHalvingPruner(min_resource=1),
+    "none": lambda epochs: optuna.pruners.NopPruner(),
+}
+"""``sweep.pruner``'s builders, by name, from a trial's epochs (its largest resource): the names
+must equal :data:`fseb_ft.recipe.options.PRUNERS` (a test checks)."""
+
+
 def open_study(recipe: Recipe, storage: RDBStorage, study_name: str | None) -> optuna.Study:
     """Create the study, or load it when it exists (a continued sweep, another worker).
 
@@ -109,19 +119,12 @@ def open_study(recipe: Recipe, storage: RDBStorage, study_name: str | None) -> o
         ConfigError: the stored study optimises another metric than ``sweep.metric``.
     """
     metric = recipe.sweep.metric
-    pruners: dict[str, Callable[[], optuna.pruners.BasePruner]] = {
-        "hyperband": lambda: optuna.pruners.HyperbandPruner(
-            min_resource=1, max_resource=recipe.train.epochs
-        ),
-        "successive_halving": lambda: optuna.pruners.SuccessiveHalvingPruner(min_resource=1),
-        "none": optuna.pruners.NopPruner,
-    }
     name = study_name or Path(recipe.output.dir).resolve().name
     study = optuna.create_study(
         storage=storage,
         study_name=name,
         direction="maximize" if higher_is_better(metric) else "minimize",
-        pruner=pruners[recipe.sweep.pruner](),
+        pruner=PRUNERS[recipe.sweep.pruner](recipe.train.epochs),
         sampler=tpe_sampler(recipe.sweep.seed),  # reseeded for each trial by its number
         load_if_exists=True,
     )

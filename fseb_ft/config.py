@@ -6,7 +6,7 @@ Prints the recipe reference (docs/recipes.md); ``fseb_ft.config``'s names are th
 
 from fseb_ft.recipe import *  # noqa: F403
 from fseb_ft.recipe import __all__  # noqa: F401
-from fseb_ft.recipe.load import _main
+from fseb_ft.recipe.load import main
 
 if __name__ == "__main__":
-    _main()
+    main()

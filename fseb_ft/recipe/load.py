@@ -25,6 +25,7 @@ __all__ = [
     "apply_overrides",
     "dump_recipe",
     "load_recipe",
+    "main",
     "read_recipe_file",
     "recipe_from_dict",
     "reference_markdown",
@@ -116,7 +117,8 @@ def reference_markdown() -> str:
     return schema.reference_markdown(Recipe, _REFERENCE_INTRO, _MINIMAL_RECIPE, dump_recipe)
 
 
-def _main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m fseb_ft.config``: with ``--reference``, print :func:`reference_markdown`."""
     parser = argparse.ArgumentParser(
         prog="python -m fseb_ft.config",
         description="Recipe tools. --reference prints the recipe reference (docs/recipes.md).",
@@ -132,7 +134,3 @@ def _main(argv: Sequence[str] | None = None) -> None:
     # Bytes, so the file is UTF-8 with \n line ends whatever the console's encoding.
     sys.stdout.buffer.write(reference_markdown().encode("utf-8"))
     sys.stdout.buffer.flush()
-
-
-if __name__ == "__main__":
-    _main()

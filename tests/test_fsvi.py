@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import errno
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from torch.autograd.functional import jacobian
 from torch.func import functional_call
 
+import fseb_ft.engine.run as run_module
+import fseb_ft.runs.rundir as rundir
 from fseb_ft.method.fsvi import FUNCTION_JITTER, function_kl, inverse_softplus, softplus_std
 from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.method.regularizer import function_space_term, prior_covariance
@@ -21,7 +25,8 @@ from fseb_ft.method.variational import (
     context_moments,
     variance_parameters,
 )
-from fseb_ft.recipe import DataConfig, DatasetSpec, Recipe, TrainConfig
+from fseb_ft.recipe import ConfigError, DataConfig, DatasetSpec, Recipe, TrainConfig
+from fseb_ft.runs.atomic import DiskFullError
 from fseb_ft.runs.loading import run_predictor
 from fseb_ft.runs.rundir import MODEL_DIR, read_method_state, write_method_state
 from tests.helpers import TinyNet
@@ -190,6 +195,31 @@ def test_training_and_a_saved_run_predict_with_the_same_draws(tmp_path: Path) ->
     assert fseb.method_state() == {} and fseb.predictor(7) is net
     map_recipe = dataclasses.replace(recipe, fseb=fseb.config)
     assert run_predictor(tmp_path / "other", map_recipe, net) is net
+
+
+def test_the_objective_names_its_state_and_its_one_process_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a run says about FS-VI comes from the objective: the name of its state in a failed
+    write, and why it refuses several processes; FS-EB has neither limit."""
+    net = _tiny_net()
+    fsvi, fseb = FSEBObjective(net, 50, method="fsvi"), FSEBObjective(net, 50)
+    two, one = SimpleNamespace(num_processes=2), SimpleNamespace(num_processes=1)
+    reason = "fseb.method=fsvi runs in one process: its σ is not synchronised across processes"
+    with pytest.raises(ConfigError, match=f"^{reason}$"):
+        run_module._check_processes(fsvi, two)
+    run_module._check_processes(fsvi, one)
+    run_module._check_processes(fseb, two)
+    assert fseb.single_process_reason is None
+
+    def full(*args: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(rundir, "save_file", full)
+    (tmp_path / MODEL_DIR).mkdir()
+    with pytest.raises(DiskFullError, match="could not write FS-VI's standard deviations"):
+        run_module._save_best(torch.nn.Linear(1, 1), fsvi, tmp_path)
+    run_module._save_best(torch.nn.Linear(1, 1), fseb, tmp_path)  # no state: nothing written
 
 
 def test_fsvi_run_trains_evaluates_and_exports_the_mean(tmp_path) -> None:

@@ -287,7 +287,7 @@ def _fit(
 
 
 def _load_best(parts: Prepared, run_dir: Path) -> None:
-    """Load the best epoch's weights (FS-VI: and its σ) into the trained model."""
+    """The best epoch's weights, and the method's state saved beside them, into the model."""
     parts.accelerator.wait_for_everyone()
     load_model(parts.accelerator.unwrap_model(parts.objective.model), str(run_dir / MODEL_WEIGHTS))
     if parts.objective.method_state():
@@ -353,11 +353,11 @@ def _loader_kw(recipe: Recipe) -> dict[str, int]:
 
 
 def _check_processes(objective: FSEBObjective, accelerator: Accelerator) -> None:
-    """FS-VI trains in one process: its σ is not synchronised across processes."""
-    if objective.variational is not None and accelerator.num_processes > 1:
-        raise ConfigError(
-            "fseb.method=fsvi runs in one process: its σ is not synchronised across processes"
-        )
+    """Stop a method that trains in one process only (its ``single_process_reason``) launched
+    on several."""
+    reason = objective.single_process_reason
+    if reason is not None and accelerator.num_processes > 1:
+        raise ConfigError(reason)
 
 
 def _identities(key: str, sets: Mapping[str, Any]) -> dict[str, Any]:
@@ -405,9 +405,9 @@ def _num_classes(recipe: Recipe, splits: Splits) -> tuple[int, list[str]]:
 
 
 def _save_best(model: nn.Module, objective: FSEBObjective, run_dir: Path) -> None:
-    """The best weights (FS-VI: μ), and the method's state beside them (FS-VI: σ)."""
+    """The best weights, and the method's state beside them (:meth:`FSEBObjective.method_state`)."""
     _save_weights(model, run_dir / MODEL_WEIGHTS)
-    write_method_state(run_dir, objective.method_state())
+    write_method_state(run_dir, objective.method_state(), objective.method_state_name)
 
 
 def _save_weights(model: nn.Module, path: Path) -> None:

@@ -208,6 +208,17 @@ class FSEBObjective(nn.Module):
         if self.variational is not None:
             self.variational.load_stds(state)
 
+    @property
+    def method_state_name(self) -> str:
+        """What :meth:`method_state` holds, as an error writing it names it."""
+        return "the method's state" if self.variational is None else self.variational.STATE_NAME
+
+    @property
+    def single_process_reason(self) -> str | None:
+        """Why this method trains in one process only (FS-VI: σ is not synchronised across
+        processes), or ``None`` when it may train on several."""
+        return None if self.variational is None else self.variational.SINGLE_PROCESS_REASON
+
     @torch.no_grad()
     def prior_features(self, context: Tensor) -> Tensor:
         """``H = h(x̂; φ0)``: frozen features of the context batch, no autograd graph."""

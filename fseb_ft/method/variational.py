@@ -40,6 +40,13 @@ class MeanFieldGaussian(nn.Module):
         init_std: σ at the start, the same for every parameter (> 0).
     """
 
+    STATE_NAME = "FS-VI's standard deviations"
+    """What :meth:`stds` are, as an error writing them names them."""
+    SINGLE_PROCESS_REASON = (
+        "fseb.method=fsvi runs in one process: its σ is not synchronised across processes"
+    )
+    """Why training with q cannot use several processes: ρ lies outside the wrapped network."""
+
     def __init__(self, params: Mapping[str, Tensor], init_std: float) -> None:
         super().__init__()
         if not params:

@@ -259,12 +259,14 @@ def write_val_logits(run_dir: Path, logits: Tensor, labels: Tensor) -> None:
     )
 
 
-def write_method_state(run_dir: Path, state: Mapping[str, Tensor]) -> None:
-    """Keep the tensors the method saves beside the best weights (FS-VI's σ, by parameter name)
-    in :data:`VARIATIONAL_WEIGHTS`, atomically; nothing for a method without any (``state``
-    empty: FS-EB, PS-MAP)."""
+def write_method_state(
+    run_dir: Path, state: Mapping[str, Tensor], what: str = "the method's state"
+) -> None:
+    """Keep the tensors the method saves beside the best weights (by name) in
+    :data:`VARIATIONAL_WEIGHTS`, atomically; nothing for a method without any (``state`` empty).
+    ``what`` names them in an error (the objective's ``method_state_name``)."""
     if state:
-        write_tensors(run_dir / VARIATIONAL_WEIGHTS, state, "FS-VI's standard deviations")
+        write_tensors(run_dir / VARIATIONAL_WEIGHTS, state, what)
 
 
 def read_method_state(run_dir: Path) -> dict[str, Tensor]:

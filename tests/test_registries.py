@@ -11,9 +11,11 @@ import albumentations as A
 import numpy as np
 import pytest
 
+import fseb_ft.engine.run as run_module
 from fseb_ft.data.images import ArrayImages, LabeledImages
 from fseb_ft.data.sources import load_spec, load_split, source
 from fseb_ft.data.sources.registry import LOADERS
+from fseb_ft.data.splits import TooFewClassesError
 from fseb_ft.data.transforms import AUGMENTATIONS, augmentation, train_transform
 from fseb_ft.recipe import DatasetSpec, options, recipe_from_dict
 from fseb_ft.recipe.schema import ConfigError
@@ -76,6 +78,28 @@ def test_a_source_registered_twice_is_refused(
     with pytest.raises(ValueError, match="source 'fake' is registered twice"):
         source("fake")(lambda spec, channels, seed: None)  # type: ignore[arg-type,return-value]
     assert "fake" in LOADERS
+
+
+def test_a_sources_hint_ends_the_error_of_training_images_of_one_class(
+    fake_source: list[tuple[DatasetSpec, int, int]],
+) -> None:
+    @source("one_class", hint="Look at the fake folder.")
+    def load_one_class(spec: DatasetSpec, channels: int, seed: int) -> LabeledImages:
+        images = np.zeros((4, 2, 1), dtype=np.uint8)
+        return ArrayImages(images, np.zeros(4, dtype=int), ["cat"], "one", channels)
+
+    one_class = DatasetSpec(source="one_class", path="p")  # type: ignore[arg-type]
+    fake_ones = DatasetSpec(source="fake", path="p", classes=(1,))  # type: ignore[arg-type]
+    try:
+        for spec, hint in [
+            (one_class, "Look at the fake folder."),
+            (fake_ones, "Check data.train's split, label column and classes."),  # the default
+        ]:
+            with pytest.raises(TooFewClassesError, match=f"has 1 class .*classes. {hint}$"):
+                run_module._require_two_classes(spec, load_spec(spec))
+    finally:
+        del LOADERS["one_class"]
+    assert LOADERS["imagefolder"].hint.startswith("Point data.train.path at the folder whose")
 
 
 def test_the_augmentations_are_the_recipes_in_its_order() -> None:

@@ -28,6 +28,7 @@ from fseb_ft.data.images import LabeledImages
 from fseb_ft.data.inputs import InputSpec
 from fseb_ft.data.screening import screen_splits
 from fseb_ft.data.sources import build_splits, load_split
+from fseb_ft.data.sources.registry import find_source
 from fseb_ft.data.splits import Splits, require_two_classes
 from fseb_ft.data.transforms import TransformedImages, make_loader, train_transform
 from fseb_ft.engine.allocator import keep_freed_memory
@@ -383,13 +384,7 @@ def _require_two_classes(spec: DatasetSpec, train: LabeledImages) -> None:
         [f"{spec.source} {spec.path}".strip(), f"split {spec.split}"]
         + ([f"classes {list(spec.classes)}"] if spec.classes is not None else [])
     )
-    hint = (
-        "Point data.train.path at the folder whose sub-folders are the classes "
-        "(PATH/<split>/<class>/*.jpg or PATH/<class>/*.jpg)."
-        if spec.source == "imagefolder"
-        else "Check data.train's split, label column and classes."
-    )
-    require_two_classes(train, f"data.train ({where})", hint)
+    require_two_classes(train, f"data.train ({where})", find_source(spec.source).hint)
 
 
 def _num_classes(recipe: Recipe, splits: Splits) -> tuple[int, list[str]]:

@@ -23,7 +23,11 @@ def load_imagefolder(path: str | Path, split: str = "train", channels: int = 3) 
     return nonempty(FileImages.from_folder(path, split, channels))
 
 
-@source("imagefolder")
+@source(
+    "imagefolder",
+    hint="Point data.train.path at the folder whose sub-folders are the classes "
+    "(PATH/<split>/<class>/*.jpg or PATH/<class>/*.jpg).",
+)
 def _from_spec(spec: DatasetSpec, channels: int, seed: int) -> FileImages:
     """The spec's split of the image folder ``spec.path``."""
     return load_imagefolder(Path(spec.path), spec.split, channels=channels)

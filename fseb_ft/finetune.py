@@ -17,7 +17,6 @@ is :func:`finetune`.
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import inspect
 import sys
@@ -28,34 +27,17 @@ from typing import Any
 from accelerate import PartialState
 
 from fseb_ft.cli import run_entry
-from fseb_ft.data.images import IndexedImages, as_labeled_images
-from fseb_ft.data.splits import Splits, stratified_split
-from fseb_ft.engine.callbacks import Callback
-from fseb_ft.engine.loop import NonFiniteLossError, TrainingDivergedError
+from fseb_ft.engine.callbacks import Callback, TrainingDivergedError
+from fseb_ft.engine.in_memory import in_memory_splits, resolve_recipe
+from fseb_ft.engine.loop import NonFiniteLossError
 from fseb_ft.engine.resume import RecipeMismatchError
 from fseb_ft.engine.run import run
 from fseb_ft.logs import configure_logging
-from fseb_ft.recipe import (
-    ConfigError,
-    Recipe,
-    load_recipe,
-    override_path,
-    read_recipe_file,
-    recipe_from_dict,
-)
-from fseb_ft.recipe.datasets import IN_MEMORY
-from fseb_ft.recipe.schema import plain_tree, set_key
-from fseb_ft.runs.atomic import DiskFullError, write_text
-from fseb_ft.runs.report import markdown_table, method_title, split_note
-from fseb_ft.runs.rundir import (
-    COMPARISON_JSON,
-    COMPARISON_MD,
-    MODEL_DIR,
-    RESULTS_JSON,
-    RESULTS_MD,
-    check_output_dir,
-    write_json,
-)
+from fseb_ft.recipe import ConfigError, Recipe, load_recipe
+from fseb_ft.runs.atomic import DiskFullError
+from fseb_ft.runs.comparison import write_comparison
+from fseb_ft.runs.rundir import MODEL_DIR, RESULTS_JSON, RESULTS_MD, check_output_dir
+from fseb_ft.runs.tables import markdown_table, method_title
 
 __all__ = ["RecipeMismatchError", "compare", "finetune", "main", "resolve_recipe", "run"]
 
@@ -143,23 +125,11 @@ def compare(recipe: Recipe | str | Path, overrides: Sequence[str] = ()) -> dict[
         )
         results[label] = run(sub)
     if PartialState().is_main_process:
-        table = markdown_table(results)
-        seconds = {k: round(v["training"]["seconds"], 1) for k, v in results.items()}
         title = f"{recipe.model.name}: PS-MAP vs {recipe.fseb.method_name}"
-        note = split_note(results["PS-MAP"])  # both runs report on the same split
-        write_text(out / COMPARISON_MD, f"# {title}\n\n{note}{table}")
-        write_json(out / COMPARISON_JSON, {label: dict(r) for label, r in results.items()})
-        from fseb_ft.runs.report import write_comparison_plots
-
-        # comparison_reliability.png / comparison_selective.png from run()'s predictions.
-        predictions = {k: getattr(v, "predictions", None) for k, v in results.items()}
-        if all(predictions.values()):
-            write_comparison_plots(out, predictions, title, strict=False)
+        table = write_comparison(out, results, title)
+        seconds = {k: round(v["training"]["seconds"], 1) for k, v in results.items()}
         print(f"\n{table}\ntraining seconds: {seconds}; written to {out}")
     return results
-
-
-_SECTIONS = tuple(f.name for f in dataclasses.fields(Recipe))
 
 
 def finetune(
@@ -217,82 +187,12 @@ def finetune(
     resolved = resolve_recipe(
         recipe, overrides, has_val=val is not None, ood_names=ood or {}, has_test=test is not None
     )
-    wrap = {
-        "class_names": class_names,
-        "channels": resolved.data.channels,
-        "image_column": image_column,
-        "label_column": label_column,
-    }
-    splits = Splits(
-        train=as_labeled_images(train, **wrap),
-        val=None,  # set below
-        test=None if test is None else as_labeled_images(test, **wrap),
-        ood={name: as_labeled_images(data, **wrap) for name, data in (ood or {}).items()},
-    )
-    if val is None:
-        splits.train, splits.val = _hold_out(splits.train, resolved)
-    else:
-        splits.val = as_labeled_images(val, **wrap)
+    splits = in_memory_splits(
+        resolved, train, val, test, ood,
+        class_names=class_names, image_column=image_column, label_column=label_column,
+    )  # fmt: skip
     # The record alone: JSON-ready, as documented.
     return dict(run(resolved, splits=splits, callbacks=callbacks))
-
-
-def resolve_recipe(
-    recipe: str | Path | Recipe | Mapping[str, Any] | None,
-    overrides: Mapping[str, Any] | None = None,
-    has_val: bool = False,
-    ood_names: Sequence[str] | Mapping[str, Any] = (),
-    has_test: bool = True,
-) -> Recipe:
-    """The validated recipe ``finetune`` runs: ``recipe`` plus ``overrides``, data in memory.
-
-    ``data.train`` (``data.test`` when ``has_test``, ``data.val`` when ``has_val``, ``data.ood``
-    for ``ood_names``) become ``in-memory:<name>`` placeholders: the datasets passed to
-    :func:`finetune` replace them.
-    """
-    raw = _raw_recipe(recipe)
-    for key, value in (overrides or {}).items():
-        _apply(raw, key, value)
-    data = raw.setdefault("data", {})
-    if not isinstance(data, dict):
-        raise ConfigError(f"data must be a mapping of keys, got {data!r}")
-    data["train"] = _placeholder("train")
-    data["val"] = _placeholder("val") if has_val else None
-    data["test"] = _placeholder("test") if has_test else None
-    data["ood"] = {str(name): _placeholder(f"ood/{name}") for name in ood_names}
-    return recipe_from_dict(raw)
-
-
-def _raw_recipe(recipe: str | Path | Recipe | Mapping[str, Any] | None) -> dict[str, Any]:
-    """A mutable nested dict of the recipe, as it would be read from YAML."""
-    if recipe is None:
-        return {}
-    if isinstance(recipe, Recipe):
-        return plain_tree(dataclasses.asdict(recipe))
-    if isinstance(recipe, Mapping):
-        return plain_tree(copy.deepcopy(dict(recipe)))
-    return read_recipe_file(recipe)
-
-
-def _apply(raw: dict[str, Any], key: str, value: Any) -> None:
-    """Set one override: ``section={...}`` merges, ``a__b=v`` and ``a.b=v`` set a dotted key."""
-    parts = override_path(key.replace("__", "."))
-    if parts[0] not in _SECTIONS or not all(parts):
-        raise ConfigError(
-            f"unknown override {key!r}: use a recipe section {list(_SECTIONS)} as "
-            "section={...}, section__key=value or **{'section.key': value}"
-        )
-    set_key(raw, parts, value, merge=True)
-
-
-def _placeholder(name: str) -> dict[str, str]:
-    return {"source": "arrays", "path": f"{IN_MEMORY}{name}", "split": name}
-
-
-def _hold_out(full: Any, recipe: Recipe) -> tuple[Any, Any]:
-    """(train, val): a stratified, seeded ``data.val_fraction`` of ``full`` held out."""
-    train_idx, val_idx = stratified_split(full.labels, recipe.data.val_fraction, recipe.train.seed)
-    return IndexedImages(full, train_idx), IndexedImages(full, val_idx)
 
 
 class _CallableModule(type(sys)):  # type(sys) is types.ModuleType

@@ -56,7 +56,7 @@ from benchmarks.paper_fmnist import (
     training_record,
     write_section,
 )
-from fseb_ft.finetune import run
+from fseb_ft.engine.run import run
 from fseb_ft.recipe import load_recipe
 from fseb_ft.runs.plots import learning_curves
 

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from benchmarks import paper_rows
 from benchmarks.seeds import cell
-from fseb_ft.finetune import run
+from fseb_ft.engine.run import run
 from fseb_ft.recipe import load_recipe
 from fseb_ft.runs.plots import learning_curves
 

@@ -5,8 +5,8 @@
 Three ways of turning ``root/<split>/<class>/*.jpg`` into labelled samples are timed on the
 CIFAR-10 JPEGs of ``../shared`` (extracted once into ``--cache``):
 
-- ``fseb_ft``: :func:`fseb_ft.data.sources.load_imagefolder` (``os.scandir`` listing, see
-  :mod:`fseb_ft.data.files`);
+- ``fseb_ft``: :func:`fseb_ft.data.sources.imagefolder.load_imagefolder` (``os.scandir``
+  listing, see :mod:`fseb_ft.data.files`);
 - ``datasets``: ``datasets.load_dataset("imagefolder", ...)`` as fseb_ft called it before,
   with its Arrow cache already built (what every run after the first paid);
 - ``torchvision``: ``torchvision.datasets.ImageFolder``.
@@ -41,7 +41,7 @@ from torchvision.datasets import ImageFolder
 
 from fseb_ft.data.images import LabeledImages
 from fseb_ft.data.screening import check_image
-from fseb_ft.data.sources import load_imagefolder
+from fseb_ft.data.sources.imagefolder import load_imagefolder
 
 REPO = Path(__file__).resolve().parents[1]
 CIFAR_TAR = REPO.parent / "shared" / "data" / "cifar10-jpeg" / "CIFAR-10-images.tar"

@@ -29,8 +29,8 @@ from fseb_ft.cli import help_text, run_entry
 from fseb_ft.engine.ensemble import evaluate_ensemble
 from fseb_ft.engine.reevaluate import evaluate_run
 from fseb_ft.logs import configure_logging
-from fseb_ft.runs.report import markdown_table
 from fseb_ft.runs.rundir import RECIPE_FILE, runs_in
+from fseb_ft.runs.tables import markdown_table
 
 __all__ = ["expand_run_dirs", "main"]
 

@@ -18,7 +18,8 @@ from torch import nn
 
 import fseb_ft.engine.run as run_module
 import fseb_ft.finetune as finetune_module
-from fseb_ft.engine.loop import TrainState, _save_checkpoint
+from fseb_ft.engine.callbacks import TrainState
+from fseb_ft.engine.loop import _save_checkpoint
 from fseb_ft.recipe import recipe_from_dict
 from fseb_ft.runs.atomic import (
     DiskFullError,

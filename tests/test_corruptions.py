@@ -23,13 +23,11 @@ from fseb_ft.evaluate import main as evaluate_main
 from fseb_ft.evaluation.predictions import Predictions
 from fseb_ft.finetune import run
 from fseb_ft.recipe import ConfigError, options, recipe_from_dict
+from fseb_ft.recipe.sections import resolve_corruptions
 from fseb_ft.runs import plots
-from fseb_ft.runs.report import (
-    corruption_markdown,
-    evaluate_predictions,
-    temperature_scaled_results,
-)
+from fseb_ft.runs.report import evaluate_predictions, temperature_scaled_results
 from fseb_ft.runs.rundir import CORRUPTION_PLOT
+from fseb_ft.runs.tables import corruption_markdown
 from tests.helpers import N_TEST, tiny_recipe, write_image_folder
 
 NOISE = ("gaussian_noise", "shot_noise", "impulse_noise", "speckle_noise")
@@ -59,12 +57,12 @@ def test_names_all_and_the_error_listing_them() -> None:
     assert len(C.BENCHMARK) == 14 and "frost" not in C.CORRUPTIONS
     assert set(C.BENCHMARK) | set(C.EXTRA) == set(C.CORRUPTIONS)
     assert tuple(C.CORRUPTIONS) == options.CORRUPTIONS, "the registry and the recipe's names"
-    assert C.resolve_corruptions(["contrast", "all", "contrast"]) == (
+    assert resolve_corruptions(["contrast", "all", "contrast"]) == (
         "contrast",
         *(n for n in C.BENCHMARK if n != "contrast"),
     )
     with pytest.raises(ValueError, match=r"unknown corruption 'frost'; available: \[.*'fog'"):
-        C.resolve_corruptions(["frost"])
+        resolve_corruptions(["frost"])
     for bad in (0, 6, True, 2.0):
         with pytest.raises(ValueError, match=r"severity must be one of \[1, 2, 3, 4, 5\]"):
             C.corrupt(np.zeros((8, 8), np.uint8), "contrast", bad)

@@ -24,16 +24,13 @@ from fseb_ft.data import sources as fdata
 from fseb_ft.data.images import ArrayImages, HFImages, IndexedImages, as_labeled_images
 from fseb_ft.data.inputs import EVAL_RESIZE
 from fseb_ft.data.sources import hub as hub_source
-from fseb_ft.data.sources import (
-    load_arrays,
-    load_disk,
-    load_hub,
-    load_idx,
-    load_imagefolder,
-    load_sklearn_digits,
-    load_spec,
-    read_idx,
-)
+from fseb_ft.data.sources import load_spec
+from fseb_ft.data.sources.arrays import load_arrays
+from fseb_ft.data.sources.disk import load_disk
+from fseb_ft.data.sources.hub import load_hub
+from fseb_ft.data.sources.idx import load_idx, read_idx
+from fseb_ft.data.sources.imagefolder import load_imagefolder
+from fseb_ft.data.sources.sklearn_digits import load_sklearn_digits
 from fseb_ft.data.splits import (
     TooFewClassesError,
     allocate,

@@ -40,8 +40,8 @@ from fseb_ft.finetune import run
 from fseb_ft.recipe import ConfigError, OutputConfig, dump_recipe, recipe_from_dict
 from fseb_ft.runs import export, upload
 from fseb_ft.runs.published import scrub
-from fseb_ft.runs.report import markdown_table
 from fseb_ft.runs.rundir import COMPARISON_PLOTS
+from fseb_ft.runs.tables import markdown_table
 from tests.helpers import write_image_folder
 
 UNREACHABLE = "http://127.0.0.1:9"  # discard port: nothing listens, connections are refused

@@ -15,7 +15,7 @@ from PIL import Image
 
 from fseb_ft.data.images import ArrayImages, HFImages, IndexedImages
 from fseb_ft.data.screening import BadImagesError, check_image, find_bad_images, screen
-from fseb_ft.data.sources import load_imagefolder
+from fseb_ft.data.sources.imagefolder import load_imagefolder
 from fseb_ft.engine.reevaluate import evaluate_run
 from fseb_ft.finetune import run
 from fseb_ft.recipe import recipe_from_dict

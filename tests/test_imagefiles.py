@@ -14,7 +14,7 @@ from PIL import Image
 
 from fseb_ft.data.files import FileImages, list_split
 from fseb_ft.data.images import HFImages
-from fseb_ft.data.sources import load_imagefolder
+from fseb_ft.data.sources.imagefolder import load_imagefolder
 
 datasets.disable_progress_bars()
 

@@ -18,7 +18,8 @@ import fseb_ft.push as push
 from fseb_ft import cli
 from fseb_ft.data.files import read_image
 from fseb_ft.data.screening import check_image
-from fseb_ft.engine.loop import NonFiniteLossError, TrainState, _epoch_line, _non_finite_message
+from fseb_ft.engine.callbacks import TrainState
+from fseb_ft.engine.loop import NonFiniteLossError, _epoch_line, _non_finite_message
 from fseb_ft.finetune import run
 from fseb_ft.logs import configure_logging
 from fseb_ft.method.models import create_model

@@ -17,7 +17,7 @@ from fseb_ft.engine.reevaluate import evaluate_run
 from fseb_ft.errors import FsebError
 from fseb_ft.finetune import run
 from fseb_ft.recipe import DatasetSpec, recipe_from_dict
-from fseb_ft.runs.report import markdown_table
+from fseb_ft.runs.tables import markdown_table
 from tests.helpers import kill_after_checkpoint, tiny_recipe, write_image_folder
 
 QUICKSTART = Path(__file__).parents[1] / "recipes" / "quickstart.yaml"

@@ -23,7 +23,8 @@ from safetensors import SafetensorError
 
 import fseb_ft
 from fseb_ft import api, cli
-from fseb_ft.data.sources import build_splits, load_sklearn_digits
+from fseb_ft.data.sources import build_splits
+from fseb_ft.data.sources.sklearn_digits import load_sklearn_digits
 from fseb_ft.data.transforms import eval_transform
 from fseb_ft.evaluation.predictions import eval_loader
 from fseb_ft.evaluation.selective import top_class_log_odds

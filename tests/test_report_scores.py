@@ -11,7 +11,8 @@ from fseb_ft.evaluation.temperature import (
     fit_temperature,
     temperature_identified,
 )
-from fseb_ft.runs.report import eval_results, markdown_table
+from fseb_ft.runs.report import eval_results
+from fseb_ft.runs.tables import markdown_table
 
 
 def _predictions(with_logits: bool = True, with_val: bool = False) -> Predictions:

@@ -58,7 +58,6 @@ __all__ = [
     "corrupt_images",
     "default_cache_dir",
     "image_rng",
-    "resolve_corruptions",
 ]
 
 logger = logging.getLogger(__name__)

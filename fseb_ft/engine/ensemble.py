@@ -20,17 +20,7 @@ from fseb_ft.engine.reevaluate import SavedRun, predict_run, read_saved_run
 from fseb_ft.evaluation.metrics import ensemble_log_probs
 from fseb_ft.evaluation.predictions import Predictions
 from fseb_ft.runs.atomic import write_text
-from fseb_ft.runs.report import (
-    EvalResults,
-    corruption_markdown,
-    eval_results,
-    markdown_table,
-    method_title,
-    split_note,
-    split_suffix,
-    write_corruption_plot,
-    write_plots,
-)
+from fseb_ft.runs.report import EvalResults, eval_results, write_corruption_plot, write_plots
 from fseb_ft.runs.rundir import (
     RESULTS_JSON,
     RESULTS_MD,
@@ -38,6 +28,13 @@ from fseb_ft.runs.rundir import (
     RunInfo,
     read_json,
     write_json,
+)
+from fseb_ft.runs.tables import (
+    corruption_markdown,
+    markdown_table,
+    method_title,
+    split_note,
+    split_suffix,
 )
 
 __all__ = ["default_ensemble_dir", "evaluate_ensemble"]

@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from fseb_ft.data.transforms import epoch_seed, seed_transform
-from fseb_ft.engine.callbacks import Callback, TrainingDivergedError, TrainState, Validation
+from fseb_ft.engine.callbacks import Callback, TrainState, Validation
 from fseb_ft.errors import FsebError
 from fseb_ft.evaluation.metrics import classification_metrics, higher_is_better
 from fseb_ft.evaluation.predictions import predict_logits
@@ -49,9 +49,7 @@ from fseb_ft.runs.rundir import (
 __all__ = [
     "NonFiniteLossError",
     "Prepared",
-    "TrainState",
     "Trainer",
-    "TrainingDivergedError",
     "applied_precision",
     "build_optimizer",
     "build_scheduler",

@@ -20,7 +20,7 @@ from fseb_ft.evaluation.predictions import Predictions, predict_splits
 from fseb_ft.recipe import Recipe
 from fseb_ft.runs.atomic import is_not_writable
 from fseb_ft.runs.loading import load_run_model, run_predictor
-from fseb_ft.runs.report import EvalResults, eval_results, method_title, write_results
+from fseb_ft.runs.report import EvalResults, eval_results, write_results
 from fseb_ft.runs.rundir import (
     MODEL_WEIGHTS,
     RECIPE_FILE,
@@ -32,6 +32,7 @@ from fseb_ft.runs.rundir import (
     read_json,
     read_run,
 )
+from fseb_ft.runs.tables import method_title
 
 __all__ = ["SavedRun", "evaluate_run", "predict_run", "read_saved_run"]
 

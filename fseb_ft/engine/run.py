@@ -56,7 +56,7 @@ from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.recipe import ConfigError, DatasetSpec, Recipe, dump_recipe
 from fseb_ft.recipe.datasets import IN_MEMORY
 from fseb_ft.runs.atomic import cleaned_on_failure, publish, remove_orphans, write_text
-from fseb_ft.runs.report import EvalResults, eval_results, method_title, write_results
+from fseb_ft.runs.report import EvalResults, eval_results, write_results
 from fseb_ft.runs.rundir import (
     MODEL_WEIGHTS,
     RECIPE_FILE,
@@ -68,6 +68,7 @@ from fseb_ft.runs.rundir import (
     write_json,
     write_method_state,
 )
+from fseb_ft.runs.tables import method_title
 from fseb_ft.runs.upload import share_run
 
 __all__ = ["RunData", "run"]

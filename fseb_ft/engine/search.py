@@ -24,8 +24,8 @@ from accelerate import PartialState
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
-from fseb_ft.engine.callbacks import PruningCallback
-from fseb_ft.engine.loop import NonFiniteLossError, TrainingDivergedError
+from fseb_ft.engine.callbacks import PruningCallback, TrainingDivergedError
+from fseb_ft.engine.loop import NonFiniteLossError
 from fseb_ft.engine.reevaluate import evaluate_run
 from fseb_ft.engine.run import run
 from fseb_ft.engine.trials import (

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from fseb_ft.recipe.datasets import ContextConfig, DataConfig, DatasetSpec
+from fseb_ft.recipe.datasets import ContextConfig, DataConfig
 from fseb_ft.recipe.options import (
     ALL_CORRUPTIONS,
     BENCHMARK_CORRUPTIONS,
@@ -27,26 +27,18 @@ from fseb_ft.recipe.options import (
     SOLVERS,
     VARIANCE_SCOPES,
 )
-from fseb_ft.recipe.schema import ConfigError, check, parent_section, plain_tree
-from fseb_ft.recipe.sweep import SweepConfig, SweepParam, check_space_key, override_path
+from fseb_ft.recipe.schema import ConfigError, check
+from fseb_ft.recipe.sweep import SweepConfig, check_space_key
 
 __all__ = [
-    "ConfigError",
-    "ContextConfig",
-    "DataConfig",
-    "DatasetSpec",
+    "VAL_OOD_METRIC_SUFFIX",
     "EvalConfig",
     "FSEBConfig",
     "ModelConfig",
     "OptimConfig",
     "OutputConfig",
     "Recipe",
-    "SweepConfig",
-    "SweepParam",
     "TrainConfig",
-    "override_path",
-    "parent_section",
-    "plain_tree",
     "resolve_corruptions",
     "val_ood_metric",
     "validation_metrics",

@@ -14,8 +14,8 @@ from typing import Any
 from fseb_ft.recipe import Recipe, SweepParam
 from fseb_ft.runs.atomic import write_text
 from fseb_ft.runs.plots import sweep_plot
-from fseb_ft.runs.report import markdown_table, method_title, split_note
 from fseb_ft.runs.rundir import RESULTS_MD, results_split, write_json
+from fseb_ft.runs.tables import markdown_table, method_title, split_note
 
 __all__ = [
     "BEST_RECIPE",

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from fseb_ft.data.splits import TEST_SPLIT, VALIDATION_SPLIT
 from fseb_ft.evaluation.abstention import AbstentionRule
 from fseb_ft.recipe import Recipe, dump_recipe
 from fseb_ft.runs.published import LOCAL_DIR, PLACEHOLDER, model_label, placeholders, scrub
@@ -21,8 +22,6 @@ from fseb_ft.runs.rundir import (
     CORRUPTION_PLOT,
     MODEL_RECIPE,
     PLOTS,
-    TEST_SPLIT,
-    VALIDATION_SPLIT,
     RunInfo,
     results_split,
 )

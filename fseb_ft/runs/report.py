@@ -2,9 +2,7 @@
 and the figures drawn from the predictions.
 
 Nothing here predicts or loads a model (that is :mod:`fseb_ft.evaluation.predictions`). The
-Markdown of results is :mod:`fseb_ft.runs.tables`'; the names of it that the commands write
-results with (:func:`markdown_table`, :func:`corruption_markdown`, :func:`method_title`,
-:func:`split_note`, :func:`split_suffix`) are part of this module's API too.
+Markdown of results is :mod:`fseb_ft.runs.tables`'.
 """
 
 from __future__ import annotations
@@ -35,7 +33,6 @@ from fseb_ft.runs.tables import (
     corruption_markdown,
     corruption_summary,
     markdown_table,
-    method_title,
     split_note,
     split_suffix,
     warnings_markdown,
@@ -46,13 +43,8 @@ if TYPE_CHECKING:  # predict needs Accelerate; a report only reads the Predictio
 
 __all__ = [
     "EvalResults",
-    "corruption_markdown",
     "eval_results",
     "evaluate_predictions",
-    "markdown_table",
-    "method_title",
-    "split_note",
-    "split_suffix",
     "temperature_scaled_results",
     "write_comparison_plots",
     "write_corruption_plot",

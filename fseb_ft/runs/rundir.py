@@ -34,7 +34,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from fseb_ft.data.inputs import InputSpec
-from fseb_ft.data.splits import TEST_SPLIT, VALIDATION_SPLIT
+from fseb_ft.data.splits import TEST_SPLIT
 from fseb_ft.recipe import ConfigError, Recipe, load_recipe
 from fseb_ft.runs.atomic import cleaned_on_failure, publish, remove, write_text
 
@@ -57,9 +57,7 @@ __all__ = [
     "RESULTS_SPLIT",
     "RUN_INFO_FILE",
     "RUN_PLOTS",
-    "TEST_SPLIT",
     "TRAINER_STATE",
-    "VALIDATION_SPLIT",
     "VAL_LOGITS",
     "VARIATIONAL_WEIGHTS",
     "RunInfo",
@@ -91,8 +89,9 @@ RESULTS_MD = "results.md"
 """The same results as Markdown tables, for people."""
 RESULTS_SPLIT = "split"
 """The key of ``results.json`` naming the split its in-distribution metrics (``test``, the OOD
-sets' other side, the corruptions' clean images) come from: :data:`TEST_SPLIT`, or
-:data:`VALIDATION_SPLIT` for a recipe without ``data.test``."""
+sets' other side, the corruptions' clean images) come from:
+:data:`~fseb_ft.data.splits.TEST_SPLIT`, or :data:`~fseb_ft.data.splits.VALIDATION_SPLIT` for a
+recipe without ``data.test``."""
 MODEL_DIR = "model"
 """The model folder inside a run directory: timm's Hub format, with card (``fseb_ft.push``)."""
 MODEL_WEIGHTS = Path(MODEL_DIR) / "model.safetensors"
@@ -313,8 +312,9 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def results_split(results: Mapping[str, Any]) -> str:
-    """The split ``results`` (a ``results.json`` mapping) were computed on; :data:`TEST_SPLIT`
-    for results written before :data:`RESULTS_SPLIT` existed, when every run had a test split."""
+    """The split ``results`` (a ``results.json`` mapping) were computed on;
+    :data:`~fseb_ft.data.splits.TEST_SPLIT` for results written before :data:`RESULTS_SPLIT`
+    existed, when every run had a test split."""
     return results.get(RESULTS_SPLIT) or TEST_SPLIT
 
 

@@ -13,11 +13,12 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from fseb_ft.data.splits import VALIDATION_SPLIT
 from fseb_ft.evaluation.metrics import METRIC_REGISTRY, Metric
 from fseb_ft.evaluation.ood import OOD_SCORE_REGISTRY
 from fseb_ft.recipe import Recipe
 from fseb_ft.runs.published import model_label
-from fseb_ft.runs.rundir import VALIDATION_SPLIT, results_split
+from fseb_ft.runs.rundir import results_split
 
 __all__ = [
     "TS_SUFFIX",

@@ -5,9 +5,11 @@ One module per source, each registering its loader by name (:func:`~.registry.so
 Hugging Face Hub id (:mod:`.hub`), an image folder (:mod:`.imagefolder`), a ``save_to_disk``
 folder (:mod:`.disk`), ``.npz`` arrays (:mod:`.arrays`), IDX gzip files, MNIST-style
 (:mod:`.idx`) and scikit-learn's digits (:mod:`.sklearn_digits`). Importing a source module
-registers it, so each has one import line below (for a new source whose loader is not
-re-exported: ``from fseb_ft.data.sources import name  # noqa: F401``); its name also joins
-:data:`fseb_ft.recipe.options.SOURCES`, which a test holds equal to the registry.
+registers it: a new source is its module, its name in the one import line of source modules
+below, and its name in :data:`fseb_ft.recipe.options.SOURCES`, which a test holds equal to the
+registry. A source's own functions are imported from its module
+(``from fseb_ft.data.sources.imagefolder import load_imagefolder``); this package re-exports
+none of them.
 
 :func:`load_spec` maps one recipe :class:`~fseb_ft.recipe.DatasetSpec` onto its source and
 :func:`build_splits` a whole ``data`` section; this is the only data package that reads the
@@ -19,32 +21,14 @@ from __future__ import annotations
 import numpy as np
 
 from fseb_ft.data.images import IndexedImages, LabeledImages
-from fseb_ft.data.sources.arrays import load_arrays
-from fseb_ft.data.sources.disk import load_disk
-from fseb_ft.data.sources.hub import load_hub
-from fseb_ft.data.sources.idx import load_idx, read_idx
-from fseb_ft.data.sources.imagefolder import load_imagefolder
+from fseb_ft.data.sources import arrays, disk, hub, idx, imagefolder, sklearn_digits  # noqa: F401
 from fseb_ft.data.sources.registry import find_source, source
-from fseb_ft.data.sources.sklearn_digits import DIGITS_TEST_FRACTION, load_sklearn_digits
 from fseb_ft.data.splits import Splits, select_classes, stratified_split
 from fseb_ft.errors import FsebError
 from fseb_ft.recipe import DataConfig, DatasetSpec
 from fseb_ft.recipe.datasets import IN_MEMORY
 
-__all__ = [
-    "DIGITS_TEST_FRACTION",
-    "build_splits",
-    "load_arrays",
-    "load_disk",
-    "load_hub",
-    "load_idx",
-    "load_imagefolder",
-    "load_sklearn_digits",
-    "load_spec",
-    "load_split",
-    "read_idx",
-    "source",
-]
+__all__ = ["build_splits", "load_spec", "load_split", "source"]
 
 
 def load_spec(spec: DatasetSpec, channels: int = 3, seed: int = 0) -> LabeledImages:

@@ -33,7 +33,7 @@ from fseb_ft.data.splits import Splits, stratified_split
 from fseb_ft.engine.callbacks import Callback
 from fseb_ft.engine.loop import NonFiniteLossError, TrainingDivergedError
 from fseb_ft.engine.resume import RecipeMismatchError
-from fseb_ft.engine.run import run
+from fseb_ft.engine.run import run, run_with_predictions
 from fseb_ft.logs import configure_logging
 from fseb_ft.recipe import (
     ConfigError,
@@ -46,7 +46,13 @@ from fseb_ft.recipe import (
 from fseb_ft.recipe.datasets import IN_MEMORY
 from fseb_ft.recipe.schema import plain_tree, set_key
 from fseb_ft.runs.atomic import DiskFullError, write_text
-from fseb_ft.runs.report import markdown_table, method_title, split_note
+from fseb_ft.runs.report import (
+    EvalResults,
+    markdown_table,
+    method_title,
+    split_note,
+    write_comparison_plots,
+)
 from fseb_ft.runs.rundir import (
     COMPARISON_JSON,
     COMPARISON_MD,
@@ -131,7 +137,7 @@ def compare(recipe: Recipe | str | Path, overrides: Sequence[str] = ()) -> dict[
         )
     out = Path(recipe.output.dir)
     check_output_dir(out)
-    results: dict[str, Any] = {}
+    evaluated: dict[str, EvalResults] = {}
     for label, slug, reg_scale, method in (
         ("PS-MAP", "psmap", 0.0, "fseb"),
         (recipe.fseb.method_name, recipe.fseb.method, recipe.fseb.reg_scale, recipe.fseb.method),
@@ -141,20 +147,17 @@ def compare(recipe: Recipe | str | Path, overrides: Sequence[str] = ()) -> dict[
             fseb=dataclasses.replace(recipe.fseb, reg_scale=reg_scale, method=method),
             output=dataclasses.replace(recipe.output, dir=str(out / slug)),
         )
-        results[label] = run(sub)
+        evaluated[label] = run_with_predictions(sub)
+    results = {label: e.results for label, e in evaluated.items()}
     if PartialState().is_main_process:
         table = markdown_table(results)
         seconds = {k: round(v["training"]["seconds"], 1) for k, v in results.items()}
         title = f"{recipe.model.name}: PS-MAP vs {recipe.fseb.method_name}"
         note = split_note(results["PS-MAP"])  # both runs report on the same split
         write_text(out / COMPARISON_MD, f"# {title}\n\n{note}{table}")
-        write_json(out / COMPARISON_JSON, {label: dict(r) for label, r in results.items()})
-        from fseb_ft.runs.report import write_comparison_plots
-
-        # comparison_reliability.png / comparison_selective.png from run()'s predictions.
-        predictions = {k: getattr(v, "predictions", None) for k, v in results.items()}
-        if all(predictions.values()):
-            write_comparison_plots(out, predictions, title, strict=False)
+        write_json(out / COMPARISON_JSON, results)
+        predictions = {label: e.predictions for label, e in evaluated.items()}
+        write_comparison_plots(out, predictions, title, strict=False)
         print(f"\n{table}\ntraining seconds: {seconds}; written to {out}")
     return results
 
@@ -233,8 +236,7 @@ def finetune(
         splits.train, splits.val = _hold_out(splits.train, resolved)
     else:
         splits.val = as_labeled_images(val, **wrap)
-    # The record alone: JSON-ready, as documented.
-    return dict(run(resolved, splits=splits, callbacks=callbacks))
+    return run(resolved, splits=splits, callbacks=callbacks)
 
 
 def resolve_recipe(

@@ -32,9 +32,8 @@ import torch.nn.functional as nnf
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from fseb_ft.method import predictive
 from fseb_ft.method.fsvi import function_kl
-from fseb_ft.method.predictive import unwrap_model
+from fseb_ft.method.posterior import posterior, predictive, unwrap_model
 from fseb_ft.method.regularizer import function_space_term, parameter_term
 from fseb_ft.method.variational import context_moments
 from fseb_ft.recipe import FSEBConfig
@@ -161,7 +160,7 @@ class FSEBObjective(nn.Module):
         self.prior_cov_scale = self.config.prior_cov_scale
         self.prior_cov_diag = self.config.prior_cov_diag
         base = unwrap_model(model)
-        self.variational = predictive.posterior(base, self.config)
+        self.variational = posterior(base, self.config)
         self.feature_fn = feature_fn or _timm_feature_fn(base)
         self.prior = _frozen(copy.deepcopy(base) if prior is None else prior)
         self._anchor_names = _anchor_names(base, self.prior, self.config.param_anchor)
@@ -218,10 +217,10 @@ class FSEBObjective(nn.Module):
         return [p for p in self.model.parameters() if p.requires_grad]
 
     def predictor(self, seed: int = 0) -> nn.Module:
-        """The model to predict with (:func:`fseb_ft.method.predictive.predictor`): the network
+        """The model to predict with (:func:`fseb_ft.method.posterior.predictive`): the network
         itself, or FS-VI's Monte-Carlo predictive (``fsvi_predict_samples`` draws seeded by
         ``seed``) whose outputs are the log-probabilities of the averaged prediction."""
-        return predictive.predictor(self.model, self.variational, self.config, seed)
+        return predictive(self.model, self.variational, self.config, seed)
 
     def method_state(self) -> dict[str, Tensor]:
         """The tensors the method keeps beside the network's weights, to save with them: FS-VI's

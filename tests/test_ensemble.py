@@ -83,7 +83,7 @@ def test_ensemble_equals_metrics_of_the_naive_average(
     rows = list(saved["members"])
     assert rows == ["PS-MAP · test_byobnet (psmap)", "FS-EB · test_byobnet (fseb)"]
     for row, member in zip(rows, members, strict=True):
-        for key, value in member["test"].items():
+        for key, value in member.results["test"].items():
             assert saved["members"][row]["test"][key] == pytest.approx(value, rel=1e-9), key
     md = (out / "results.md").read_text()
     for text in (*rows, "Ensemble of 2"):

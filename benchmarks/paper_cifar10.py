@@ -332,7 +332,7 @@ def main() -> None:
                 RECIPE,
                 [*base, *overrides, f"train.seed={seed}", f"output.dir={out}", *args.override],
             )
-            result = finished_results(out) if args.tables_only else dict(run(recipe))
+            result = finished_results(out) if args.tables_only else run(recipe)
             training = training_record(out)
             all_results[name].append(result | {"val_nll": training["best_val_nll"]})
             curves[name].append([record["val_nll"] for record in training["history"]])

@@ -354,7 +354,7 @@ def main() -> None:
                  f"output.dir={out}", "train.trackers=[]", *corruption_overrides,
                  *args.override],
             )  # fmt: skip
-            result = finished_results(out) if args.tables_only else dict(run(recipe))
+            result = finished_results(out) if args.tables_only else run(recipe)
             all_results.setdefault(name, []).append(result)
             history = training_record(out)["history"]
             curves.setdefault(name, []).append([record["val_nll"] for record in history])

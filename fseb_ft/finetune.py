@@ -31,11 +31,12 @@ from fseb_ft.engine.callbacks import Callback, TrainingDivergedError
 from fseb_ft.engine.in_memory import in_memory_splits, resolve_recipe
 from fseb_ft.engine.loop import NonFiniteLossError
 from fseb_ft.engine.resume import RecipeMismatchError
-from fseb_ft.engine.run import run
+from fseb_ft.engine.run import run, run_with_predictions
 from fseb_ft.logs import configure_logging
 from fseb_ft.recipe import ConfigError, Recipe, load_recipe
 from fseb_ft.runs.atomic import DiskFullError
 from fseb_ft.runs.comparison import write_comparison
+from fseb_ft.runs.report import EvalResults
 from fseb_ft.runs.rundir import MODEL_DIR, RESULTS_JSON, RESULTS_MD, check_output_dir
 from fseb_ft.runs.tables import markdown_table, method_title
 
@@ -113,7 +114,7 @@ def compare(recipe: Recipe | str | Path, overrides: Sequence[str] = ()) -> dict[
         )
     out = Path(recipe.output.dir)
     check_output_dir(out)
-    results: dict[str, Any] = {}
+    evaluated: dict[str, EvalResults] = {}
     for label, slug, reg_scale, method in (
         ("PS-MAP", "psmap", 0.0, "fseb"),
         (recipe.fseb.method_name, recipe.fseb.method, recipe.fseb.reg_scale, recipe.fseb.method),
@@ -123,10 +124,11 @@ def compare(recipe: Recipe | str | Path, overrides: Sequence[str] = ()) -> dict[
             fseb=dataclasses.replace(recipe.fseb, reg_scale=reg_scale, method=method),
             output=dataclasses.replace(recipe.output, dir=str(out / slug)),
         )
-        results[label] = run(sub)
+        evaluated[label] = run_with_predictions(sub)
+    results = {label: e.results for label, e in evaluated.items()}
     if PartialState().is_main_process:
         title = f"{recipe.model.name}: PS-MAP vs {recipe.fseb.method_name}"
-        table = write_comparison(out, results, title)
+        table = write_comparison(out, evaluated, title)
         seconds = {k: round(v["training"]["seconds"], 1) for k, v in results.items()}
         print(f"\n{table}\ntraining seconds: {seconds}; written to {out}")
     return results
@@ -191,8 +193,7 @@ def finetune(
         resolved, train, val, test, ood,
         class_names=class_names, image_column=image_column, label_column=label_column,
     )  # fmt: skip
-    # The record alone: JSON-ready, as documented.
-    return dict(run(resolved, splits=splits, callbacks=callbacks))
+    return run(resolved, splits=splits, callbacks=callbacks)
 
 
 class _CallableModule(type(sys)):  # type(sys) is types.ModuleType

@@ -49,7 +49,13 @@ from fseb_ft.evaluation.temperature import TEMPERATURE_RANGE, temperature_identi
 from fseb_ft.logs import configure_logging
 from fseb_ft.recipe import DatasetSpec
 from fseb_ft.recipe.options import OOD_SCORES
-from fseb_ft.runs.loading import LoadedModel, first_line, gather_inputs, load_model, predict_logits
+from fseb_ft.runs.loading import (
+    LoadedModel,
+    first_line,
+    gather_inputs,
+    load_model,
+    logits_and_read_errors,
+)
 from fseb_ft.runs.prediction_files import (
     accuracy,
     format_rows,
@@ -143,7 +149,7 @@ def predict_images(
 
     inputs, names, labels, skipped = gather_inputs(loaded, images, dataset)
     rule = choose_rule(loaded, temp, coverage, max_risk, threshold, run_device, loader_kw)
-    logits, errors = predict_logits(net, inputs, loaded, run_device, "predict", **loader_kw)
+    logits, errors = logits_and_read_errors(net, inputs, loaded, run_device, "predict", **loader_kw)
     readable = [i for i, err in enumerate(errors) if not err]
     unreadable = [f"{names[i]}: {errors[i]}" for i in range(len(names)) if errors[i]]
     if not readable:

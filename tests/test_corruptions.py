@@ -18,7 +18,7 @@ from fseb_ft.data.images import ArrayImages
 from fseb_ft.data.splits import stratified_split
 from fseb_ft.data.transforms import TransformedImages, eval_transform
 from fseb_ft.engine.ensemble import evaluate_ensemble
-from fseb_ft.engine.reevaluate import evaluate_run
+from fseb_ft.engine.reevaluate import evaluate_run_with_predictions
 from fseb_ft.evaluate import main as evaluate_main
 from fseb_ft.evaluation.predictions import Predictions
 from fseb_ft.finetune import run
@@ -361,7 +361,10 @@ def test_run_reports_every_corruption_and_severity_and_reevaluates_from_the_cach
     calls = []
     original = C.corrupt
     monkeypatch.setattr(C, "corrupt", lambda *a, **k: calls.append(a[1:3]) or original(*a, **k))
-    again = evaluate_run(out, cpu=True, overrides=["eval.severities=[1, 3, 5]"])
+    evaluated = evaluate_run_with_predictions(
+        out, cpu=True, overrides=["eval.severities=[1, 3, 5]"]
+    )
+    again = evaluated.results
     assert calls == [("gaussian_noise", 3)] * N_TEST + [("contrast", 3)] * N_TEST
     for name, by_severity in results["corruptions"].items():
         assert set(again["corruptions"][name]) == {"1", "3", "5"}
@@ -372,16 +375,17 @@ def test_run_reports_every_corruption_and_severity_and_reevaluates_from_the_cach
 
     # eval.corruption_limit corrupts a stratified subset: the clean test split stays whole, and
     # a deterministic corruption gives the full run's predictions at the chosen indices.
-    limited = evaluate_run(out, cpu=True, overrides=["eval.corruption_limit=6"])
+    subset = evaluate_run_with_predictions(out, cpu=True, overrides=["eval.corruption_limit=6"])
+    limited = subset.results
     assert limited["test"]["n"] == N_TEST
-    labels = again.predictions.test[1]  # (N_TEST,)
+    labels = evaluated.predictions.test[1]  # (N_TEST,)
     keep = torch.as_tensor(stratified_split(labels.numpy(), 6 / N_TEST, seed=0)[1])  # (6,)
     assert len(keep) == 6 and set(labels[keep].tolist()) == {0, 1, 2}
-    assert torch.equal(limited.predictions.corruption_labels, labels[keep])
+    assert torch.equal(subset.predictions.corruption_labels, labels[keep])
     for sev in ("1", "5"):
         assert limited["corruptions"]["contrast"][sev]["n"] == 6
-    full_lp = again.predictions.corruptions["contrast"][5]  # (N_TEST, K)
-    assert torch.allclose(limited.predictions.corruptions["contrast"][5], full_lp[keep], atol=1e-6)
+    full_lp = evaluated.predictions.corruptions["contrast"][5]  # (N_TEST, K)
+    assert torch.allclose(subset.predictions.corruptions["contrast"][5], full_lp[keep], atol=1e-6)
 
     # An ensemble averages the corruptions and severities its members share.
     other = tmp_path / "run-seed1"

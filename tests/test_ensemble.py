@@ -18,7 +18,7 @@ import yaml
 from fseb_ft import evaluate
 from fseb_ft.cli import main as cli
 from fseb_ft.engine.ensemble import default_ensemble_dir, evaluate_ensemble
-from fseb_ft.engine.reevaluate import evaluate_run
+from fseb_ft.engine.reevaluate import evaluate_run_with_predictions
 from fseb_ft.evaluation.metrics import classification_metrics
 from fseb_ft.evaluation.ood import ood_metrics
 from fseb_ft.evaluation.temperature import fit_temperature
@@ -56,9 +56,10 @@ def test_ensemble_equals_metrics_of_the_naive_average(
     got = evaluate.main(argv)
     printed = capsys.readouterr().out
 
-    # The members' own predictions, from the single-run CLI and the Python API.
+    # The members' own predictions, from the Python API; the single-run CLI gives its record.
     single = evaluate.main([str(runs["psmap"]), "--cpu"])
-    members = [single, evaluate_run(runs["fseb"], cpu=True)]
+    members = [evaluate_run_with_predictions(runs[name], cpu=True) for name in ("psmap", "fseb")]
+    assert single == members[0].results
     labels = members[0].predictions.test[1]
     assert torch.equal(labels, members[1].predictions.test[1]) and len(labels) == N_TEST
 
@@ -82,7 +83,7 @@ def test_ensemble_equals_metrics_of_the_naive_average(
     rows = list(saved["members"])
     assert rows == ["PS-MAP · test_byobnet (psmap)", "FS-EB · test_byobnet (fseb)"]
     for row, member in zip(rows, members, strict=True):
-        for key, value in member["test"].items():
+        for key, value in member.results["test"].items():
             assert saved["members"][row]["test"][key] == pytest.approx(value, rel=1e-9), key
     md = (out / "results.md").read_text()
     for text in (*rows, "Ensemble of 2"):
@@ -99,7 +100,7 @@ def test_ensemble_temperature_is_fitted_on_the_shared_validation_split_only(
     copies = [tmp_path / name for name in ("psmap", "fseb", "other-val")]
     for name, copy in zip(("psmap", "fseb", "fseb"), copies, strict=True):
         shutil.copytree(runs[name], copy)
-    members = [evaluate_run(copy, cpu=True, overrides=ts) for copy in copies[:2]]
+    members = [evaluate_run_with_predictions(copy, cpu=True, overrides=ts) for copy in copies[:2]]
     labels = members[0].predictions.val[1]
     p_val = torch.stack([m.predictions.val[0].double().softmax(-1) for m in members]).mean(0)
     want = fit_temperature(p_val.log(), labels).item()  # naive: the averaged probabilities

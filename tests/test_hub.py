@@ -36,7 +36,6 @@ import fseb_ft.engine.run as run_module
 from fseb_ft import cli
 from fseb_ft.data.files import read_image
 from fseb_ft.data.transforms import eval_transform
-from fseb_ft.finetune import run
 from fseb_ft.recipe import ConfigError, OutputConfig, dump_recipe, recipe_from_dict
 from fseb_ft.runs import export, upload
 from fseb_ft.runs.published import scrub
@@ -110,14 +109,15 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
         mp.setattr(run_module, "share_run", spy)  # the name run() calls
         mp.setenv("HF_ENDPOINT", UNREACHABLE)
         start = time.perf_counter()
-        results = run(recipe)
+        evaluated = run_module.run_with_predictions(recipe)
         seconds = time.perf_counter() - start
     logging.getLogger("fseb_ft.runs.upload").removeHandler(records)
     return SimpleNamespace(
         dir=out,
         folder=out / "model",
         recipe=recipe,
-        results=results,
+        results=evaluated.results,
+        predictions=evaluated.predictions,
         model=shared["model"],
         log=records.messages,
         seconds=seconds,
@@ -176,7 +176,7 @@ def test_card_snippet_reproduces_the_runs_test_predictions(tiny_run) -> None:
         scope: dict[str, Any] = {"image_path": item["image"]["path"]}
         exec(compile(snippet, "model card", "exec"), scope)  # the card's code, as users run it
         probs.append(scope["probs"])
-    log_probs, labels = tiny_run.results.predictions.test
+    log_probs, labels = tiny_run.predictions.test
     assert torch.equal(torch.tensor(files["label"]), labels)
     torch.testing.assert_close(torch.stack(probs), log_probs.exp(), rtol=0, atol=1e-5)
     accuracy = json.loads((tiny_run.dir / "results.json").read_text())["test"]["accuracy"]
@@ -283,7 +283,7 @@ def test_the_card_shows_the_sibling_psmap_run_or_a_given_baseline(tiny_run, tmp_
     psmap.mkdir()
     other = copy.deepcopy(tiny_run.results)
     other["test"]["accuracy"] = 0.123456
-    (psmap / "results.json").write_text(json.dumps(dict(other)))
+    (psmap / "results.json").write_text(json.dumps(other))
     raw = yaml.safe_load((run_dir / "recipe.yaml").read_text())
     raw["fseb"]["reg_scale"] = 0.0
     (psmap / "recipe.yaml").write_text(yaml.safe_dump(raw))

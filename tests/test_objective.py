@@ -263,6 +263,33 @@ def test_the_hyper_parameters_are_the_recipe_section_given_or_as_keywords() -> N
         FSEBObjective(_net(), N_TRAIN, {"reg_scale": 1.0})
 
 
+def test_every_hyper_parameter_reads_as_an_attribute_and_is_the_configs() -> None:
+    cfg = FSEBConfig(
+        reg_scale=0.5,
+        prior_var=2.0,
+        forward_mode="separate",
+        reg_points="joint",
+        param_anchor="init",
+        solver="woodbury",
+        fsvi_predict_samples=3,
+    )
+    objective = FSEBObjective(_net(), N_TRAIN, cfg, prior_cov_diag=3.0)
+    for field in dataclasses.fields(FSEBConfig):
+        assert getattr(objective, field.name) == getattr(objective.config, field.name), field.name
+    assert (objective.solver, objective.prior_var, objective.prior_cov_diag) == ("woodbury", 2, 3)
+    fsvi = FSEBObjective(_net(), N_TRAIN, method="fsvi", fsvi_variance="all")
+    assert (fsvi.method, fsvi.fsvi_variance, fsvi.fsvi_init_std) == ("fsvi", "all", 1e-3)
+
+    # A hyper-parameter is fixed: setting one says so (the loss reads the config); s and d of Kc
+    # are the objective's own, resolved per run.
+    with pytest.raises(AttributeError, match=r"reg_scale is its config's .* reg_scale=0\.0\)"):
+        objective.reg_scale = 0.0
+    assert objective.reg_scale == 0.5 and "reg_scale" not in vars(objective)
+    objective.set_prior_covariance(0.25, 4.0)
+    assert (objective.prior_cov_scale, objective.prior_cov_diag) == (0.25, 4.0)
+    assert objective.config.prior_cov_scale == cfg.prior_cov_scale  # the recipe's, unchanged
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

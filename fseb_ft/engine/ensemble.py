@@ -20,7 +20,7 @@ from fseb_ft.engine.reevaluate import SavedRun, predict_run, read_saved_run
 from fseb_ft.evaluation.metrics import ensemble_log_probs
 from fseb_ft.evaluation.predictions import Predictions
 from fseb_ft.runs.atomic import write_text
-from fseb_ft.runs.report import EvalResults, eval_results, write_corruption_plot, write_plots
+from fseb_ft.runs.report import EvalResults, write_corruption_plot, write_plots
 from fseb_ft.runs.rundir import (
     RESULTS_JSON,
     RESULTS_MD,
@@ -39,7 +39,6 @@ from fseb_ft.runs.tables import (
 
 __all__ = ["default_ensemble_dir", "evaluate_ensemble"]
 
-# Log lines name the command (``WARNING fseb_ft.evaluate: …``), wherever its machinery lives.
 logger = logging.getLogger(__name__)
 
 
@@ -48,7 +47,7 @@ def evaluate_ensemble(
     out_dir: str | Path | None = None,
     cpu: bool = False,
     overrides: Sequence[str] = (),
-) -> EvalResults:
+) -> dict[str, Any]:
     """Evaluate the ensemble of several finished runs: the average of their probabilities.
 
     Every run's best weights predict the test split and OOD sets (each member with its own input
@@ -64,7 +63,7 @@ def evaluate_ensemble(
     :func:`default_ensemble_dir`).
 
     Returns:
-        The ensemble's :class:`EvalResults` (``.predictions``: the ensemble's).
+        What ``results.json`` holds, a JSON-ready dict.
     """
     run_dirs = [Path(d) for d in run_dirs]
     out = _ensemble_out(run_dirs, out_dir)
@@ -77,13 +76,13 @@ def evaluate_ensemble(
 
     members = _evaluate_members(runs, accelerator)
     ensemble = _ensemble_predictions(runs, [m.predictions for m in members.values()])
-    results = eval_results(ensemble, runs[0].recipe.eval.ood_scores).extended(
-        members={label: dict(m) for label, m in members.items()},
+    results = EvalResults.from_predictions(ensemble, runs[0].recipe.eval.ood_scores).extended(
+        members={label: m.results for label, m in members.items()},
         runs=[str(d) for d in run_dirs],  # as given; compared resolved
     )
     if accelerator.is_main_process:
         _write_ensemble(out, results, members, run_dirs)
-    return results
+    return results.results
 
 
 def _ensemble_out(run_dirs: Sequence[Path], out_dir: str | Path | None) -> Path:
@@ -121,7 +120,7 @@ def _evaluate_members(runs: Sequence[SavedRun], accelerator: Accelerator) -> dic
         preds = predict_run(run, accelerator)
         if members:
             _check_same_predictions(next(iter(members.values())).predictions, preds, run.run_dir)
-        members[label] = eval_results(preds, run.recipe.eval.ood_scores)
+        members[label] = EvalResults.from_predictions(preds, run.recipe.eval.ood_scores)
     return members
 
 
@@ -147,17 +146,18 @@ def _write_ensemble(
 ) -> None:
     """``results.json``, ``results.md`` (members and ensemble as rows) and the plots."""
     title = f"Ensemble of {len(run_dirs)}"
-    heading = f"{title}{split_suffix(results)}"
+    record = results.results
+    heading = f"{title}{split_suffix(record)}"
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / RESULTS_JSON, results.results)
-    table = markdown_table({**members, title: results})
+    write_json(out / RESULTS_JSON, record)
+    table = markdown_table({**{label: m.results for label, m in members.items()}, title: record})
     listing = "".join(f"- {label}: `{d}`\n" for label, d in zip(members, run_dirs, strict=True))
-    shift = "\n" + corruption_markdown(results) if results.get("corruptions") else ""
-    md = f"# {heading}\n\n{split_note(results)}{table}\nMembers:\n\n{listing}{shift}"
+    shift = "\n" + corruption_markdown(record) if record.get("corruptions") else ""
+    md = f"# {heading}\n\n{split_note(record)}{table}\nMembers:\n\n{listing}{shift}"
     write_text(out / RESULTS_MD, md)
     others = {label: m.predictions for label, m in members.items()}
     write_plots(out, results.predictions, heading, others, strict=False)
-    write_corruption_plot(out, results, title)
+    write_corruption_plot(out, record, title)
 
 
 def _average(log_probs: Sequence[Tensor]) -> Tensor:

@@ -20,7 +20,7 @@ from fseb_ft.evaluation.predictions import Predictions, predict_splits
 from fseb_ft.recipe import Recipe
 from fseb_ft.runs.atomic import is_not_writable
 from fseb_ft.runs.loading import load_run_model, run_predictor
-from fseb_ft.runs.report import EvalResults, eval_results, write_results
+from fseb_ft.runs.report import EvalResults, write_results
 from fseb_ft.runs.rundir import (
     MODEL_WEIGHTS,
     RECIPE_FILE,
@@ -34,9 +34,14 @@ from fseb_ft.runs.rundir import (
 )
 from fseb_ft.runs.tables import method_title
 
-__all__ = ["SavedRun", "evaluate_run", "predict_run", "read_saved_run"]
+__all__ = [
+    "SavedRun",
+    "evaluate_run",
+    "evaluate_run_with_predictions",
+    "predict_run",
+    "read_saved_run",
+]
 
-# Log lines name the command (``WARNING fseb_ft.evaluate: …``), wherever its machinery lives.
 logger = logging.getLogger(__name__)
 
 
@@ -59,19 +64,27 @@ def read_saved_run(run_dir: Path, cpu: bool, overrides: Sequence[str] = ()) -> S
 
 def evaluate_run(
     run_dir: str | Path, cpu: bool = False, overrides: Sequence[str] = ()
-) -> EvalResults:
+) -> dict[str, Any]:
     """Re-evaluate a finished run from its ``recipe.yaml``, ``run.json`` and best weights.
 
     Rewrites the run's ``results.json``, ``results.md`` and plots (keeping the ``training``
     record of the original results); a run folder that cannot be written to (read-only) keeps
     its files, with a warning. ``overrides`` (``eval.key=value``, e.g.
     ``eval.corruptions=all``) change evaluation settings of the saved recipe for this
-    evaluation only; ``recipe.yaml`` is left as it is.
+    evaluation only; ``recipe.yaml`` is left as it is. Returns ``results.json``'s record, a
+    JSON-ready dict (:func:`evaluate_run_with_predictions` also keeps the predictions).
     """
+    return evaluate_run_with_predictions(run_dir, cpu, overrides).results
+
+
+def evaluate_run_with_predictions(
+    run_dir: str | Path, cpu: bool = False, overrides: Sequence[str] = ()
+) -> EvalResults:
+    """:func:`evaluate_run`: the results with the predictions behind them."""
     run = read_saved_run(Path(run_dir), cpu, overrides)
     run_dir, recipe, info = run
     accelerator = Accelerator(cpu=cpu, mixed_precision=recipe.train.mixed_precision)
-    evaluated = eval_results(predict_run(run, accelerator), recipe.eval.ood_scores)
+    evaluated = EvalResults.from_predictions(predict_run(run, accelerator), recipe.eval.ood_scores)
     previous = run_dir / RESULTS_JSON
     if previous.exists():
         training = read_json(previous).get("training")
@@ -89,7 +102,7 @@ def evaluate_run(
 def _rewrite_results(run_dir: Path, results: EvalResults, title: str) -> None:
     """Write the results into the run; a folder the OS refuses to write to is left as it is."""
     try:
-        write_results(run_dir, results, title=title)
+        write_results(run_dir, results.results, title, results.predictions)
     except OSError as err:
         if not is_not_writable(err):
             raise

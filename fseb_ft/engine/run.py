@@ -1,10 +1,10 @@
 """One run from its recipe: data → model and objective → context → fit → evaluate → export.
 
-:func:`run` reads as those phases, each a function here. A run directory (``output.dir``)
-receives the resolved recipe, per-epoch checkpoints, the best model
+:func:`run` and :func:`run_with_predictions` read as those phases, each a function here. A run
+directory (``output.dir``) receives the resolved recipe, per-epoch checkpoints, the best model
 (``model/model.safetensors``), ``run.json`` (inputs, classes, context provenance, history) and
 ``results.json`` / ``results.md``; the commands (``fseb-ft``, ``fseb_ft.finetune(...)``, a
-sweep's trials) all train through :func:`run`.
+sweep's trials) all train through them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from accelerate import Accelerator
 from accelerate.utils import set_seed
@@ -56,7 +56,7 @@ from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.recipe import ConfigError, DatasetSpec, Recipe, dump_recipe
 from fseb_ft.recipe.datasets import IN_MEMORY
 from fseb_ft.runs.atomic import cleaned_on_failure, publish, remove_orphans, write_text
-from fseb_ft.runs.report import EvalResults, eval_results, write_results
+from fseb_ft.runs.report import EvalResults, write_results
 from fseb_ft.runs.rundir import (
     MODEL_WEIGHTS,
     RECIPE_FILE,
@@ -71,7 +71,7 @@ from fseb_ft.runs.rundir import (
 from fseb_ft.runs.tables import method_title
 from fseb_ft.runs.upload import share_run
 
-__all__ = ["RunData", "run"]
+__all__ = ["RunData", "run", "run_with_predictions"]
 
 logger = logging.getLogger("fseb_ft")
 
@@ -82,38 +82,35 @@ def run(
     *,
     callbacks: Sequence[Callback] = (),
     evaluate_test: bool = True,
-) -> Mapping[str, Any]:
+) -> dict[str, Any]:
     """Train, select on validation, evaluate on test and OOD sets; return the results.
 
     ``splits`` replaces the datasets named in ``recipe.data`` (the Python API passes its own).
     ``callbacks`` run after the built-in ones (:mod:`fseb_ft.engine.callbacks`; a sweep's pruner
     is one). Without ``data.test`` the results are the validation split's (``results.json``:
-    ``"split": "validation"``). ``evaluate_test=False`` stops after training (recipe,
-    ``run.json`` with the history, checkpoints and best weights): no test, OOD or corruption
-    predictions, results files or model folder; the results are a dict holding only
-    ``training``. Evaluated, they are an :class:`~fseb_ft.runs.report.EvalResults`: the record of
-    ``results.json``, read as a mapping, and its predictions.
+    ``"split": "validation"``). The results are ``results.json``'s record, a JSON-ready dict
+    (:func:`run_with_predictions` also keeps the predictions behind it).
+    ``evaluate_test=False`` stops after training (recipe, ``run.json`` with the history,
+    checkpoints and best weights): no test, OOD or corruption predictions, results files or
+    model folder; the results hold only ``training``.
     """
-    run_dir = Path(recipe.output.dir)
-    check_output_dir(run_dir)
-    check_resumable(recipe, run_dir)
-    if splits is None:  # the data first: a mistake in it stops the run before anything is written
-        splits = build_splits(recipe.data, recipe.train.seed)
-    _require_two_classes(recipe.data.train, splits.train)
-    accelerator, warned = _start(recipe, run_dir)
-    data = _data(recipe, splits, accelerator)
-    warned += _warn(accelerator, data.warnings)
-    parts, spec, val_ood_loaders = _model_and_objective(recipe, data, accelerator)
-    parts, prior = _context(recipe, data, spec, parts)
-    run_info = _record_start(recipe, data, spec, parts, prior, warned)
-    state = _fit(recipe, parts, val_ood_loaders, callbacks)
-    _load_best(parts, run_dir)
-    training = _training(recipe, state, warned)
-    results: Mapping[str, Any] = {"training": training}
     if evaluate_test:
-        results = _evaluate(recipe, data.splits, spec, parts).extended(training=training)
-    _export(recipe, parts, run_info, results, evaluate_test)
-    return results
+        return run_with_predictions(recipe, splits, callbacks=callbacks).results
+    trained = _train(recipe, splits, callbacks)
+    _export(recipe, trained, None)
+    return {"training": trained.training}
+
+
+def run_with_predictions(
+    recipe: Recipe, splits: Splits | None = None, *, callbacks: Sequence[Callback] = ()
+) -> EvalResults:
+    """:func:`run`, evaluated: its results with the predictions behind them (to draw them beside
+    another run's, as ``--compare`` does)."""
+    trained = _train(recipe, splits, callbacks)
+    evaluated = _evaluate(recipe, trained.splits, trained.spec, trained.parts)
+    evaluated = evaluated.extended(training=trained.training)
+    _export(recipe, trained, evaluated)
+    return evaluated
 
 
 @dataclass(frozen=True)
@@ -131,6 +128,36 @@ class RunData:
     """Unreadable images left out (``data.bad_images: skip``), by recipe key."""
     warnings: list[str]
     """What the labels make doubtful (a class without images, …)."""
+
+
+class _Trained(NamedTuple):
+    """A run once trained, its best weights loaded: what its evaluation and export need."""
+
+    parts: Prepared
+    splits: Splits
+    spec: InputSpec
+    run_info: RunInfo
+    training: dict[str, Any]
+    """The training record of ``results.json`` and ``run.json``."""
+
+
+def _train(recipe: Recipe, splits: Splits | None, callbacks: Sequence[Callback]) -> _Trained:
+    """The phases up to the best weights: data → model and objective → context → fit."""
+    run_dir = Path(recipe.output.dir)
+    check_output_dir(run_dir)
+    check_resumable(recipe, run_dir)
+    if splits is None:  # the data first: a mistake in it stops the run before anything is written
+        splits = build_splits(recipe.data, recipe.train.seed)
+    _require_two_classes(recipe.data.train, splits.train)
+    accelerator, warned = _start(recipe, run_dir)
+    data = _data(recipe, splits, accelerator)
+    warned += _warn(accelerator, data.warnings)
+    parts, spec, val_ood_loaders = _model_and_objective(recipe, data, accelerator)
+    parts, prior = _context(recipe, data, spec, parts)
+    run_info = _record_start(recipe, data, spec, parts, prior, warned)
+    state = _fit(recipe, parts, val_ood_loaders, callbacks)
+    _load_best(parts, run_dir)
+    return _Trained(parts, data.splits, spec, run_info, _training(recipe, state, warned))
 
 
 def _start(recipe: Recipe, run_dir: Path) -> tuple[Accelerator, list[str]]:
@@ -309,7 +336,7 @@ def _evaluate(recipe: Recipe, splits: Splits, spec: InputSpec, parts: Prepared) 
         parts.accelerator,
         **_loader_kw(recipe),
     )
-    return eval_results(predictions, recipe.eval.ood_scores)
+    return EvalResults.from_predictions(predictions, recipe.eval.ood_scores)
 
 
 def _training(recipe: Recipe, state: TrainState, warned: list[str]) -> dict[str, Any]:
@@ -325,27 +352,22 @@ def _training(recipe: Recipe, state: TrainState, warned: list[str]) -> dict[str,
     }
 
 
-def _export(
-    recipe: Recipe,
-    parts: Prepared,
-    run_info: RunInfo,
-    results: Mapping[str, Any],
-    evaluate_test: bool,
-) -> None:
-    """``run.json`` with the training record; with ``evaluate_test`` the results files and the
-    model folder (pushed if ``output.push_to_hub``)."""
-    accelerator, run_dir = parts.accelerator, Path(recipe.output.dir)
+def _export(recipe: Recipe, trained: _Trained, evaluated: EvalResults | None) -> None:
+    """``run.json`` with the training record; with the results (``evaluated``) the results files
+    and the model folder (pushed if ``output.push_to_hub``)."""
+    accelerator, run_dir = trained.parts.accelerator, Path(recipe.output.dir)
     if accelerator.is_main_process:
         # run.json before results.json: a results file marks a finished run, so a kill between
         # the two must not leave one whose run.json lacks its training record.
-        run_info.training = results["training"]
-        write_json(run_dir / RUN_INFO_FILE, run_info.to_json())
-        if evaluate_test:
-            write_results(run_dir, results, title=method_title(recipe))
+        trained.run_info.training = trained.training
+        write_json(run_dir / RUN_INFO_FILE, trained.run_info.to_json())
+        if evaluated is not None:
+            title = method_title(recipe)
+            write_results(run_dir, evaluated.results, title, evaluated.predictions)
             # RUN_DIR/model/ (timm's Hub format + card), pushed if output.push_to_hub; a disk
             # error there is logged with its retry command, not raised: the results are written.
-            model = accelerator.unwrap_model(parts.objective.model)
-            share_run(model, run_dir, recipe, run_info, results)
+            model = accelerator.unwrap_model(trained.parts.objective.model)
+            share_run(model, run_dir, recipe, trained.run_info, evaluated.results)
     accelerator.end_training()
 
 

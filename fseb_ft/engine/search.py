@@ -406,6 +406,6 @@ def _evaluate_winner(folder: Path, cpu: bool) -> dict[str, Any] | None:
         return None
     if (folder / RESULTS_JSON).is_file():  # evaluated by an earlier invocation of the sweep
         return read_json(folder / RESULTS_JSON)
-    results = dict(evaluate_run(folder, cpu=cpu))
+    results = evaluate_run(folder, cpu=cpu)
     export_run(folder)
     return results

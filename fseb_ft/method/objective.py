@@ -25,22 +25,23 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as nnf
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from fseb_ft.method import predictive
 from fseb_ft.method.fsvi import function_kl
-from fseb_ft.method.predictive import unwrap_model
+from fseb_ft.method.posterior import posterior, predictive, unwrap_model
 from fseb_ft.method.regularizer import function_space_term, parameter_term
 from fseb_ft.method.variational import context_moments
 from fseb_ft.recipe import FSEBConfig
 from fseb_ft.recipe.schema import build
 
 __all__ = ["FSEBObjective", "FeatureFn", "timm_features"]
+
+_Class = TypeVar("_Class", bound=type)
 
 FeatureFn = Callable[[nn.Module, Tensor], Tensor]
 """``feature_fn(prior_model, x) -> (M, D)`` penultimate features of φ0 at ``x``."""
@@ -78,6 +79,32 @@ def _checked_config(config: FSEBConfig | None, overrides: Mapping[str, Any]) -> 
     return build(FSEBConfig, {**given, **overrides})
 
 
+def _config_attribute(name: str) -> property:
+    """``objective.<name>``: ``objective.config.<name>``; setting it is refused, with the way."""
+
+    def read(self: FSEBObjective) -> Any:
+        return getattr(self.config, name)
+
+    def refuse(self: FSEBObjective, value: Any) -> None:
+        raise AttributeError(
+            f"FSEBObjective.{name} is its config's (fseb.{name}), fixed at construction: build "
+            f"a new FSEBObjective(model, num_train, config, {name}={value!r})"
+        )
+
+    return property(read, refuse, doc=f"``config.{name}``: the recipe's ``fseb.{name}``.")
+
+
+def _config_attributes(cls: _Class) -> _Class:
+    """``cls`` with every FSEBConfig field as a read-only attribute, as when the constructor
+    took them one by one; but s and d of Kc, which are the objective's own attributes (set per
+    run by ``set_prior_covariance``)."""
+    for field in dataclasses.fields(FSEBConfig):
+        if field.name not in ("prior_cov_scale", "prior_cov_diag"):
+            setattr(cls, field.name, _config_attribute(field.name))
+    return cls
+
+
+@_config_attributes
 class FSEBObjective(nn.Module):
     """FS-EB (or, with ``reg_scale = 0``, PS-MAP; with ``method="fsvi"``, FS-VI) loss for a
     classifier.
@@ -89,7 +116,9 @@ class FSEBObjective(nn.Module):
     The hyper-parameters are a recipe's ``fseb`` section, :class:`~fseb_ft.recipe.FSEBConfig`
     (docs/recipes.md): its defaults, its rules, its meanings. Give them as ``config``, as
     keywords (``FSEBObjective(model, n, reg_scale=0.0, prior_var=0.1)``), or both (the keywords
-    win); they are validated once, as a recipe's are, and kept as :attr:`config`.
+    win); they are validated once, as a recipe's are, and kept as :attr:`config`. Each field
+    also reads as an attribute (``objective.reg_scale``, ``objective.solver``, …), read-only:
+    a change of hyper-parameters is a new objective.
     With ``prior_std`` set, s and d of ``Kc`` are ``None`` until :meth:`set_prior_covariance`
     gives them (``fseb_ft.method.context.resolve_prior_on_pool`` resolves them per run).
 
@@ -131,7 +160,7 @@ class FSEBObjective(nn.Module):
         self.prior_cov_scale = self.config.prior_cov_scale
         self.prior_cov_diag = self.config.prior_cov_diag
         base = unwrap_model(model)
-        self.variational = predictive.posterior(base, self.config)
+        self.variational = posterior(base, self.config)
         self.feature_fn = feature_fn or _timm_feature_fn(base)
         self.prior = _frozen(copy.deepcopy(base) if prior is None else prior)
         self._anchor_names = _anchor_names(base, self.prior, self.config.param_anchor)
@@ -148,11 +177,6 @@ class FSEBObjective(nn.Module):
     ) -> FSEBObjective:
         """The objective a recipe's ``fseb`` section describes: ``cls(model, num_train, cfg)``."""
         return cls(model, num_train, cfg, prior=prior, feature_fn=feature_fn)
-
-    @property
-    def reg_scale(self) -> float:
-        """The weight of ``R_f`` (FS-VI: of the KL), ``config.reg_scale``; 0 is PS-MAP."""
-        return self.config.reg_scale
 
     def set_prior_covariance(self, scale: float, diag: float) -> None:
         """Use ``Kc = scale · (H Hᵀ + 1 1ᵀ) + diag · I`` from now on (e.g. s and d resolved from
@@ -193,10 +217,10 @@ class FSEBObjective(nn.Module):
         return [p for p in self.model.parameters() if p.requires_grad]
 
     def predictor(self, seed: int = 0) -> nn.Module:
-        """The model to predict with (:func:`fseb_ft.method.predictive.predictor`): the network
+        """The model to predict with (:func:`fseb_ft.method.posterior.predictive`): the network
         itself, or FS-VI's Monte-Carlo predictive (``fsvi_predict_samples`` draws seeded by
         ``seed``) whose outputs are the log-probabilities of the averaged prediction."""
-        return predictive.predictor(self.model, self.variational, self.config, seed)
+        return predictive(self.model, self.variational, self.config, seed)
 
     def method_state(self) -> dict[str, Tensor]:
         """The tensors the method keeps beside the network's weights, to save with them: FS-VI's

@@ -35,7 +35,7 @@ from fseb_ft.data.transforms import eval_transform, make_loader
 from fseb_ft.errors import FsebError
 from fseb_ft.evaluation.abstention import AbstentionRule
 from fseb_ft.method.models import create_model
-from fseb_ft.method.predictive import posterior, predictor
+from fseb_ft.method.posterior import posterior, predictive
 from fseb_ft.recipe import DatasetSpec, Recipe
 from fseb_ft.recipe.datasets import IN_MEMORY
 from fseb_ft.recipe.schema import build
@@ -60,7 +60,7 @@ __all__ = [
     "gather_inputs",
     "load_model",
     "load_run_model",
-    "predict_logits",
+    "logits_and_read_errors",
     "run_predictor",
     "validation_split",
 ]
@@ -179,7 +179,7 @@ def run_predictor(run_dir: Path, recipe: Recipe, model: nn.Module) -> nn.Module:
     Monte-Carlo predictive of q(θ) = N(μ, diag(σ²)), μ = ``model``'s weights and σ the state
     saved beside them (:func:`~fseb_ft.runs.rundir.read_method_state`), with the run's
     ``fsvi_predict_samples`` draws seeded by ``train.seed``: built by
-    :func:`fseb_ft.method.predictive.predictor` as training built the predictor it scored the
+    :func:`fseb_ft.method.posterior.predictive` as training built the predictor it scored the
     test split with, draw for draw.
 
     ``model`` may already be on its device (the draws are made where its parameters are).
@@ -190,7 +190,7 @@ def run_predictor(run_dir: Path, recipe: Recipe, model: nn.Module) -> nn.Module:
     q = posterior(model, recipe.fseb)
     if q is not None:
         q.load_stds(read_method_state(run_dir))
-    return predictor(model, q, recipe.fseb, recipe.train.seed)
+    return predictive(model, q, recipe.fseb, recipe.train.seed)
 
 
 def _load_folder(folder: Path) -> LoadedModel:
@@ -299,7 +299,7 @@ def gather_inputs(
 
 
 @torch.no_grad()
-def predict_logits(
+def logits_and_read_errors(
     net: nn.Module,
     inputs: ImageInputs,
     loaded: LoadedModel,
@@ -309,7 +309,11 @@ def predict_logits(
     num_workers: int,
     progress: bool,
 ) -> tuple[Tensor, list[str]]:
-    """Float32 logits (N, K) on CPU in input order, and each input's read error ("" if none)."""
+    """``net`` (``loaded``'s network, on ``device``) run over the images' ``inputs``: float32
+    logits (N, K) on CPU in input order, and each input's read error ("" if none; an unreadable
+    image's row is the logits of zeros, to be left out). Not
+    :func:`fseb_ft.evaluation.predictions.predict_logits`, which scores a labelled split's loader.
+    """
     loader = make_loader(inputs, batch_size, shuffle=False, num_workers=num_workers)
     logits, errors = [], []
     with tqdm(total=len(inputs), desc=desc, unit="img", disable=not progress) as bar:

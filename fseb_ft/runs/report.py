@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,12 +56,12 @@ logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class EvalResults(Mapping[str, Any]):
+class EvalResults:
     """An evaluation: its results record and the predictions it was computed from.
 
-    It reads as that record (``results["test"]``, ``dict(results)``, ``==`` with a mapping),
-    which is what ``results.json`` holds; being no dict, it is written as ``dict(results)``. The
-    predictions are kept to draw figures without predicting again, and are never written.
+    The commands and the Python API return ``results`` alone, a plain JSON-ready dict (what
+    ``results.json`` holds); this record keeps the predictions beside it for the code that draws
+    figures or averages an ensemble without predicting again.
     """
 
     results: dict[str, Any]
@@ -71,17 +71,12 @@ class EvalResults(Mapping[str, Any]):
     predictions: Predictions = dataclasses.field(repr=False)
     """The test (or validation), OOD and corruption predictions behind ``results``."""
 
-    def __getitem__(self, key: str) -> Any:
-        """The record's ``key``."""
-        return self.results[key]
-
-    def __iter__(self) -> Iterator[str]:
-        """The record's keys, in ``results.json``'s order."""
-        return iter(self.results)
-
-    def __len__(self) -> int:
-        """The number of the record's keys."""
-        return len(self.results)
+    @classmethod
+    def from_predictions(
+        cls, predictions: Predictions, ood_scores: Sequence[str] = ("entropy",)
+    ) -> EvalResults:
+        """The metrics of ``predictions`` (:func:`eval_results`), with them."""
+        return cls(eval_results(predictions, ood_scores), predictions)
 
     def extended(self, **entries: Any) -> EvalResults:
         """These results with ``entries`` after the record's own keys (``results.json``'s order)."""
@@ -155,9 +150,9 @@ def write_results(
 ) -> None:
     """Write ``results.json`` (machines), ``results.md`` (people) and the plots into ``run_dir``.
 
-    ``predictions`` (default: ``results.predictions`` when ``results`` is an
-    :class:`EvalResults`) are drawn with :func:`write_plots` (``strict=False``: a figure that
-    fails is logged as a warning, after the results are written).
+    ``predictions``, those behind ``results`` (an :class:`EvalResults`' own), are drawn with
+    :func:`write_plots` (``strict=False``: a figure that fails is logged as a warning, after the
+    results are written).
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -168,8 +163,6 @@ def write_results(
     if results.get("corruptions"):
         md += "\n" + corruption_markdown(results)
     write_text(run_dir / RESULTS_MD, md)
-    if predictions is None and isinstance(results, EvalResults):
-        predictions = results.predictions
     if predictions is not None:
         write_plots(run_dir, predictions, heading, strict=False)
     write_corruption_plot(run_dir, results, title)
@@ -249,8 +242,10 @@ def write_comparison_plots(
     )
 
 
-def eval_results(predictions: Predictions, ood_scores: Sequence[str] = ("entropy",)) -> EvalResults:
-    """The metrics of ``predictions`` (:func:`evaluate_predictions`), carrying them.
+def eval_results(
+    predictions: Predictions, ood_scores: Sequence[str] = ("entropy",)
+) -> dict[str, Any]:
+    """The results record of ``predictions``: their metrics (:func:`evaluate_predictions`).
 
     Predictions with validation logits (``eval.temperature_scaling``) also get
     ``temperature_scaled`` (:func:`temperature_scaled_results`). ``RESULTS_SPLIT`` (first) names
@@ -267,7 +262,7 @@ def eval_results(predictions: Predictions, ood_scores: Sequence[str] = ("entropy
     )
     if predictions.val is not None:
         results["temperature_scaled"] = temperature_scaled_results(predictions, ood_scores)
-    return EvalResults(results, predictions)
+    return results
 
 
 def temperature_scaled_results(

@@ -26,7 +26,7 @@ from fseb_ft.runs.loading import (
     ImageInputs,
     LoadedModel,
     first_line,
-    predict_logits,
+    logits_and_read_errors,
     validation_split,
 )
 from fseb_ft.runs.rundir import (
@@ -112,7 +112,7 @@ def validation_confidence(
         logits, labels = cached  # (N_v, K), (N_v,)
     else:
         val = validation_split(loaded.recipe, loaded.info)
-        logits, errors = predict_logits(
+        logits, errors = logits_and_read_errors(
             loaded.model, ImageInputs(None, val, loaded), loaded, device, "validation", **loader_kw
         )
         bad = [e for e in errors if e]

@@ -1,11 +1,12 @@
-"""What a trained network predicts with: the network itself, or FS-VI's Monte-Carlo predictive.
+"""The posterior over the weights and its predictive: what a trained network predicts with.
 
-FS-EB and PS-MAP are MAP estimates: the network at its weights is the predictor. FS-VI's
-predictor is the Monte-Carlo predictive of ``q(θ) = N(μ, diag(σ²))``, μ the network's weights,
-``fsvi_predict_samples`` draws seeded by the run's seed (docs/method.md, "FS-VI"). Training
+FS-EB and PS-MAP are MAP estimates: their posterior is the network's weights, and the network
+itself is the predictive. FS-VI's posterior is ``q(θ) = N(μ, diag(σ²))``, μ the network's
+weights, and its predictive the Monte-Carlo average of ``fsvi_predict_samples`` draws seeded by
+the run's seed (docs/method.md, "FS-VI"). Training
 (:meth:`fseb_ft.method.objective.FSEBObjective.predictor`) and a saved run
-(:func:`fseb_ft.runs.loading.run_predictor`) both build q with :func:`posterior` and the predictor
-with :func:`predictor`, so the test split is scored by the same draws either way.
+(:func:`fseb_ft.runs.loading.run_predictor`) both build q with :func:`posterior` and the
+predictive with :func:`predictive`, so the test split is scored by the same draws either way.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from torch import nn
 from fseb_ft.method.variational import MCPredictive, MeanFieldGaussian, variance_parameters
 from fseb_ft.recipe import FSEBConfig
 
-__all__ = ["posterior", "predictor", "unwrap_model"]
+__all__ = ["posterior", "predictive", "unwrap_model"]
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -40,7 +41,7 @@ def posterior(model: nn.Module, fseb: FSEBConfig) -> MeanFieldGaussian | None:
     return MeanFieldGaussian(params, fseb.fsvi_init_std)
 
 
-def predictor(
+def predictive(
     model: nn.Module, q: MeanFieldGaussian | None, fseb: FSEBConfig, seed: int
 ) -> nn.Module:
     """What ``model`` predicts with: itself without q; else the

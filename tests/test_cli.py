@@ -7,10 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 import fseb_ft
 from fseb_ft import cli
 from fseb_ft import finetune as finetune_module
+from fseb_ft.evaluation.predictions import Predictions
+from fseb_ft.runs.report import EvalResults
 
 QUICKSTART = Path(__file__).parents[1] / "recipes" / "quickstart.yaml"
 
@@ -85,12 +88,14 @@ def test_compare_reads_the_recipe_once_and_differs_only_in_reg_scale(
         finetune_module, "load_recipe", lambda *a, **k: reads.append(a) or load(*a, **k)
     )
 
-    def fake_run(recipe: Any) -> dict[str, Any]:
+    def fake_run(recipe: Any) -> EvalResults:
         runs.append(recipe)
         Path(recipe.output.dir).mkdir(parents=True)
-        return {"test": {"accuracy": 1.0}, "ood": {}, "training": {"seconds": 1.0}}
+        results = {"test": {"accuracy": 1.0}, "ood": {}, "training": {"seconds": 1.0}}
+        uniform = torch.full((4, 3), 1 / 3).log()  # (4, 3)
+        return EvalResults(results, Predictions(test=(uniform, torch.tensor([0, 1, 2, 0]))))
 
-    monkeypatch.setattr(finetune_module, "run", fake_run)
+    monkeypatch.setattr(finetune_module, "run_with_predictions", fake_run)
     # None: the console-script wrapper hands the return value to sys.exit (a dict exits 1).
     assert (
         cli.main([str(QUICKSTART), "--compare", f"output.dir={tmp_path}", "train.epochs=1"]) is None

@@ -238,8 +238,8 @@ class Trainer:
         """Register what Accelerate checkpoints beside the prepared objects; load the latest
         checkpoint (``train.resume: auto``) with the callbacks' states; measure ‖θ‖ at start."""
         self.accelerator.register_for_checkpointing(self.parts.scheduler)
-        if self.objective.variational is not None:  # FS-VI's ρ: not part of the prepared model
-            self.accelerator.register_for_checkpointing(self.objective.variational)
+        for module in self.objective.checkpointed_modules():
+            self.accelerator.register_for_checkpointing(module)
         checkpoint = latest_checkpoint(self.run_dir) if self.config.resume == "auto" else None
         if checkpoint is not None:
             self.accelerator.load_state(str(checkpoint))

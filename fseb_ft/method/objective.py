@@ -232,6 +232,11 @@ class FSEBObjective(nn.Module):
         if self.variational is not None:
             self.variational.load_stds(state)
 
+    def checkpointed_modules(self) -> list[nn.Module]:
+        """Trainable modules outside the prepared network that a training checkpoint must hold
+        to resume exactly (FS-VI's ρ); none for FS-EB and PS-MAP."""
+        return [] if self.variational is None else [self.variational]
+
     @property
     def method_state_name(self) -> str:
         """What :meth:`method_state` holds, as an error writing it names it."""

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 import fseb_ft.engine.resume as resume_module
 import fseb_ft.evaluate as evaluate_module
@@ -25,7 +26,9 @@ import fseb_ft.finetune as finetune_module
 import fseb_ft.predict as predict_module
 import fseb_ft.sweep as sweep_module
 from fseb_ft import cli
+from fseb_ft.evaluation.predictions import Predictions
 from fseb_ft.recipe import dump_recipe
+from fseb_ft.runs.report import EvalResults
 from fseb_ft.runs.rundir import RECIPE_FILE, TRAINER_STATE, checkpoint_name
 
 ROOT = Path(__file__).parents[1]
@@ -54,6 +57,12 @@ def _fake_run(recipe: Any, **_: Any) -> dict[str, Any]:
     return {"test": {"accuracy": 1.0}, "ood": {}, "training": {"seconds": 1.0}}
 
 
+def _fake_evaluated(recipe: Any, **kwargs: Any) -> EvalResults:
+    """:func:`_fake_run` with the predictions ``--compare`` draws its figures from."""
+    uniform = torch.full((4, 3), 1 / 3).log()  # (4, 3)
+    return EvalResults(_fake_run(recipe), Predictions(test=(uniform, torch.tensor([0, 1, 2, 0]))))
+
+
 class Session:
     """A shell in a fresh clone: the commands a line runs, and what each read."""
 
@@ -62,6 +71,7 @@ class Session:
         self.read: list[Path] = []
         monkeypatch.chdir(folder)
         monkeypatch.setattr(finetune_module, "run", _fake_run)
+        monkeypatch.setattr(finetune_module, "run_with_predictions", _fake_evaluated)
         monkeypatch.setattr(evaluate_module, "evaluate_run", self._evaluate)
         monkeypatch.setattr(evaluate_module, "evaluate_ensemble", self._ensemble)
         monkeypatch.setattr(sweep_module, "sweep", self._sweep)

@@ -13,6 +13,7 @@ This module takes plain arguments; of fseb_ft it imports only :mod:`fseb_ft.data
 from __future__ import annotations
 
 import hashlib
+import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -51,6 +52,12 @@ class LabeledImages(Dataset):
     class_names: list[str]
     identity: str
     channels: int
+    groups: np.ndarray | None = None
+    """The group of each sample (a patient, say), (N,), when the source names one; subsets
+    (:class:`IndexedImages`) keep their samples' groups."""
+    metadata: Mapping[str, np.ndarray] = types.MappingProxyType({})
+    """Per-sample values by column name, each (N,), when the source keeps some; subsets keep
+    their samples' values."""
 
     def __len__(self) -> int:
         """Number of samples."""
@@ -206,6 +213,8 @@ class IndexedImages(LabeledImages):
         self.labels = base.labels[indices]  # (M,)
         self.class_names = list(base.class_names)
         self.channels = base.channels
+        self.groups = None if base.groups is None else base.groups[indices]  # (M,)
+        self.metadata = {name: values[indices] for name, values in base.metadata.items()}
         self.identity = f"{base.identity}|subset:{len(indices)}#{content_hash(indices)}"
 
     def _read(self, index: int) -> np.ndarray:

@@ -31,22 +31,42 @@ class DatasetSpec:
     """``hub``: an HF Hub dataset id; ``imagefolder``: ``path/<split>/<class>/*.jpg``;
     ``disk``: a ``save_to_disk`` folder; ``arrays``: an ``.npz`` with ``images``/``labels``;
     ``idx``: MNIST-style ``{split}-images-idx3-ubyte.gz`` files in ``path``;
-    ``sklearn_digits``: scikit-learn's 8×8 digits (no download)."""
+    ``sklearn_digits``: scikit-learn's 8×8 digits (no download); ``csv``: a label file (CSV,
+    ``.tsv``, ``.parquet``) with one row per image file, e.g. a Kaggle task's ``DIR/train.csv``
+    next to ``DIR/train_images/``."""
     path: str = ""
     """Hub id, directory or file, by ``source`` (unused for ``sklearn_digits``)."""
     split: str = "train"
-    """Split name (``train``, ``test``, ``validation``; ``t10k`` for MNIST-style IDX files)."""
+    """Split name (``train``, ``test``, ``validation``; ``t10k`` for MNIST-style IDX files;
+    unused for ``csv``, whose file is one split)."""
     revision: str | None = None
     """Hub revision (tag, branch or commit) to pin a ``hub`` dataset."""
     config: str | None = None
     """The configuration (subset) of a ``hub`` dataset that has several, the ``name`` argument
     of ``datasets.load_dataset`` (e.g. ``plain_text``); ``null``: its only or default one."""
     image_column: str = "image"
-    """Column holding the image (HF sources)."""
+    """Column holding the image (HF sources); for ``csv``, the column holding each image's file
+    name relative to ``image_dir`` (or an id that ``image_pattern`` makes one): ``file_name``
+    for a ``datasets`` imagefolder ``metadata.csv`` (``path: DIR/metadata.csv``)."""
     label_column: str = "label"
-    """Column holding the integer class label (HF sources)."""
-    classes: tuple[int, ...] | None = None
-    """Keep only these original labels, relabelled 0..len-1 in this order (``None``: all)."""
+    """Column holding the integer class label (HF sources); for ``csv``, the class of each row:
+    integers (class indices) or names."""
+    image_dir: str | None = None
+    """``csv``: the folder of the image files, relative to the label file's folder unless
+    absolute; ``null``: the label file's folder."""
+    image_pattern: str | None = None
+    """``csv``: turns the image column's id into a file name, ``{}`` standing for the id (e.g.
+    ``"{}.png"`` for APTOS' ``id_code``); ``null``: the column holds file names."""
+    group_column: str | None = None
+    """``csv``: a column naming each image's group (a patient), kept with every image."""
+    metadata_columns: tuple[str, ...] = ()
+    """``csv``: further columns kept with every image, as strings (empty cells allowed)."""
+    classes: tuple[int | str, ...] | None = None
+    """Keep only these original labels, relabelled 0..len-1 in this order (``None``: all). For
+    ``csv`` it is the list of classes, in label order: integer labels or class names; a row
+    whose label is not listed stops the load (a listed class without rows stays, empty).
+    Without it, a ``csv`` file's integer labels are the class indices and its names are
+    sorted."""
     limit: int | None = None
     """Use a seeded random subset of at most this many images (quick runs)."""
     fraction: float | None = None
@@ -62,6 +82,25 @@ class DatasetSpec:
             "config",
             self.config,
             f"applies to source hub only, not {self.source}",
+        )
+        for key in ("image_dir", "image_pattern", "group_column", "metadata_columns"):
+            check(
+                self.source == "csv" or not getattr(self, key),
+                key,
+                getattr(self, key),
+                f"applies to source csv only, not {self.source}",
+            )
+        check(
+            self.image_pattern is None or self.image_pattern.count("{}") == 1,
+            "image_pattern",
+            self.image_pattern,
+            "must hold {} once, where the image column's id goes (e.g. '{}.png')",
+        )
+        check(
+            self.source == "csv" or all(isinstance(c, int) for c in self.classes or ()),
+            "classes",
+            self.classes,
+            f"must be integer labels for source {self.source} (class names: source csv only)",
         )
         check(self.limit is None or self.limit > 0, "limit", self.limit, "must be > 0 or null")
         check(

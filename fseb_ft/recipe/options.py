@@ -38,7 +38,7 @@ HEAD_INITS = ("auto", "timm", "zeros")
 BAD_IMAGES = ("stop", "skip")
 """What a run does with images found unreadable before training (``data.bad_images``)."""
 
-SOURCES = ("hub", "imagefolder", "disk", "arrays", "idx", "sklearn_digits")
+SOURCES = ("hub", "imagefolder", "disk", "arrays", "idx", "sklearn_digits", "csv")
 """Dataset sources (``DatasetSpec.source``)."""
 
 OOD_SCORES = ("entropy", "msp", "max_logit", "energy")

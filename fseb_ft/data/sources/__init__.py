@@ -4,12 +4,12 @@
 One module per source, each registering its loader by name (:func:`~.registry.source`): a
 Hugging Face Hub id (:mod:`.hub`), an image folder (:mod:`.imagefolder`), a ``save_to_disk``
 folder (:mod:`.disk`), ``.npz`` arrays (:mod:`.arrays`), IDX gzip files, MNIST-style
-(:mod:`.idx`) and scikit-learn's digits (:mod:`.sklearn_digits`). Importing a source module
-registers it: a new source is its module, its name in the one import line of source modules
-below, and its name in :data:`fseb_ft.recipe.options.SOURCES`, which a test holds equal to the
-registry. A source's own functions are imported from its module
-(``from fseb_ft.data.sources.imagefolder import load_imagefolder``); this package re-exports
-none of them.
+(:mod:`.idx`), scikit-learn's digits (:mod:`.sklearn_digits`) and a label file of image file
+names (:mod:`.csv`). Importing a source module registers it: a new source is its module, its
+name in the one import line of source modules below, and its name in
+:data:`fseb_ft.recipe.options.SOURCES`, which a test holds equal to the registry. A source's
+own functions are imported from its module (``from fseb_ft.data.sources.imagefolder import
+load_imagefolder``); this package re-exports none of them.
 
 :func:`load_spec` maps one recipe :class:`~fseb_ft.recipe.DatasetSpec` onto its source and
 :func:`build_splits` a whole ``data`` section; this is the only data package that reads the
@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from fseb_ft.data.images import IndexedImages, LabeledImages
-from fseb_ft.data.sources import arrays, disk, hub, idx, imagefolder, sklearn_digits  # noqa: F401
+from fseb_ft.data.sources import arrays, csv, disk, hub, idx, imagefolder, sklearn_digits  # noqa: F401
 from fseb_ft.data.sources.registry import find_source, source
 from fseb_ft.data.splits import Splits, select_classes, stratified_split
 from fseb_ft.errors import FsebError

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from fseb_ft.data.files import FileImages
 from fseb_ft.data.images import nonempty
@@ -81,6 +80,8 @@ def read_table(path: str | Path) -> LabelTable:
     data = path.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     if path.suffix.lower() in PARQUET_SUFFIXES:
+        import pyarrow.parquet as pq  # only for parquet label files
+
         table = pq.read_table(io.BytesIO(data))
         columns = [table.column(name).to_pylist() for name in table.column_names]
         rows = [["" if v is None else str(v) for v in row] for row in zip(*columns, strict=True)]

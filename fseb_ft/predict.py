@@ -135,42 +135,22 @@ def predict_images(
     _check_arguments(coverage, max_risk, threshold, top_k, ood, temperature)
     fmt = output_format(out, fmt)
     images = [images] if isinstance(images, str | Path) else list(images)
-    loaded = model if isinstance(model, LoadedModel) else load_model(model)
-    if keep and loaded.run_dir is None:
-        raise FsebError(
-            f"--keep stores the threshold in a run folder ({ABSTENTION_FILE}), and MODEL is "
-            f"{loaded.where}: predict with the run folder, or leave out --keep"
-        )
-    ood = ood or loaded.default_ood_score
-    temp = loaded.temperature if temperature is None else float(temperature)
-    run_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    net = loaded.model.to(run_device).eval()
-    loader_kw = {"batch_size": batch_size, "num_workers": num_workers, "progress": progress}
-
+    loaded = _loaded(model, keep)
+    call = _Call(
+        temperature=loaded.temperature if temperature is None else float(temperature),
+        ood=ood or loaded.default_ood_score,
+        top_k=top_k,
+        device=torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")),
+        loader_kw={"batch_size": batch_size, "num_workers": num_workers, "progress": progress},
+    )
     inputs, names, labels, skipped = gather_inputs(loaded, images, dataset)
-    rule = choose_rule(loaded, temp, coverage, max_risk, threshold, run_device, loader_kw)
-    logits, errors = logits_and_read_errors(net, inputs, loaded, run_device, "predict", **loader_kw)
-    readable = [i for i, err in enumerate(errors) if not err]
-    unreadable = [f"{names[i]}: {errors[i]}" for i in range(len(names)) if errors[i]]
-    if not readable:
-        raise ValueError(f"none of the {len(names)} images could be read: {unreadable[0]}")
-    rows = image_rows(
-        [names[i] for i in readable],
-        None if labels is None else [labels[i] for i in readable],
-        logits[readable], temp, rule.log_odds_threshold, ood, loaded.class_names, top_k,
-    )  # fmt: skip
-    meta = {
-        "model": loaded.where,
-        "temperature": temp,
-        "warnings": _temperature_warnings(temp) if temperature is None else [],
-        "abstention": rule.to_json(),
-        "ood_score": ood,
-        "images": len(rows),
-        "abstained": sum(row["abstain"] for row in rows),
-        "unreadable": unreadable,
-        "left_out": [str(p) for p in skipped],
-        "device": str(run_device),
-    }
+    rule = choose_rule(
+        loaded, call.temperature, coverage, max_risk, threshold, call.device, call.loader_kw
+    )
+    rows, unreadable = _rows(loaded, call, rule, inputs, names, labels)
+    # A temperature the caller chose is not the fit's, so its range says nothing of it.
+    warnings = _temperature_warnings(call.temperature) if temperature is None else []
+    meta = _meta(loaded, call, rule, warnings, rows, unreadable, skipped)
     if labels is not None:
         meta["accuracy_accepted"] = accuracy([r for r in rows if not r["abstain"]])
         meta["accuracy_all"] = accuracy(rows)
@@ -179,6 +159,88 @@ def predict_images(
     if out is not None:
         write_predictions(Path(out), fmt, rows, meta)
     return ImagePredictions(rows=rows, meta=meta)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """How one :func:`predict_images` call predicts, once its defaults are resolved."""
+
+    temperature: float
+    """The temperature applied to the logits (the model's unless overridden)."""
+    ood: str
+    """The OOD score each row reports."""
+    top_k: int
+    """How many classes each row ranks."""
+    device: torch.device
+    """Where the network runs."""
+    loader_kw: dict[str, Any]
+    """``batch_size``, ``num_workers``, ``progress`` of every loader."""
+
+
+def _loaded(model: str | Path | LoadedModel, keep: bool) -> LoadedModel:
+    """``model`` loaded; ``keep`` refused before anything predicts when it is not a run."""
+    loaded = model if isinstance(model, LoadedModel) else load_model(model)
+    if keep and loaded.run_dir is None:
+        raise FsebError(
+            f"--keep stores the threshold in a run folder ({ABSTENTION_FILE}), and MODEL is "
+            f"{loaded.where}: predict with the run folder, or leave out --keep"
+        )
+    return loaded
+
+
+def _meta(
+    loaded: LoadedModel,
+    call: _Call,
+    rule: AbstentionRule,
+    warnings: list[str],
+    rows: list[dict[str, Any]],
+    unreadable: list[str],
+    skipped: Sequence[Path],
+) -> dict[str, Any]:
+    """The meta record of the predictions: model, temperature and its ``warnings``, rule,
+    counts, files unreadable or left out, device."""
+    return {
+        "model": loaded.where,
+        "temperature": call.temperature,
+        "warnings": warnings,
+        "abstention": rule.to_json(),
+        "ood_score": call.ood,
+        "images": len(rows),
+        "abstained": sum(row["abstain"] for row in rows),
+        "unreadable": unreadable,
+        "left_out": [str(p) for p in skipped],
+        "device": str(call.device),
+    }
+
+
+def _rows(
+    loaded: LoadedModel,
+    call: _Call,
+    rule: AbstentionRule,
+    inputs: Any,
+    names: Sequence[str],
+    labels: Sequence[int] | None,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The rows of the readable images, and ``"name: why"`` for each unreadable one.
+
+    Raises:
+        ValueError: none of the images could be read.
+    """
+    net = loaded.model.to(call.device).eval()
+    logits, errors = logits_and_read_errors(
+        net, inputs, loaded, call.device, "predict", **call.loader_kw
+    )
+    readable = [i for i, err in enumerate(errors) if not err]
+    unreadable = [f"{names[i]}: {errors[i]}" for i in range(len(names)) if errors[i]]
+    if not readable:
+        raise ValueError(f"none of the {len(names)} images could be read: {unreadable[0]}")
+    rows = image_rows(
+        [names[i] for i in readable],
+        None if labels is None else [labels[i] for i in readable],
+        logits[readable], call.temperature, rule.log_odds_threshold, call.ood,
+        loaded.class_names, call.top_k,
+    )  # fmt: skip
+    return rows, unreadable
 
 
 def _check_arguments(

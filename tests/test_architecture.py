@@ -156,7 +156,7 @@ def test_an_import_inside_a_function_counts(tmp_path: Path) -> None:
     assert _imports(tmp_path / "a.py", {"runs.plots"}) == {"data.images", "runs.plots"}
 
 
-def test_a_module_that_imports_upwards_is_found() -> None:
+def test_layers_rank_base_then_the_folders_in_order_then_the_commands() -> None:
     assert _layer("recipe.options") < _layer("data.images") < _layer("engine.loop")
     assert _layer("errors") < _layer("recipe.schema") and _layer("sweep") > _layer("engine.loop")
 

@@ -35,16 +35,20 @@ def check_tensor(x: object, name: str) -> Tensor:
     return x
 
 
-def check_float_matrix(x: object, name: str) -> Tensor:
-    """Check ``x`` is a non-empty ``(N, K)`` floating tensor."""
-    x = check_tensor(x, name)
-    if x.ndim != 2:
-        raise ValueError(f"`{name}` must be a 2-D (N, K) floating tensor, got {describe(x)}")
+def _check_floating(x: Tensor, name: str) -> None:
     if not x.is_floating_point():
         raise ValueError(
             f"`{name}` must have a floating-point dtype (float16/bfloat16/float32/float64), "
             f"got {describe(x)}"
         )
+
+
+def check_float_matrix(x: object, name: str) -> Tensor:
+    """Check ``x`` is a non-empty ``(N, K)`` floating tensor."""
+    x = check_tensor(x, name)
+    if x.ndim != 2:
+        raise ValueError(f"`{name}` must be a 2-D (N, K) floating tensor, got {describe(x)}")
+    _check_floating(x, name)
     if x.shape[0] == 0 or x.shape[1] == 0:
         raise ValueError(f"`{name}` must be non-empty with N >= 1 and K >= 1, got {describe(x)}")
     return x
@@ -55,11 +59,7 @@ def check_float_vector(x: object, name: str) -> Tensor:
     x = check_tensor(x, name)
     if x.ndim != 1:
         raise ValueError(f"`{name}` must be a 1-D (N,) floating tensor, got {describe(x)}")
-    if not x.is_floating_point():
-        raise ValueError(
-            f"`{name}` must have a floating-point dtype (float16/bfloat16/float32/float64), "
-            f"got {describe(x)}"
-        )
+    _check_floating(x, name)
     if x.shape[0] == 0:
         raise ValueError(f"`{name}` must be non-empty (N >= 1), got {describe(x)}")
     # NaN compares unequal to itself, so it would silently corrupt sorting and tie grouping.

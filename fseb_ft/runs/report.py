@@ -251,15 +251,7 @@ def eval_results(
     ``temperature_scaled`` (:func:`temperature_scaled_results`). ``RESULTS_SPLIT`` (first) names
     the split the in-distribution metrics come from (``predictions.split``).
     """
-    results = {RESULTS_SPLIT: predictions.split} | evaluate_predictions(
-        predictions.test,
-        predictions.ood,
-        predictions.corruptions,
-        predictions.corruption_labels,
-        ood_scores=ood_scores,
-        test_logits=predictions.test_logits,
-        ood_logits=predictions.ood_logits,
-    )
+    results = {RESULTS_SPLIT: predictions.split} | _metrics(predictions, ood_scores)
     if predictions.val is not None:
         results["temperature_scaled"] = temperature_scaled_results(predictions, ood_scores)
     return results
@@ -280,15 +272,7 @@ def temperature_scaled_results(
     fitted = float(fit_temperature(*predictions.val))
     temperature = fitted if temperature_identified(fitted) else 1.0
     scaled = predictions.scaled(temperature)
-    metrics = evaluate_predictions(
-        scaled.test,
-        scaled.ood,
-        scaled.corruptions,
-        scaled.corruption_labels,
-        ood_scores=ood_scores,
-        test_logits=scaled.test_logits,
-        ood_logits=scaled.ood_logits,
-    )
+    metrics = _metrics(scaled, ood_scores)
     if temperature == fitted:
         return {"temperature": temperature, **metrics}
     note = (
@@ -297,6 +281,19 @@ def temperature_scaled_results(
         "so validation cannot set the model's confidence"
     )
     return {"temperature": temperature, "fitted_temperature": fitted, "note": note, **metrics}
+
+
+def _metrics(predictions: Predictions, ood_scores: Sequence[str]) -> dict[str, Any]:
+    """:func:`evaluate_predictions` of every set ``predictions`` holds."""
+    return evaluate_predictions(
+        predictions.test,
+        predictions.ood,
+        predictions.corruptions,
+        predictions.corruption_labels,
+        ood_scores=ood_scores,
+        test_logits=predictions.test_logits,
+        ood_logits=predictions.ood_logits,
+    )
 
 
 def _probs_labels(predictions: Predictions) -> tuple[Tensor, Tensor]:

@@ -23,7 +23,7 @@ from fseb_ft.evaluate import main as evaluate_main
 from fseb_ft.evaluation.predictions import Predictions
 from fseb_ft.finetune import run
 from fseb_ft.recipe import ConfigError, options, recipe_from_dict
-from fseb_ft.recipe.sections import resolve_corruptions
+from fseb_ft.recipe.reporting import resolve_corruptions
 from fseb_ft.runs import plots
 from fseb_ft.runs.report import evaluate_predictions, temperature_scaled_results
 from fseb_ft.runs.rundir import CORRUPTION_PLOT

@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 from fseb_ft.data.corruption_ops import BENCHMARK, CORRUPTIONS, EXTRA
 from fseb_ft.data.images import LabeledImages, content_hash
 from fseb_ft.recipe.options import ALL_CORRUPTIONS
-from fseb_ft.recipe.sections import resolve_corruptions
+from fseb_ft.recipe.reporting import resolve_corruptions
 
 __all__ = [
     "ALL",

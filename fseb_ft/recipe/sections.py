@@ -1,5 +1,7 @@
-"""The recipe's sections as frozen dataclasses: model, fseb, optim, train, eval, output, and the
-:class:`Recipe` that holds them with ``data``, ``context`` and ``sweep``.
+"""The recipe's ``model`` and ``fseb`` sections and the :class:`Recipe` that holds every section:
+``data`` and ``context`` (:mod:`~fseb_ft.recipe.datasets`), ``optim`` and ``train``
+(:mod:`~fseb_ft.recipe.training`), ``eval`` and ``output`` (:mod:`~fseb_ft.recipe.reporting`) and
+``sweep`` (:mod:`~fseb_ft.recipe.sweep`).
 
 Each field's docstring is its entry in docs/recipes.md; each ``__post_init__`` validates its
 section, raising :class:`~fseb_ft.recipe.schema.ConfigError` naming the dotted key, the value and
@@ -8,38 +10,30 @@ what is allowed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
 from fseb_ft.recipe.datasets import ContextConfig, DataConfig
 from fseb_ft.recipe.options import (
-    ALL_CORRUPTIONS,
-    BENCHMARK_CORRUPTIONS,
-    CORRUPTIONS,
     FORWARD_MODES,
     HEAD_INITS,
     METHODS,
-    OOD_SCORES,
     PARAM_ANCHORS,
     REG_POINTS,
     SELECT_METRICS,
     SOLVERS,
     VARIANCE_SCOPES,
 )
-from fseb_ft.recipe.schema import ConfigError, check
+from fseb_ft.recipe.reporting import EvalConfig, OutputConfig
+from fseb_ft.recipe.schema import check
 from fseb_ft.recipe.sweep import SweepConfig, check_space_key
+from fseb_ft.recipe.training import OptimConfig, TrainConfig
 
 __all__ = [
     "VAL_OOD_METRIC_SUFFIX",
-    "EvalConfig",
     "FSEBConfig",
     "ModelConfig",
-    "OptimConfig",
-    "OutputConfig",
     "Recipe",
-    "TrainConfig",
-    "resolve_corruptions",
     "val_ood_metric",
     "validation_metrics",
 ]
@@ -222,189 +216,6 @@ class FSEBConfig:
 
 
 @dataclass(frozen=True)
-class OptimConfig:
-    """Optimiser and learning-rate schedule (stepped every optimiser step)."""
-
-    name: Literal["sgd", "adamw"] = "sgd"
-    """SGD with momentum (the paper) or AdamW (its decoupled decay is off: the prior decays)."""
-    lr: float = 0.005
-    """Peak learning rate."""
-    momentum: float = 0.9
-    """SGD momentum."""
-    nesterov: bool = False
-    """Nesterov momentum for SGD."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW betas."""
-    schedule: Literal["cosine", "constant"] = "cosine"
-    """Cosine decay to ``min_lr_ratio · lr`` (the reference) or constant."""
-    min_lr_ratio: float = 0.05
-    """Final learning rate as a fraction of ``lr`` for the cosine schedule."""
-    warmup_steps: int = 0
-    """Linear warm-up steps from 0 to ``lr``."""
-    grad_clip_norm: float | None = None
-    """Clip the global gradient norm (``null``: no clipping)."""
-
-    def __post_init__(self) -> None:
-        check(self.lr > 0, "lr", self.lr, "must be > 0")
-        check(0 <= self.momentum < 1, "momentum", self.momentum, "must be in [0, 1)")
-        check(all(0 <= b < 1 for b in self.betas), "betas", self.betas, "each in [0, 1)")
-        check(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", self.min_lr_ratio, "in [0, 1]")
-        check(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "must be ≥ 0")
-        check(
-            self.grad_clip_norm is None or self.grad_clip_norm > 0,
-            "grad_clip_norm",
-            self.grad_clip_norm,
-            "must be > 0 or null",
-        )
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """The Accelerate loop."""
-
-    epochs: int = 10
-    """Passes over the training set."""
-    mixed_precision: Literal["no", "bf16", "fp16"] | None = None
-    """Autocast dtype for forward passes (the Cholesky always runs in float64); ``null`` takes
-    Accelerate's setting (``accelerate launch --mixed_precision`` or its config), else ``no``."""
-    grad_accum_steps: int = 1
-    """Micro-batches accumulated per optimiser step."""
-    seed: int = 0
-    """Seed for initialisation, splits, shuffling, augmentation and the context pool."""
-    select_metric: str = "nll"
-    """Validation metric that picks the best checkpoint: ``nll``, ``accuracy``, ``ece``,
-    ``brier``, or ``ood_<name>_auroc`` for a set of ``data.val_ood`` (accuracy and AUROC:
-    higher is better)."""
-    resume: Literal["auto", "never"] = "auto"
-    """``auto`` continues from the last complete checkpoint in the run directory."""
-    cpu: bool = False
-    """Force CPU even when an accelerator is present."""
-    log_every: int = 10
-    """Optimiser steps between progress-bar / tracker updates."""
-    max_param_growth: float | None = 10.0
-    """Stop as diverged when the trainable parameters' norm ‖θ‖ exceeds this multiple of its
-    starting value at the end of an epoch (SGD on a stable objective moves ‖θ‖ by far less;
-    a blow-up shows as orders of magnitude); ``null``: never stop for it."""
-    trackers: tuple[Literal["tensorboard", "wandb", "mlflow", "comet_ml", "aim"], ...] = ()
-    """Accelerate trackers for per-epoch metrics (none by default; the history is in
-    ``run.json`` either way), e.g. ``[tensorboard]`` after ``pip install tensorboard``; one whose
-    package is not installed is skipped with a log message."""
-
-    def __post_init__(self) -> None:
-        check(self.epochs >= 1, "epochs", self.epochs, "must be ≥ 1")
-        check(self.grad_accum_steps >= 1, "grad_accum_steps", self.grad_accum_steps, "must be ≥ 1")
-        check(self.log_every >= 1, "log_every", self.log_every, "must be ≥ 1")
-        check(
-            self.max_param_growth is None or self.max_param_growth > 1,
-            "max_param_growth",
-            self.max_param_growth,
-            "must be > 1 or null",
-        )
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    """What the final report contains."""
-
-    batch_size: int = 256
-    """Evaluation batch size per process (validation, test and OOD sets)."""
-    corruptions: tuple[str, ...] | str = ()
-    """Covariate shift: also evaluate the test split (the validation split when there is no
-    ``data.test``) under these common corruptions (Hendrycks & Dietterich 2019, CIFAR-10-C
-    parameters), each at every severity of ``severities``; ``all`` (alone or in the list)
-    stands for the 14 benchmark corruptions, saved expanded in the run's ``recipe.yaml``. Names
-    are those of ``fseb_ft.recipe.options.CORRUPTIONS``; results go to ``corruptions`` in
-    ``results.json``, a table in ``results.md`` and ``corruptions.png``. ``[]``: none."""
-    severities: tuple[int, ...] = (1, 2, 3, 4, 5)
-    """Corruption severities to evaluate, each in 1–5."""
-    corruption_seed: int = 0
-    """Seed of the corruptions' randomness: image i always gets the same corrupted pixels."""
-    corruption_limit: int | None = None
-    """Corrupt only a seeded, class-stratified subset of at most this many test images (the
-    same subset for every corruption and severity, drawn with ``corruption_seed``); the clean
-    test metrics still use the whole split. ``null``: the whole test split."""
-    corruption_cache: str | None = None
-    """Folder caching the corrupted test images (uint8 ``.npy`` with an ``.npz`` index), so a
-    re-evaluation does not recompute them; ``null``: ``$XDG_CACHE_HOME/fseb_ft/corruptions``, else
-    ``~/.cache/fseb_ft/corruptions``."""
-    ood_scores: tuple[Literal[OOD_SCORES], ...] = ("entropy",)
-    """OOD detection scores reported for each OOD set (AUROC, AUPR, FPR95 each; larger score =
-    more likely OOD): ``entropy`` (predictive entropy, the paper's), ``msp`` (negative maximum
-    softmax probability), ``max_logit`` (negative maximum logit), ``energy`` (negative
-    logsumexp of the logits). ``max_logit`` and ``energy`` are not defined for an ensemble
-    (averaged probabilities, no logits) and are left out of its results."""
-    temperature_scaling: bool = False
-    """Also fit a temperature ``T`` on the validation split (minimising its NLL) and report the
-    test, OOD and corruption metrics of ``softmax(logits / T)`` as a second row "<method> + TS",
-    and as ``temperature_scaled`` in ``results.json``; the model card and ``fseb.json`` give
-    ``T``."""
-
-    def __post_init__(self) -> None:
-        check(self.batch_size >= 1, "batch_size", self.batch_size, "must be ≥ 1")
-        check(len(self.ood_scores) > 0, "ood_scores", self.ood_scores, "must name ≥ 1 score")
-        object.__setattr__(self, "ood_scores", tuple(dict.fromkeys(self.ood_scores)))
-        check(
-            self.corruption_limit is None or self.corruption_limit >= 1,
-            "corruption_limit",
-            self.corruption_limit,
-            "must be ≥ 1 or null",
-        )
-        check(
-            len(self.severities) > 0 and all(1 <= s <= 5 for s in self.severities),
-            "severities",
-            self.severities,
-            "must be a non-empty list of levels in 1..5",
-        )
-        # Sorted and without repeats, so results and tables list them in order.
-        object.__setattr__(self, "severities", tuple(sorted(set(self.severities))))
-        check(self.corruption_seed >= 0, "corruption_seed", self.corruption_seed, "must be ≥ 0")
-        if isinstance(self.corruptions, str):  # eval.corruptions=all on the command line
-            object.__setattr__(self, "corruptions", (self.corruptions,))
-        if self.corruptions:
-            try:
-                names = resolve_corruptions(self.corruptions)
-            except ValueError as err:
-                raise ConfigError(f"corruptions={list(self.corruptions)!r}: {err}") from None
-            object.__setattr__(self, "corruptions", names)
-
-
-@dataclass(frozen=True)
-class OutputConfig:
-    """Where the run writes its checkpoints, recipe and results, and where it shares the model."""
-
-    dir: str = "runs/default"
-    """Run directory (created; a rerun with ``train.resume=auto`` continues in it)."""
-    push_to_hub: str | None = None
-    """Hub repo ``user/name`` to upload the model folder (``model/``: weights, config, card,
-    recipe, plots; never checkpoints) to after training; ``null``: keep it on disk only. Retry
-    or push later with ``fseb-ft push RUN_DIR user/name``."""
-    private: bool = False
-    """Create the Hub repo as private (an existing repo keeps its visibility)."""
-    revision: str | None = None
-    """Hub branch to push to (created if missing); ``null``: the default branch."""
-    commit_message: str = "Upload model fine-tuned with fseb_ft"
-    """Commit message of the Hub upload."""
-    license: str | None = None
-    """Model-card license (a Hub license id, e.g. ``apache-2.0``, ``mit``, ``cc-by-nc-4.0``);
-    ``null``: the license timm records for the pretrained weights of a timm or ``hf-hub:``
-    model, else ``other`` (a ``local-dir:`` or untrained start), which the card flags as not
-    known. Check the training data's terms too."""
-
-    def __post_init__(self) -> None:
-        repo = self.push_to_hub
-        well_formed = repo is not None and repo.count("/") == 1 and all(repo.split("/"))
-        check(
-            repo is None or (well_formed and not any(c.isspace() for c in repo)),
-            "push_to_hub",
-            repo,
-            "a Hub repo id 'user/name' or null",
-        )
-        check(self.revision is None or bool(self.revision), "revision", self.revision, "a branch")
-        check(bool(self.commit_message), "commit_message", self.commit_message, "non-empty")
-        check(self.license is None or bool(self.license), "license", self.license, "an id or null")
-
-
-@dataclass(frozen=True)
 class Recipe:
     """A complete fine-tuning recipe."""
 
@@ -456,24 +267,3 @@ VAL_OOD_METRIC_SUFFIX = "_auroc"
 def val_ood_metric(name: str) -> str:
     """The validation metric of the ``data.val_ood`` set ``name``: its AUROC against ``val``."""
     return f"ood_{name}{VAL_OOD_METRIC_SUFFIX}"
-
-
-def resolve_corruptions(names: Iterable[str]) -> tuple[str, ...]:
-    """Validate corruption names, expand ``all`` to :data:`BENCHMARK_CORRUPTIONS`, drop repeats
-    (in order).
-
-    Raises:
-        ValueError: a name is unknown; the message lists every available one.
-    """
-    out: list[str] = []
-    for name in names:
-        expanded = BENCHMARK_CORRUPTIONS if name == ALL_CORRUPTIONS else (name,)
-        for item in expanded:
-            if item not in CORRUPTIONS:
-                raise ValueError(
-                    f"unknown corruption {item!r}; available: {[*CORRUPTIONS]} or "
-                    f"{ALL_CORRUPTIONS!r} (= {list(BENCHMARK_CORRUPTIONS)})"
-                )
-            if item not in out:
-                out.append(item)
-    return tuple(out)

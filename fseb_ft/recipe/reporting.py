@@ -1,0 +1,146 @@
+"""The recipe's ``eval`` and ``output`` sections: what the final report contains and where the
+run writes and shares it.
+
+Each field's docstring is its entry in docs/recipes.md; each ``__post_init__`` validates its
+section, raising :class:`~fseb_ft.recipe.schema.ConfigError` naming the dotted key, the value and
+what is allowed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from fseb_ft.recipe.options import (
+    ALL_CORRUPTIONS,
+    BENCHMARK_CORRUPTIONS,
+    CORRUPTIONS,
+    OOD_SCORES,
+)
+from fseb_ft.recipe.schema import ConfigError, check
+
+__all__ = ["EvalConfig", "OutputConfig", "resolve_corruptions"]
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """What the final report contains."""
+
+    batch_size: int = 256
+    """Evaluation batch size per process (validation, test and OOD sets)."""
+    corruptions: tuple[str, ...] | str = ()
+    """Covariate shift: also evaluate the test split (the validation split when there is no
+    ``data.test``) under these common corruptions (Hendrycks & Dietterich 2019, CIFAR-10-C
+    parameters), each at every severity of ``severities``; ``all`` (alone or in the list)
+    stands for the 14 benchmark corruptions, saved expanded in the run's ``recipe.yaml``. Names
+    are those of ``fseb_ft.recipe.options.CORRUPTIONS``; results go to ``corruptions`` in
+    ``results.json``, a table in ``results.md`` and ``corruptions.png``. ``[]``: none."""
+    severities: tuple[int, ...] = (1, 2, 3, 4, 5)
+    """Corruption severities to evaluate, each in 1–5."""
+    corruption_seed: int = 0
+    """Seed of the corruptions' randomness: image i always gets the same corrupted pixels."""
+    corruption_limit: int | None = None
+    """Corrupt only a seeded, class-stratified subset of at most this many test images (the
+    same subset for every corruption and severity, drawn with ``corruption_seed``); the clean
+    test metrics still use the whole split. ``null``: the whole test split."""
+    corruption_cache: str | None = None
+    """Folder caching the corrupted test images (uint8 ``.npy`` with an ``.npz`` index), so a
+    re-evaluation does not recompute them; ``null``: ``$XDG_CACHE_HOME/fseb_ft/corruptions``, else
+    ``~/.cache/fseb_ft/corruptions``."""
+    ood_scores: tuple[Literal[OOD_SCORES], ...] = ("entropy",)
+    """OOD detection scores reported for each OOD set (AUROC, AUPR, FPR95 each; larger score =
+    more likely OOD): ``entropy`` (predictive entropy, the paper's), ``msp`` (negative maximum
+    softmax probability), ``max_logit`` (negative maximum logit), ``energy`` (negative
+    logsumexp of the logits). ``max_logit`` and ``energy`` are not defined for an ensemble
+    (averaged probabilities, no logits) and are left out of its results."""
+    temperature_scaling: bool = False
+    """Also fit a temperature ``T`` on the validation split (minimising its NLL) and report the
+    test, OOD and corruption metrics of ``softmax(logits / T)`` as a second row "<method> + TS",
+    and as ``temperature_scaled`` in ``results.json``; the model card and ``fseb.json`` give
+    ``T``."""
+
+    def __post_init__(self) -> None:
+        check(self.batch_size >= 1, "batch_size", self.batch_size, "must be ≥ 1")
+        check(len(self.ood_scores) > 0, "ood_scores", self.ood_scores, "must name ≥ 1 score")
+        object.__setattr__(self, "ood_scores", tuple(dict.fromkeys(self.ood_scores)))
+        check(
+            self.corruption_limit is None or self.corruption_limit >= 1,
+            "corruption_limit",
+            self.corruption_limit,
+            "must be ≥ 1 or null",
+        )
+        check(
+            len(self.severities) > 0 and all(1 <= s <= 5 for s in self.severities),
+            "severities",
+            self.severities,
+            "must be a non-empty list of levels in 1..5",
+        )
+        # Sorted and without repeats, so results and tables list them in order.
+        object.__setattr__(self, "severities", tuple(sorted(set(self.severities))))
+        check(self.corruption_seed >= 0, "corruption_seed", self.corruption_seed, "must be ≥ 0")
+        if isinstance(self.corruptions, str):  # eval.corruptions=all on the command line
+            object.__setattr__(self, "corruptions", (self.corruptions,))
+        if self.corruptions:
+            try:
+                names = resolve_corruptions(self.corruptions)
+            except ValueError as err:
+                raise ConfigError(f"corruptions={list(self.corruptions)!r}: {err}") from None
+            object.__setattr__(self, "corruptions", names)
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """Where the run writes its checkpoints, recipe and results, and where it shares the model."""
+
+    dir: str = "runs/default"
+    """Run directory (created; a rerun with ``train.resume=auto`` continues in it)."""
+    push_to_hub: str | None = None
+    """Hub repo ``user/name`` to upload the model folder (``model/``: weights, config, card,
+    recipe, plots; never checkpoints) to after training; ``null``: keep it on disk only. Retry
+    or push later with ``fseb-ft push RUN_DIR user/name``."""
+    private: bool = False
+    """Create the Hub repo as private (an existing repo keeps its visibility)."""
+    revision: str | None = None
+    """Hub branch to push to (created if missing); ``null``: the default branch."""
+    commit_message: str = "Upload model fine-tuned with fseb_ft"
+    """Commit message of the Hub upload."""
+    license: str | None = None
+    """Model-card license (a Hub license id, e.g. ``apache-2.0``, ``mit``, ``cc-by-nc-4.0``);
+    ``null``: the license timm records for the pretrained weights of a timm or ``hf-hub:``
+    model, else ``other`` (a ``local-dir:`` or untrained start), which the card flags as not
+    known. Check the training data's terms too."""
+
+    def __post_init__(self) -> None:
+        repo = self.push_to_hub
+        well_formed = repo is not None and repo.count("/") == 1 and all(repo.split("/"))
+        check(
+            repo is None or (well_formed and not any(c.isspace() for c in repo)),
+            "push_to_hub",
+            repo,
+            "a Hub repo id 'user/name' or null",
+        )
+        check(self.revision is None or bool(self.revision), "revision", self.revision, "a branch")
+        check(bool(self.commit_message), "commit_message", self.commit_message, "non-empty")
+        check(self.license is None or bool(self.license), "license", self.license, "an id or null")
+
+
+def resolve_corruptions(names: Iterable[str]) -> tuple[str, ...]:
+    """Validate corruption names, expand ``all`` to :data:`BENCHMARK_CORRUPTIONS`, drop repeats
+    (in order).
+
+    Raises:
+        ValueError: a name is unknown; the message lists every available one.
+    """
+    out: list[str] = []
+    for name in names:
+        expanded = BENCHMARK_CORRUPTIONS if name == ALL_CORRUPTIONS else (name,)
+        for item in expanded:
+            if item not in CORRUPTIONS:
+                raise ValueError(
+                    f"unknown corruption {item!r}; available: {[*CORRUPTIONS]} or "
+                    f"{ALL_CORRUPTIONS!r} (= {list(BENCHMARK_CORRUPTIONS)})"
+                )
+            if item not in out:
+                out.append(item)
+    return tuple(out)

@@ -1,0 +1,96 @@
+"""The recipe's ``optim`` and ``train`` sections: the optimiser, its schedule and the loop.
+
+Each field's docstring is its entry in docs/recipes.md; each ``__post_init__`` validates its
+section, raising :class:`~fseb_ft.recipe.schema.ConfigError` naming the dotted key, the value and
+what is allowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from fseb_ft.recipe.schema import check
+
+__all__ = ["OptimConfig", "TrainConfig"]
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Optimiser and learning-rate schedule (stepped every optimiser step)."""
+
+    name: Literal["sgd", "adamw"] = "sgd"
+    """SGD with momentum (the paper) or AdamW (its decoupled decay is off: the prior decays)."""
+    lr: float = 0.005
+    """Peak learning rate."""
+    momentum: float = 0.9
+    """SGD momentum."""
+    nesterov: bool = False
+    """Nesterov momentum for SGD."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    schedule: Literal["cosine", "constant"] = "cosine"
+    """Cosine decay to ``min_lr_ratio · lr`` (the reference) or constant."""
+    min_lr_ratio: float = 0.05
+    """Final learning rate as a fraction of ``lr`` for the cosine schedule."""
+    warmup_steps: int = 0
+    """Linear warm-up steps from 0 to ``lr``."""
+    grad_clip_norm: float | None = None
+    """Clip the global gradient norm (``null``: no clipping)."""
+
+    def __post_init__(self) -> None:
+        check(self.lr > 0, "lr", self.lr, "must be > 0")
+        check(0 <= self.momentum < 1, "momentum", self.momentum, "must be in [0, 1)")
+        check(all(0 <= b < 1 for b in self.betas), "betas", self.betas, "each in [0, 1)")
+        check(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", self.min_lr_ratio, "in [0, 1]")
+        check(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "must be ≥ 0")
+        check(
+            self.grad_clip_norm is None or self.grad_clip_norm > 0,
+            "grad_clip_norm",
+            self.grad_clip_norm,
+            "must be > 0 or null",
+        )
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The Accelerate loop."""
+
+    epochs: int = 10
+    """Passes over the training set."""
+    mixed_precision: Literal["no", "bf16", "fp16"] | None = None
+    """Autocast dtype for forward passes (the Cholesky always runs in float64); ``null`` takes
+    Accelerate's setting (``accelerate launch --mixed_precision`` or its config), else ``no``."""
+    grad_accum_steps: int = 1
+    """Micro-batches accumulated per optimiser step."""
+    seed: int = 0
+    """Seed for initialisation, splits, shuffling, augmentation and the context pool."""
+    select_metric: str = "nll"
+    """Validation metric that picks the best checkpoint: ``nll``, ``accuracy``, ``ece``,
+    ``brier``, or ``ood_<name>_auroc`` for a set of ``data.val_ood`` (accuracy and AUROC:
+    higher is better)."""
+    resume: Literal["auto", "never"] = "auto"
+    """``auto`` continues from the last complete checkpoint in the run directory."""
+    cpu: bool = False
+    """Force CPU even when an accelerator is present."""
+    log_every: int = 10
+    """Optimiser steps between progress-bar / tracker updates."""
+    max_param_growth: float | None = 10.0
+    """Stop as diverged when the trainable parameters' norm ‖θ‖ exceeds this multiple of its
+    starting value at the end of an epoch (SGD on a stable objective moves ‖θ‖ by far less;
+    a blow-up shows as orders of magnitude); ``null``: never stop for it."""
+    trackers: tuple[Literal["tensorboard", "wandb", "mlflow", "comet_ml", "aim"], ...] = ()
+    """Accelerate trackers for per-epoch metrics (none by default; the history is in
+    ``run.json`` either way), e.g. ``[tensorboard]`` after ``pip install tensorboard``; one whose
+    package is not installed is skipped with a log message."""
+
+    def __post_init__(self) -> None:
+        check(self.epochs >= 1, "epochs", self.epochs, "must be ≥ 1")
+        check(self.grad_accum_steps >= 1, "grad_accum_steps", self.grad_accum_steps, "must be ≥ 1")
+        check(self.log_every >= 1, "log_every", self.log_every, "must be ≥ 1")
+        check(
+            self.max_param_growth is None or self.max_param_growth > 1,
+            "max_param_growth",
+            self.max_param_growth,
+            "must be > 1 or null",
+        )

@@ -31,6 +31,7 @@ from fseb_ft.runs.rundir import (
 )
 from fseb_ft.runs.tables import (
     corruption_markdown,
+    groups_markdown,
     markdown_table,
     method_title,
     split_note,
@@ -138,6 +139,7 @@ def _ensemble_predictions(
         corruption_labels=member_preds[0].corruption_labels,
         val=_ensemble_val(runs, member_preds),
         split=member_preds[0].split,
+        groups=member_preds[0].groups,
     )
 
 
@@ -153,6 +155,7 @@ def _write_ensemble(
     table = markdown_table({**{label: m.results for label, m in members.items()}, title: record})
     listing = "".join(f"- {label}: `{d}`\n" for label, d in zip(members, run_dirs, strict=True))
     shift = "\n" + corruption_markdown(record) if record.get("corruptions") else ""
+    shift = ("\n" + groups_markdown(record) if record.get("groups") else "") + shift
     md = f"# {heading}\n\n{split_note(record)}{table}\nMembers:\n\n{listing}{shift}"
     write_text(out / RESULTS_MD, md)
     others = {label: m.predictions for label, m in members.items()}

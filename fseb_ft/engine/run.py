@@ -49,6 +49,7 @@ from fseb_ft.engine.loop import (
     make_accelerator,
 )
 from fseb_ft.engine.resume import check_resumable, check_same_data, flat_keys
+from fseb_ft.evaluation.groups import reported_groups
 from fseb_ft.evaluation.predictions import eval_loader, predict_splits
 from fseb_ft.method.context import context_sets, context_stream, resolve_prior_on_pool
 from fseb_ft.method.models import create_model, head_init, input_spec
@@ -149,6 +150,7 @@ def _train(recipe: Recipe, splits: Splits | None, callbacks: Sequence[Callback])
     if splits is None:  # the data first: a mistake in it stops the run before anything is written
         splits = build_splits(recipe.data, recipe.train.seed)
     _require_two_classes(recipe.data.train, splits.train)
+    reported_groups(splits, recipe.eval.group_by)  # eval.group_by's column, or stop here
     accelerator, warned = _start(recipe, run_dir)
     data = _data(recipe, splits, accelerator)
     warned += _warn(accelerator, data.warnings)

@@ -20,6 +20,7 @@ from fseb_ft.data.images import IndexedImages, LabeledImages
 from fseb_ft.data.inputs import InputSpec
 from fseb_ft.data.splits import TEST_SPLIT, VALIDATION_SPLIT, Splits, stratified_split
 from fseb_ft.data.transforms import TransformedImages, eval_transform, make_loader
+from fseb_ft.evaluation.groups import Groups, reported_groups
 from fseb_ft.recipe import EvalConfig
 
 __all__ = [
@@ -58,6 +59,9 @@ class Predictions:
     off."""
     split: str = TEST_SPLIT
     """The split behind ``test`` and the corruptions: ``TEST_SPLIT`` or ``VALIDATION_SPLIT``."""
+    groups: Groups | None = None
+    """The ``eval.group_by`` value of each image of ``test``, in its order; ``None``: no
+    per-group results."""
 
     def scaled(self, temperature: float) -> Predictions:
         """The predictions of ``logits / temperature`` on the test split, the OOD sets and the
@@ -89,6 +93,7 @@ class Predictions:
             test_logits=test_logits,
             ood_logits=ood_logits,
             split=self.split,
+            groups=self.groups,
         )
 
 
@@ -132,7 +137,8 @@ def predict_splits(
     seed: int,
 ) -> Predictions:
     """Predict the test split, every OOD set and every corruption of ``cfg.corruptions`` (and
-    the validation split's logits with ``cfg.temperature_scaling``).
+    the validation split's logits with ``cfg.temperature_scaling``), with the reported split's
+    ``cfg.group_by`` values.
 
     Without a test split (``data.test`` unset) the validation split stands in for it, and the
     predictions say so (``split``): its numbers are those model selection saw, so optimistic.
@@ -141,6 +147,7 @@ def predict_splits(
     split, reported = (
         (TEST_SPLIT, splits.test) if splits.test is not None else (VALIDATION_SPLIT, splits.val)
     )
+    groups = reported_groups(splits, cfg.group_by)  # before predicting: a missing column stops
 
     def loader(data: Any) -> DataLoader:
         return accelerator.prepare(eval_loader(data, spec, cfg.batch_size, num_workers, seed))
@@ -174,6 +181,7 @@ def predict_splits(
         ood_logits=ood_logits,
         val=val,
         split=split,
+        groups=groups,
     )
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from fseb_ft.recipe.datasets import IN_MEMORY, DataConfig
 from fseb_ft.recipe.options import (
     ALL_CORRUPTIONS,
     BENCHMARK_CORRUPTIONS,
@@ -20,7 +21,7 @@ from fseb_ft.recipe.options import (
 )
 from fseb_ft.recipe.schema import ConfigError, check
 
-__all__ = ["EvalConfig", "OutputConfig", "resolve_corruptions"]
+__all__ = ["EvalConfig", "OutputConfig", "check_group_by", "resolve_corruptions"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,14 @@ class EvalConfig:
     test, OOD and corruption metrics of ``softmax(logits / T)`` as a second row "<method> + TS",
     and as ``temperature_scaled`` in ``results.json``; the model card and ``fseb.json`` give
     ``T``."""
+    group_by: str | None = None
+    """Also report every in-distribution metric of the test split (the validation split
+    without one) per group of images sharing a value of this column (a hospital, a camera),
+    with each group's size ``n``: ``groups`` in ``results.json``, a table in ``results.md`` and
+    the model card (the "+ TS" row's too with ``temperature_scaling``). It must be one of the
+    ``metadata_columns`` of that split's ``csv`` dataset (list a ``group_column`` there too to
+    group by it). A metric a group cannot define (AUROC on one class) is ``null``, its reason
+    under ``undefined``. ``null``: no per-group results."""
 
     def __post_init__(self) -> None:
         check(self.batch_size >= 1, "batch_size", self.batch_size, "must be ≥ 1")
@@ -123,6 +132,30 @@ class OutputConfig:
         check(self.revision is None or bool(self.revision), "revision", self.revision, "a branch")
         check(bool(self.commit_message), "commit_message", self.commit_message, "non-empty")
         check(self.license is None or bool(self.license), "license", self.license, "an id or null")
+
+
+def check_group_by(data: DataConfig, column: str | None) -> None:
+    """Refuse an ``eval.group_by`` that is not a metadata column of the split the results are
+    on: ``data.test``, else ``data.val``, else ``data.train`` (a held-out share of it).
+
+    Datasets given in memory are checked when they load (their images carry the columns).
+    """
+    if column is None:
+        return
+    name = "test" if data.test is not None else "val" if data.val is not None else "train"
+    spec = getattr(data, name)
+    if spec.path.startswith(IN_MEMORY):
+        return
+    columns = list(spec.metadata_columns)
+    check(
+        column in columns,
+        "eval.group_by",
+        column,
+        f"must be one of data.{name}.metadata_columns {columns} (the split the results are on)"
+        if columns
+        else f"data.{name} (source {spec.source}) keeps no metadata_columns; list {column!r} "
+        "in those of a csv source",
+    )
 
 
 def resolve_corruptions(names: Iterable[str]) -> tuple[str, ...]:

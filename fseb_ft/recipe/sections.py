@@ -24,7 +24,7 @@ from fseb_ft.recipe.options import (
     SOLVERS,
     VARIANCE_SCOPES,
 )
-from fseb_ft.recipe.reporting import EvalConfig, OutputConfig
+from fseb_ft.recipe.reporting import EvalConfig, OutputConfig, check_group_by
 from fseb_ft.recipe.schema import check
 from fseb_ft.recipe.sweep import SweepConfig, check_space_key
 from fseb_ft.recipe.training import OptimConfig, TrainConfig
@@ -252,6 +252,7 @@ class Recipe:
                 metric,
                 f"allowed values are {allowed} (ood_<name>_auroc needs data.val_ood.<name>)",
             )
+        check_group_by(self.data, self.eval.group_by)
 
 
 def validation_metrics(data: DataConfig) -> list[str]:

@@ -28,6 +28,7 @@ from fseb_ft.runs.rundir import (
 from fseb_ft.runs.tables import (
     TS_SUFFIX,
     VALIDATION_NOTE,
+    groups_markdown,
     markdown_table,
     method_title,
     ood_score_titles,
@@ -56,6 +57,9 @@ UNKNOWN_LICENSE = "other"
 _CARD_TAGS = ["image-classification", "timm", "fseb-ft"]
 _MAX_FILES_SHOWN = 10
 _MAX_CLASSES_SHOWN = 20
+_MAX_GROUPS_SHOWN = 20
+_GROUP_METRICS = ("accuracy", "nll", "ece", "auroc_positive")
+"""The columns of the card's per-group table (``eval.group_by``); results.json has them all."""
 
 
 def model_card(
@@ -304,6 +308,8 @@ def _results_section(
             "PS-MAP is the same recipe with `fseb.reg_scale=0`)."
         )
     lines.append(" ".join(notes) + "\n")
+    if results.get("groups"):
+        lines.append(groups_markdown(results, _GROUP_METRICS, _MAX_GROUPS_SHOWN, level=3))
     return "\n".join(lines)
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
+from fseb_ft.evaluation.groups import Groups, group_metrics
 from fseb_ft.evaluation.metrics import classification_metrics
 from fseb_ft.evaluation.ood import ood_metrics
 from fseb_ft.evaluation.temperature import fit_temperature, temperature_identified
@@ -32,6 +33,7 @@ from fseb_ft.runs.rundir import (
 from fseb_ft.runs.tables import (
     corruption_markdown,
     corruption_summary,
+    groups_markdown,
     markdown_table,
     split_note,
     split_suffix,
@@ -45,6 +47,7 @@ __all__ = [
     "EvalResults",
     "eval_results",
     "evaluate_predictions",
+    "group_results",
     "temperature_scaled_results",
     "write_comparison_plots",
     "write_corruption_plot",
@@ -65,9 +68,9 @@ class EvalResults:
     """
 
     results: dict[str, Any]
-    """JSON-ready: ``split``, ``test``, ``ood``, ``corruptions``, ``temperature_scaled``
-    (:func:`eval_results`), then what the evaluation's maker adds with :meth:`extended`
-    (``training``; an ensemble's ``members`` and ``runs``)."""
+    """JSON-ready: ``split``, ``test``, ``ood``, ``corruptions``, ``groups``,
+    ``temperature_scaled`` (:func:`eval_results`), then what the evaluation's maker adds with
+    :meth:`extended` (``training``; an ensemble's ``members`` and ``runs``)."""
     predictions: Predictions = dataclasses.field(repr=False)
     """The test (or validation), OOD and corruption predictions behind ``results``."""
 
@@ -160,6 +163,8 @@ def write_results(
     heading = f"{title}{split_suffix(results)}"  # figures and heading name a validation split
     md = f"# {heading}\n\n" + split_note(results) + warnings_markdown(results)
     md += markdown_table({title: results})
+    if results.get("groups"):
+        md += "\n" + groups_markdown(results)
     if results.get("corruptions"):
         md += "\n" + corruption_markdown(results)
     write_text(run_dir / RESULTS_MD, md)
@@ -248,8 +253,9 @@ def eval_results(
     """The results record of ``predictions``: their metrics (:func:`evaluate_predictions`).
 
     Predictions with validation logits (``eval.temperature_scaling``) also get
-    ``temperature_scaled`` (:func:`temperature_scaled_results`). ``RESULTS_SPLIT`` (first) names
-    the split the in-distribution metrics come from (``predictions.split``).
+    ``temperature_scaled`` (:func:`temperature_scaled_results`), predictions with groups
+    (``eval.group_by``) ``groups`` (:func:`group_results`), in both. ``RESULTS_SPLIT`` (first)
+    names the split the in-distribution metrics come from (``predictions.split``).
     """
     results = {RESULTS_SPLIT: predictions.split} | _metrics(predictions, ood_scores)
     if predictions.val is not None:
@@ -262,8 +268,8 @@ def temperature_scaled_results(
 ) -> dict[str, Any]:
     """``{"temperature": T, "test": ..., "ood": ...}``: ``T`` fitted on ``predictions.val`` by
     NLL (:func:`~fseb_ft.evaluation.temperature.fit_temperature`), then the metrics of
-    ``logits / T`` on the test split, the OOD sets and the corruptions (as
-    :func:`evaluate_predictions`).
+    ``logits / T`` on the test split, the OOD sets, the corruptions (as
+    :func:`evaluate_predictions`) and the groups.
     A fit that ran into an end of the searched range is not used: ``T`` = 1, with the fitted
     value and a ``note`` saying why.
     """
@@ -284,8 +290,9 @@ def temperature_scaled_results(
 
 
 def _metrics(predictions: Predictions, ood_scores: Sequence[str]) -> dict[str, Any]:
-    """:func:`evaluate_predictions` of every set ``predictions`` holds."""
-    return evaluate_predictions(
+    """:func:`evaluate_predictions` of every set ``predictions`` holds, and the test metrics
+    per group (``groups``: :func:`group_results`) when they carry groups."""
+    out = evaluate_predictions(
         predictions.test,
         predictions.ood,
         predictions.corruptions,
@@ -294,6 +301,19 @@ def _metrics(predictions: Predictions, ood_scores: Sequence[str]) -> dict[str, A
         test_logits=predictions.test_logits,
         ood_logits=predictions.ood_logits,
     )
+    if predictions.groups is not None:
+        out["groups"] = group_results(predictions.test, predictions.groups, list(out["test"]))
+    return out
+
+
+def group_results(
+    test: tuple[Tensor, Tensor], groups: Groups, names: Sequence[str]
+) -> dict[str, Any]:
+    """``{"column": eval.group_by, "groups": {value: {"n": …, metric: …}}}``: the metrics
+    ``names`` (those of the whole split's results) of the predictions ``test`` (log-probabilities,
+    labels) on each group of ``groups`` (:func:`~fseb_ft.evaluation.groups.group_metrics`)."""
+    found = group_metrics(*test, groups.values, names=names)
+    return {"column": groups.column, "groups": found}
 
 
 def _probs_labels(predictions: Predictions) -> tuple[Tensor, Tensor]:

@@ -10,7 +10,7 @@ training stack.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from fseb_ft.data.splits import VALIDATION_SPLIT
@@ -25,6 +25,7 @@ __all__ = [
     "VALIDATION_NOTE",
     "corruption_markdown",
     "corruption_summary",
+    "groups_markdown",
     "markdown_table",
     "method_title",
     "ood_score_titles",
@@ -140,6 +141,56 @@ def corruption_markdown(results: Mapping[str, Any]) -> str:
         ]
         lines.append("| " + " | ".join([name, *cells]) + " |")
     return "\n".join(lines) + "\n"
+
+
+def groups_markdown(
+    results: Mapping[str, Any],
+    names: Sequence[str] | None = None,
+    max_groups: int | None = None,
+    level: int = 2,
+) -> str:
+    """A Markdown table of the per-group results (``results["groups"]``, ``eval.group_by``;
+    empty without), under a heading of ``level``.
+
+    One row per group: its value, ``n`` and the results table's metric columns that the groups
+    have (only ``names`` when given), each followed by its "<value> + TS" row when ``results``
+    has temperature-scaled groups. A metric a group cannot define shows "–", with a note; only
+    the first ``max_groups`` groups are shown when given, with the count of the others.
+    """
+    found = results.get("groups") or {}
+    groups: Mapping[str, Mapping[str, Any]] = found.get("groups") or {}
+    if not groups:
+        return ""
+    scaled = ((results.get("temperature_scaled") or {}).get("groups") or {}).get("groups") or {}
+    columns = [
+        m
+        for m in _COLUMNS
+        if (names is None or m.name in names) and any(m.name in g for g in groups.values())
+    ]
+    header = [f"`{found['column']}`", "n", *(m.title for m in columns)]
+    lines = [
+        f"{'#' * level} Per group: `{found['column']}` on the {results_split(results)} split\n",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    shown = list(groups.items())[:max_groups]
+    for value, record in shown:
+        label = value.replace("|", "\\|") if value else "(empty)"
+        rows = [(label, record)]
+        if value in scaled:
+            rows.append((f"{label}{TS_SUFFIX}", scaled[value]))
+        for title, metrics in rows:
+            cells = [_num(metrics.get(m.name), m.scale) for m in columns]
+            lines.append("| " + " | ".join([title, str(metrics["n"]), *cells]) + " |")
+    text = "\n".join(lines) + "\n"
+    if len(shown) < len(groups):
+        text += f"\n{len(groups) - len(shown)} more group(s) in `results.json`.\n"
+    if any(record.get("undefined") for record in (*groups.values(), *scaled.values())):
+        text += (
+            "\n–: not defined for that group (e.g. an AUROC where one class is present); "
+            "`results.json` gives the reason under `undefined`.\n"
+        )
+    return text
 
 
 def warnings_markdown(results: Mapping[str, Any]) -> str:

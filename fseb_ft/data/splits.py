@@ -1,8 +1,8 @@
 """Subsets, splits and label checks of :class:`~fseb_ft.data.images.LabeledImages`.
 
-The seeded stratified validation hold-out, class selection, the largest-remainder allocation
-the context pool also draws with, and :class:`Splits`: the datasets a recipe names, checked
-against each other before training.
+The seeded stratified hold-out (:mod:`fseb_ft.data.holdout` takes a run's with it), class
+selection, the largest-remainder allocation the context pool also draws with, and
+:class:`Splits`: the datasets a recipe names, checked against each other before training.
 """
 
 from __future__ import annotations
@@ -42,14 +42,15 @@ class TooFewClassesError(FsebError, ValueError):
 def stratified_split(
     labels: np.ndarray | Sequence[int], fraction: float, seed: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Seeded stratified split into (train indices, validation indices), both sorted.
+    """Seeded stratified split into (train indices, held-out indices), both sorted.
 
-    ``fraction`` of the samples go to validation, allocated to classes in proportion to their
-    size (largest remainder), but never a class's last sample: every class keeps at least one
-    training sample, so a rare class may get fewer validation samples than its share.
+    ``fraction`` of the samples are held out (for validation, or a test split), allocated to
+    classes in proportion to their size (largest remainder), but never a class's last sample:
+    every class keeps at least one training sample, so a rare class may get fewer held-out
+    samples than its share.
     """
     if not 0.0 < fraction < 1.0:
-        raise ValueError(f"validation fraction must lie in (0, 1), got {fraction}")
+        raise ValueError(f"a held-out fraction must lie in (0, 1), got {fraction}")
     labels = np.asarray(labels)  # (N,)
     classes, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
     quota = np.minimum(allocate(round(fraction * len(labels)), counts), counts - 1)  # (C,)
@@ -58,8 +59,8 @@ def stratified_split(
     val_idx = np.sort(np.concatenate(val)).astype(np.int64)  # (V,)
     if len(val_idx) == 0:
         raise ValueError(
-            f"validation fraction {fraction} of {len(labels)} samples leaves an empty "
-            "validation set; raise the fraction"
+            f"a share {fraction} of {len(labels)} samples leaves an empty hold-out; raise the "
+            "fraction"
         )
     train_idx = np.setdiff1d(np.arange(len(labels)), val_idx)  # (N - V,)
     return train_idx, val_idx

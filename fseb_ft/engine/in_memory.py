@@ -13,8 +13,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fseb_ft.data.images import IndexedImages, LabeledImages, as_labeled_images
-from fseb_ft.data.splits import Splits, stratified_split
+from fseb_ft.data.images import as_labeled_images
+from fseb_ft.data.sources import hold_outs
+from fseb_ft.data.splits import Splits
 from fseb_ft.recipe import (
     ConfigError,
     Recipe,
@@ -69,7 +70,8 @@ def in_memory_splits(
 ) -> Splits:
     """The datasets given to :func:`fseb_ft.finetune.finetune` as the run's splits, each wrapped
     by :func:`~fseb_ft.data.images.as_labeled_images` with ``data.channels``; without ``val``, a
-    stratified, seeded ``data.val_fraction`` of ``train`` held out."""
+    stratified, seeded ``data.val_fraction`` of ``train`` held out, and without ``test`` its
+    ``data.test_fraction`` when set (:func:`~fseb_ft.data.sources.hold_outs`)."""
     wrap = {
         "class_names": class_names,
         "channels": recipe.data.channels,
@@ -77,12 +79,12 @@ def in_memory_splits(
         "label_column": label_column,
     }
     full = as_labeled_images(train, **wrap)
-    test_images = None if test is None else as_labeled_images(test, **wrap)
+    train_images, val_images, test_images = hold_outs(full, recipe.data, recipe.train.seed)
+    if val is not None:
+        val_images = as_labeled_images(val, **wrap)
+    if test is not None:
+        test_images = as_labeled_images(test, **wrap)
     ood_images = {name: as_labeled_images(data, **wrap) for name, data in (ood or {}).items()}
-    if val is None:
-        train_images, val_images = _hold_out(full, recipe)
-    else:
-        train_images, val_images = full, as_labeled_images(val, **wrap)
     return Splits(train=train_images, val=val_images, test=test_images, ood=ood_images)
 
 
@@ -111,9 +113,3 @@ def _apply(raw: dict[str, Any], key: str, value: Any) -> None:
 def _placeholder(name: str) -> dict[str, str]:
     """The dataset spec that stands for the split ``name`` given in memory."""
     return {"source": "arrays", "path": f"{IN_MEMORY}{name}", "split": name}
-
-
-def _hold_out(full: LabeledImages, recipe: Recipe) -> tuple[LabeledImages, LabeledImages]:
-    """(train, val): a stratified, seeded ``data.val_fraction`` of ``full`` held out."""
-    train_idx, val_idx = stratified_split(full.labels, recipe.data.val_fraction, recipe.train.seed)
-    return IndexedImages(full, train_idx), IndexedImages(full, val_idx)

@@ -24,6 +24,7 @@ from safetensors.torch import load_model, save_model
 from torch import nn
 from torch.utils.data import DataLoader
 
+from fseb_ft.data.holdout import split_records
 from fseb_ft.data.images import LabeledImages
 from fseb_ft.data.inputs import InputSpec
 from fseb_ft.data.screening import screen_splits
@@ -271,6 +272,7 @@ def _record_start(
         input=spec,
         num_train=len(data.splits.train),
         data=data.splits.identities() | _identities("val_ood", data.val_ood),
+        splits=split_records(data.splits),
         context=None if parts.context is None else parts.context.pool.identity,
         num_processes=accelerator.num_processes,
         device=accelerator.device.type,

@@ -125,10 +125,12 @@ class DataConfig:
     """The training split."""
     val: DatasetSpec | None = None
     """Validation split for model selection; ``null`` holds out ``val_fraction`` of ``train``
-    (stratified, seeded) — the test split is never used for selection."""
+    (stratified, seeded; whole groups when ``train`` has a ``group_column``) — the test split
+    is never used for selection."""
     test: DatasetSpec | None = None
-    """The in-distribution test split reported at the end. ``null`` (no test labels, as on
-    Kaggle): the run reports its validation split instead (``"split": "validation"`` in
+    """The in-distribution test split reported at the end. ``null``: ``test_fraction`` of
+    ``train`` is held out as the test split when it is set; else (no test labels, as on
+    Kaggle) the run reports its validation split instead (``"split": "validation"`` in
     ``results.json``, labelled so in ``results.md`` and the model card); those are the numbers
     model selection saw, so they are optimistic."""
     ood: dict[str, DatasetSpec] = field(default_factory=dict)
@@ -142,7 +144,17 @@ class DataConfig:
     overstate them): the same split of the same source is refused unless their ``classes`` are
     disjoint. Each is predicted every epoch: keep it small with ``limit``."""
     val_fraction: float = 0.1
-    """Fraction of ``train`` held out when ``val`` is ``null``."""
+    """Fraction of ``train`` held out when ``val`` is ``null``: a seeded, stratified share of
+    its images, or, when ``train`` has a ``group_column``, of its groups' images with no group
+    on both sides (scikit-learn's ``StratifiedGroupKFold``). Taken after ``test_fraction``'s
+    hold-out, from the rest, still as a share of all of ``train``."""
+    test_fraction: float | None = None
+    """Fraction of ``train`` held out as the test split when ``test`` is ``null`` (a task that
+    ships one labelled file, as on Kaggle): seeded with ``train.seed`` and stratified like
+    ``val_fraction``, group-aware in the same way (no group in two splits), and taken first,
+    so the validation hold-out (or a ``val`` split given later) leaves it unchanged. Must be
+    ``null`` when ``test`` is given, and ``val_fraction + test_fraction`` below 1. ``null``:
+    no test hold-out."""
     augment: Literal[AUGMENTATIONS] = "crop_flip"
     """Training augmentation (albumentations)."""
     channels: Literal[1, 3] = 3
@@ -163,6 +175,7 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         check(0 < self.val_fraction < 1, "val_fraction", self.val_fraction, "must be in (0, 1)")
+        self._check_test_fraction()
         check(self.batch_size >= 1, "batch_size", self.batch_size, "must be ≥ 1")
         check(self.num_workers >= 0, "num_workers", self.num_workers, "must be ≥ 0")
         for name in ("mean", "std"):
@@ -183,6 +196,29 @@ class DataConfig:
                     f"the same images as the test-time OOD set data.ood.{other}; validate on "
                     "another split or other classes",
                 )
+
+    def _check_test_fraction(self) -> None:
+        """``test_fraction``: in (0, 1), with ``val_fraction`` below 1, and only without
+        ``test``."""
+        fraction = self.test_fraction
+        if fraction is None:
+            return
+        check(0 < fraction < 1, "test_fraction", fraction, "must be in (0, 1) or null")
+        check(
+            self.test is None,
+            "test_fraction",
+            fraction,
+            "must be null when data.test is given (the test split is then data.test; hold out "
+            "a test split from data.train only without one)",
+        )
+        if self.val is None:
+            check(
+                self.val_fraction + fraction < 1,
+                "test_fraction",
+                fraction,
+                f"with val_fraction={self.val_fraction} must leave training images: "
+                "val_fraction + test_fraction must be below 1",
+            )
 
 
 def _same_images(a: DatasetSpec, b: DatasetSpec) -> bool:

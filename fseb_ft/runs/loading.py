@@ -27,10 +27,9 @@ from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
 from fseb_ft.data.files import find_images, read_image
-from fseb_ft.data.images import IndexedImages, LabeledImages
+from fseb_ft.data.images import LabeledImages
 from fseb_ft.data.inputs import InputSpec
-from fseb_ft.data.sources import load_split
-from fseb_ft.data.splits import stratified_split
+from fseb_ft.data.sources import hold_outs, load_split
 from fseb_ft.data.transforms import eval_transform, make_loader
 from fseb_ft.errors import FsebError
 from fseb_ft.evaluation.abstention import AbstentionRule
@@ -332,7 +331,7 @@ def logits_and_read_errors(
 def validation_split(recipe: Recipe, info: RunInfo | None) -> LabeledImages:
     """The run's validation split, rebuilt from its recipe as
     :func:`~fseb_ft.data.sources.build_splits` built it (``data.val``, or the seeded stratified
-    ``data.val_fraction`` of ``data.train``).
+    ``data.val_fraction`` of ``data.train``, after its ``data.test_fraction``).
 
     Raises:
         FsebError: the run was trained on in-memory data (``fseb_ft.finetune``), which the
@@ -349,7 +348,7 @@ def validation_split(recipe: Recipe, info: RunInfo | None) -> LabeledImages:
         val = load_split("data.val", cfg.val, cfg.channels, seed)
     else:
         full = load_split("data.train", cfg.train, cfg.channels, seed)
-        val = IndexedImages(full, stratified_split(full.labels, cfg.val_fraction, seed)[1])
+        val = hold_outs(full, cfg, seed)[1]
     recorded = ((info.data if info else None) or {}).get("val")
     if recorded is not None and recorded != val.identity:
         raise FsebError(

@@ -151,6 +151,11 @@ class RunInfo:
     """Training images (N in the objective)."""
     data: dict[str, Any] | None = None
     """Identity of every split (``train``, ``val``, ``test``, ``ood``)."""
+    splits: dict[str, Any] | None = None
+    """The ``train``, ``validation`` and ``test`` splits as trained and reported on (``test``
+    ``null`` without one): ``size``, ``groups`` (distinct groups, when the images have a
+    ``group_column``) and ``fingerprint``
+    (:func:`fseb_ft.data.holdout.split_records`); ``None`` in runs from before it."""
     context: dict[str, Any] | None = None
     """The context pool's provenance (kind, fingerprint, …); ``None`` for PS-MAP."""
     num_processes: int | None = None
@@ -179,6 +184,8 @@ class RunInfo:
             del out["training"]
         if self.prior is None:  # s and d as the recipe gives them: run.json as before
             del out["prior"]
+        if self.splits is None:  # a run.json from before splits were recorded reads back as it was
+            del out["splits"]
         if not self.bad_images:
             del out["bad_images"]
         return out

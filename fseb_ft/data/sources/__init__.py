@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fseb_ft.data.holdout import hold_out
 from fseb_ft.data.images import IndexedImages, LabeledImages
 from fseb_ft.data.sources import arrays, csv, disk, hub, idx, imagefolder, sklearn_digits  # noqa: F401
 from fseb_ft.data.sources.registry import find_source, source
@@ -28,7 +29,7 @@ from fseb_ft.errors import FsebError
 from fseb_ft.recipe import DataConfig, DatasetSpec
 from fseb_ft.recipe.datasets import IN_MEMORY
 
-__all__ = ["build_splits", "load_spec", "load_split", "source"]
+__all__ = ["build_splits", "hold_outs", "load_spec", "load_split", "source"]
 
 
 def load_spec(spec: DatasetSpec, channels: int = 3, seed: int = 0) -> LabeledImages:
@@ -75,15 +76,34 @@ def load_split(key: str, spec: DatasetSpec, channels: int = 3, seed: int = 0) ->
         raise prefixed from err
 
 
+def hold_outs(
+    full: LabeledImages, cfg: DataConfig, seed: int
+) -> tuple[LabeledImages, LabeledImages | None, LabeledImages | None]:
+    """(train, validation hold-out, test hold-out) of the training images ``full``.
+
+    The test hold-out is ``data.test_fraction`` of them (``None`` when it is null), the
+    validation one ``data.val_fraction`` (``None`` with ``data.val``), taken from the rest;
+    seeded with ``seed`` (``train.seed``), stratified, and of whole groups when ``full`` has
+    groups (:func:`fseb_ft.data.holdout.hold_out`). Without either, train is ``full`` itself.
+    """
+    val_fraction = cfg.val_fraction if cfg.val is None else None
+    if val_fraction is None and cfg.test_fraction is None:
+        return full, None, None
+    parts = hold_out(full.labels, full.groups, val_fraction, cfg.test_fraction, seed)
+    val = None if parts.val is None else IndexedImages(full, parts.val)
+    test = None if parts.test is None else IndexedImages(full, parts.test)
+    return IndexedImages(full, parts.train), val, test
+
+
 def build_splits(cfg: DataConfig, seed: int) -> Splits:
-    """Load train/val/test/OOD; without ``val``, hold out a seeded stratified part of train."""
+    """Load train/val/test/OOD; hold out validation and test parts of train where the recipe
+    asks (:func:`hold_outs`)."""
     full = load_split("data.train", cfg.train, cfg.channels, seed)
+    train, val, test = hold_outs(full, cfg, seed)
     if cfg.val is not None:
-        train, val = full, load_split("data.val", cfg.val, cfg.channels, seed)
-    else:
-        train_idx, val_idx = stratified_split(full.labels, cfg.val_fraction, seed)
-        train, val = IndexedImages(full, train_idx), IndexedImages(full, val_idx)
-    test = None if cfg.test is None else load_split("data.test", cfg.test, cfg.channels, seed)
+        val = load_split("data.val", cfg.val, cfg.channels, seed)
+    if cfg.test is not None:
+        test = load_split("data.test", cfg.test, cfg.channels, seed)
     ood = {
         name: load_split(f"data.ood.{name}", spec, cfg.channels, seed)
         for name, spec in cfg.ood.items()

@@ -159,6 +159,11 @@ def test_group_by_must_be_a_metadata_column_of_the_reported_split(tmp_path: Path
         recipe_from_dict(raw)
     del raw["data"]["test"]  # reported on the validation split, held out of data.train
     assert recipe_from_dict(raw).eval.group_by == "site"
+    raw["data"]["val"] = {"source": "imagefolder", "path": str(tmp_path), "split": "train"}
+    with pytest.raises(ConfigError, match=r"data.val \(source imagefolder\) keeps no metadata"):
+        recipe_from_dict(raw)
+    raw["data"]["test_fraction"] = 0.2  # the test hold-out comes from data.train, not data.val
+    assert recipe_from_dict(raw).eval.group_by == "site"
 
 
 def test_images_without_the_column_stop_with_one_line() -> None:

@@ -136,13 +136,17 @@ class OutputConfig:
 
 def check_group_by(data: DataConfig, column: str | None) -> None:
     """Refuse an ``eval.group_by`` that is not a metadata column of the split the results are
-    on: ``data.test``, else ``data.val``, else ``data.train`` (a held-out share of it).
+    on: ``data.test``, else ``data.train`` with ``data.test_fraction`` (the test hold-out),
+    else ``data.val``, else ``data.train`` (its validation hold-out).
 
     Datasets given in memory are checked when they load (their images carry the columns).
     """
     if column is None:
         return
-    name = "test" if data.test is not None else "val" if data.val is not None else "train"
+    if data.test is not None:
+        name = "test"
+    else:
+        name = "val" if data.val is not None and data.test_fraction is None else "train"
     spec = getattr(data, name)
     if spec.path.startswith(IN_MEMORY):
         return

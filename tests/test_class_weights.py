@@ -1,5 +1,5 @@
 """Class imbalance: the class-weighted likelihood (``train.class_weights``, the ``ClassWeights``
-callback)."""
+callback) and the class-balanced sampler (``train.sampler: balanced``)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,19 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as nnf
+from accelerate.data_loader import get_sampler, prepare_data_loader
+from safetensors.torch import load_file
 from sklearn.utils.class_weight import compute_class_weight
+from torch.utils.data import TensorDataset
 
+from fseb_ft.data.sampling import BalancedSampler
+from fseb_ft.data.transforms import make_loader
 from fseb_ft.engine.callbacks import Callback, TrainerView
 from fseb_ft.finetune import run
 from fseb_ft.method.likelihood import class_weights, likelihood_term
 from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.recipe import ConfigError, recipe_from_dict
-from tests.helpers import TinyNet, tiny_recipe, write_image_folder
+from tests.helpers import TinyNet, kill_after_checkpoint, tiny_recipe, write_image_folder
 
 LABELS = np.array([0] * 12 + [1] * 3 + [2] * 5)  # 20 training labels, 60 / 15 / 25 %
 
@@ -120,13 +125,64 @@ BASE = {"data": {"train": {"source": "sklearn_digits"}}}
             {"num_classes": 3},
             r"train.class_weights=\[1.0, 2.0\]: needs one weight per class: 3 \(model.num_classes",
         ),
+        ({"sampler": "even"}, {}, r"train.sampler='even': allowed values are"),
+        (
+            {"sampler": "balanced", "class_weights": "balanced"},
+            {},
+            r"train.sampler='balanced': balanced rebalances the classes itself",
+        ),
     ],
 )
-def test_the_recipe_refuses_bad_class_weights(train: dict, model: dict, message: str) -> None:
+def test_the_recipe_refuses_bad_class_weights_and_samplers(
+    train: dict, model: dict, message: str
+) -> None:
     with pytest.raises(ConfigError, match=message):
         recipe_from_dict({**BASE, "train": train, "model": model})
     ok = recipe_from_dict({**BASE, "train": {"class_weights": [1, 2.5]}})
     assert ok.train.class_weights == (1.0, 2.5)
+
+
+def _epoch_draws(sampler: BalancedSampler, epoch: int) -> list[int]:
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+def test_the_balanced_sampler_balances_an_epoch_and_is_seeded_per_epoch() -> None:
+    labels = np.array([0] * 900 + [1] * 100)
+    sampler = BalancedSampler(labels, seed=3)
+    draws = _epoch_draws(sampler, 0)
+    assert len(draws) == len(sampler) == len(labels)  # the epoch keeps its length
+    share = np.bincount(labels[draws], minlength=2) / len(draws)
+    assert 0.4 < share[1] < 0.6  # 10 % of the images, about half of the draws
+    assert _epoch_draws(BalancedSampler(labels, seed=3), 0) == draws
+    assert _epoch_draws(BalancedSampler(labels, seed=3), 1) != draws
+    assert _epoch_draws(BalancedSampler(labels, seed=4), 0) != draws
+
+
+def _prepared_batches(processes: int, index: int, epoch: int) -> list[list[int]]:
+    """The batches of indices one process of ``processes`` gets in ``epoch`` from a balanced
+    loader prepared by Accelerate, as ``accelerator.prepare`` does on ``processes`` processes."""
+    labels = np.array([0] * 45 + [1] * 5)
+    loader = make_loader(
+        TensorDataset(torch.arange(50)), 4, False, sampler=BalancedSampler(labels, 3), seed=3
+    )
+    prepared = prepare_data_loader(
+        loader, num_processes=processes, process_index=index, put_on_device=False,
+        use_seedable_sampler=True,
+    )  # fmt: skip
+    prepared.set_epoch(epoch)  # as the loop does each epoch
+    return [batch[0].tolist() for batch in prepared]
+
+
+def test_accelerate_shares_out_one_epochs_balanced_draws_between_processes() -> None:
+    single = _prepared_batches(1, 0, epoch=2)
+    labels = np.array([0] * 45 + [1] * 5)
+    assert [i for batch in single for i in batch] == _epoch_draws(BalancedSampler(labels, 3), 2)
+    # Two processes: the same draws, batch by batch in turn (13 batches: the second process
+    # wraps round to the first batch to make its 7th).
+    first, second = _prepared_batches(2, 0, epoch=2), _prepared_batches(2, 1, epoch=2)
+    assert first[:6] == single[0:12:2] and second[:6] == single[1:12:2]
+    assert _prepared_batches(1, 0, epoch=3) != single
 
 
 @pytest.fixture(scope="module")
@@ -179,3 +235,33 @@ def test_the_recipe_refuses_a_weight_list_of_other_length_than_the_training_clas
     with pytest.raises(ConfigError, match=r"needs one weight per class, 3 \(the classes of data"):
         run(recipe_from_dict(raw))
     assert not (tmp_path / "run" / "run.json").exists()  # stopped before anything was written
+
+
+class LoaderSampler(Callback):
+    """The training loader's sampler, as the loop draws from it."""
+
+    def on_train_begin(self, trainer: TrainerView) -> None:
+        self.sampler = get_sampler(trainer.parts.train_loader)
+
+
+def test_a_balanced_sampler_run_resumes_to_the_same_weights(
+    folders: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def recipe(out: Path):
+        raw = tiny_recipe(folders, out)
+        raw["fseb"]["reg_scale"] = 0.0  # PS-MAP: no context pool, a faster run
+        del raw["data"]["ood"]
+        raw["train"]["sampler"] = "balanced"
+        return recipe_from_dict(raw)
+
+    spy = LoaderSampler()
+    run(recipe(tmp_path / "straight"), callbacks=[spy])
+    assert isinstance(spy.sampler, BalancedSampler)
+
+    kill_after_checkpoint(monkeypatch)  # the first epoch's
+    with pytest.raises(KeyboardInterrupt):
+        run(recipe(tmp_path / "resumed"))
+    run(recipe(tmp_path / "resumed"))
+    for name in ("checkpoints/epoch-0002/model.safetensors", "model/model.safetensors"):
+        a, b = load_file(tmp_path / "straight" / name), load_file(tmp_path / "resumed" / name)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name

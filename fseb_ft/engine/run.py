@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader
 from fseb_ft.data.holdout import split_records
 from fseb_ft.data.images import LabeledImages
 from fseb_ft.data.inputs import InputSpec
+from fseb_ft.data.sampling import BalancedSampler
 from fseb_ft.data.screening import screen_splits
 from fseb_ft.data.sources import build_splits, load_split
 from fseb_ft.data.sources.registry import find_source
@@ -217,7 +218,12 @@ def _model_and_objective(
     kw, size = _loader_kw(recipe), recipe.eval.batch_size
     transform = train_transform(spec.size, spec.mean, spec.std, recipe.data.augment, kw["seed"])
     train_set = TransformedImages(data.splits.train, transform)
-    train_loader = make_loader(train_set, recipe.data.batch_size, shuffle=True, **kw)
+    sampler = None
+    if recipe.train.sampler == "balanced":
+        sampler = BalancedSampler(data.splits.train.labels, recipe.train.seed)
+    train_loader = make_loader(
+        train_set, recipe.data.batch_size, shuffle=sampler is None, sampler=sampler, **kw
+    )
     val_loader = eval_loader(data.splits.val, spec, size, **kw)
     # Prepared first, as they always were: Accelerate's checkpoints number loaders in this order.
     val_ood_loaders = {

@@ -38,6 +38,9 @@ HEAD_INITS = ("auto", "timm", "zeros")
 CLASS_WEIGHTS = ("none", "balanced")
 """The named per-class likelihood weights (``train.class_weights``; a list of weights too)."""
 
+SAMPLERS = ("shuffle", "balanced")
+"""How an epoch draws the training images (``train.sampler``)."""
+
 BAD_IMAGES = ("stop", "skip")
 """What a run does with images found unreadable before training (``data.bad_images``)."""
 

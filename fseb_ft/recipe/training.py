@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from fseb_ft.recipe.options import CLASS_WEIGHTS
+from fseb_ft.recipe.options import CLASS_WEIGHTS, SAMPLERS
 from fseb_ft.recipe.schema import check
 
 __all__ = ["OptimConfig", "TrainConfig"]
@@ -92,6 +92,11 @@ class TrainConfig:
     class in label order. The weights are scaled so that their mean over the training images is
     1, so the prior terms keep their weight against the likelihood; the weights used are in
     ``run.json``. Validation and test metrics stay unweighted (the natural class balance)."""
+    sampler: Literal[SAMPLERS] = "shuffle"
+    """How an epoch draws the training images: ``shuffle`` (each once, in a seeded random
+    order) or ``balanced`` (as many draws, with replacement, each class equally likely; seeded
+    per epoch, so a resumed run draws as an uninterrupted one). ``balanced`` rebalances the
+    classes instead of ``class_weights``, which must then be ``none``."""
 
     def __post_init__(self) -> None:
         check(self.epochs >= 1, "epochs", self.epochs, "must be ≥ 1")
@@ -111,3 +116,10 @@ class TrainConfig:
                 list(weights),
                 "a list of positive, finite weights, one per class (≥ 2), or none or balanced",
             )
+        check(
+            self.sampler == "shuffle" or weights == "none",
+            "sampler",
+            self.sampler,
+            f"balanced rebalances the classes itself; with it train.class_weights must be none, "
+            f"not {weights if isinstance(weights, str) else list(weights)}",
+        )

@@ -23,7 +23,7 @@ import PIL.Image
 import timm.data
 import torch
 from albumentations.pytorch import ToTensorV2
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from fseb_ft.data.images import LabeledImages
 from fseb_ft.data.inputs import EVAL_RESIZE
@@ -306,11 +306,14 @@ def make_loader(
     num_workers: int = 0,
     seed: int = 0,
     drop_last: bool = False,
+    sampler: Sampler | None = None,
 ) -> DataLoader:
     """A reproducible DataLoader: seeded shuffling, seeded workers and transforms.
 
     With ``num_workers == 0`` the dataset's transform is reseeded here from ``seed`` (the main
     process does the augmenting); with workers, :func:`seed_worker` reseeds each worker.
+    ``sampler`` (e.g. :class:`fseb_ft.data.sampling.BalancedSampler`) draws the indices instead
+    of the shuffle, and ``shuffle`` must then be false.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
@@ -322,6 +325,7 @@ def make_loader(
         dataset,
         batch_size=batch_size,
         shuffle=shuffle,
+        sampler=sampler,
         num_workers=num_workers,
         generator=torch.Generator().manual_seed(seed),
         worker_init_fn=seed_worker,

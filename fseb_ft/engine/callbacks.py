@@ -17,8 +17,8 @@ epoch's checkpoint is written; ``trainer.warn`` keeps a warning for the results 
 card. A callback with state returns it from :meth:`Callback.state_dict` (JSON-serialisable): it is
 saved in each checkpoint's ``trainer_state.json`` and given back to :meth:`Callback.load_state_dict`
 when the run resumes. The built-in callbacks every run gets (:mod:`fseb_ft.engine.run`):
-:class:`DivergenceStop`, :class:`ValOODScores`, :class:`ChanceWarning`; a sweep adds
-:class:`PruningCallback`.
+:class:`DivergenceStop`, :class:`ValOODScores`, :class:`ChanceWarning`; ``train.class_weights``
+adds :class:`ClassWeights`, a sweep :class:`PruningCallback`.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from fseb_ft.recipe import TrainConfig, val_ood_metric
 __all__ = [
     "Callback",
     "ChanceWarning",
+    "ClassWeights",
     "DivergenceStop",
     "PruningCallback",
     "TrainState",
@@ -310,6 +311,28 @@ def _chance_warning(history: Sequence[dict[str, float]], labels: Tensor) -> str:
         f"The model has learned nothing measurable ({nlls}): check the labels"
         f"{balance if chance >= 0.5 else ''}, lower optim.lr, or train longer."
     )
+
+
+class ClassWeights(Callback):
+    """Train on the class-weighted likelihood (``train.class_weights``): the objective weights
+    each example's log-likelihood by its class's weight while training
+    (:meth:`~fseb_ft.method.objective.FSEBObjective.set_class_weights`), and unweighted after.
+
+    No state to save: the weights follow from the recipe and the training labels, and a resumed
+    run sets them again before its first epoch.
+    """
+
+    def __init__(self, weights: Tensor) -> None:
+        """``weights``: (K,), scaled to mean 1 over the training images
+        (:func:`fseb_ft.method.likelihood.class_weights`)."""
+        self.weights = weights
+
+    def on_train_begin(self, trainer: TrainerView) -> None:
+        device = trainer.accelerator.device
+        trainer.objective.set_class_weights(self.weights.to(device, torch.float32))
+
+    def on_train_end(self, trainer: TrainerView) -> None:
+        trainer.objective.set_class_weights(None)
 
 
 class PruningCallback(Callback):

@@ -21,12 +21,13 @@ from typing import Any, NamedTuple
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from safetensors.torch import load_model, save_model
-from torch import nn
+from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from fseb_ft.data.holdout import split_records
 from fseb_ft.data.images import LabeledImages
 from fseb_ft.data.inputs import InputSpec
+from fseb_ft.data.sampling import BalancedSampler
 from fseb_ft.data.screening import screen_splits
 from fseb_ft.data.sources import build_splits, load_split
 from fseb_ft.data.sources.registry import find_source
@@ -36,6 +37,7 @@ from fseb_ft.engine.allocator import keep_freed_memory
 from fseb_ft.engine.callbacks import (
     Callback,
     ChanceWarning,
+    ClassWeights,
     DivergenceStop,
     TrainState,
     ValOODScores,
@@ -53,6 +55,7 @@ from fseb_ft.engine.resume import check_resumable, check_same_data, flat_keys
 from fseb_ft.evaluation.groups import reported_groups
 from fseb_ft.evaluation.predictions import eval_loader, predict_splits
 from fseb_ft.method.context import context_sets, context_stream, resolve_prior_on_pool
+from fseb_ft.method.likelihood import class_weights
 from fseb_ft.method.models import create_model, head_init, input_spec
 from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.recipe import ConfigError, DatasetSpec, Recipe, dump_recipe
@@ -130,6 +133,8 @@ class RunData:
     """Unreadable images left out (``data.bad_images: skip``), by recipe key."""
     warnings: list[str]
     """What the labels make doubtful (a class without images, …)."""
+    class_weights: Tensor | None = None
+    """The per-class likelihood weights (K,) of ``train.class_weights``; ``None``: unweighted."""
 
 
 class _Trained(NamedTuple):
@@ -158,7 +163,7 @@ def _train(recipe: Recipe, splits: Splits | None, callbacks: Sequence[Callback])
     parts, spec, val_ood_loaders = _model_and_objective(recipe, data, accelerator)
     parts, prior = _context(recipe, data, spec, parts)
     run_info = _record_start(recipe, data, spec, parts, prior, warned)
-    state = _fit(recipe, parts, val_ood_loaders, callbacks)
+    state = _fit(recipe, parts, val_ood_loaders, data.class_weights, callbacks)
     _load_best(parts, run_dir)
     return _Trained(parts, data.splits, spec, run_info, _training(recipe, state, warned))
 
@@ -184,8 +189,8 @@ def _start(recipe: Recipe, run_dir: Path) -> tuple[Accelerator, list[str]]:
 
 
 def _data(recipe: Recipe, splits: Splits, accelerator: Accelerator) -> RunData:
-    """Screen the splits and the context sets for unreadable images, check the labels, and load
-    the validation OOD sets."""
+    """Screen the splits and the context sets for unreadable images, check the labels, weigh the
+    classes (``train.class_weights``), and load the validation OOD sets."""
     seed, channels = recipe.train.seed, recipe.data.channels
     screened, others, dropped = screen_splits(
         splits,
@@ -195,11 +200,12 @@ def _data(recipe: Recipe, splits: Splits, accelerator: Accelerator) -> RunData:
         accelerator.is_main_process,
     )
     num_classes, warnings = _num_classes(recipe, screened)
+    weights = class_weights(recipe.train.class_weights, screened.train.labels, num_classes)
     val_ood = {
         name: load_split(f"data.val_ood.{name}", ood_spec, channels, seed)
         for name, ood_spec in recipe.data.val_ood.items()
     }
-    return RunData(screened, others, val_ood, num_classes, dropped, warnings)
+    return RunData(screened, others, val_ood, num_classes, dropped, warnings, weights)
 
 
 def _model_and_objective(
@@ -212,7 +218,12 @@ def _model_and_objective(
     kw, size = _loader_kw(recipe), recipe.eval.batch_size
     transform = train_transform(spec.size, spec.mean, spec.std, recipe.data.augment, kw["seed"])
     train_set = TransformedImages(data.splits.train, transform)
-    train_loader = make_loader(train_set, recipe.data.batch_size, shuffle=True, **kw)
+    sampler = None
+    if recipe.train.sampler == "balanced":
+        sampler = BalancedSampler(data.splits.train.labels, recipe.train.seed)
+    train_loader = make_loader(
+        train_set, recipe.data.batch_size, shuffle=sampler is None, sampler=sampler, **kw
+    )
     val_loader = eval_loader(data.splits.val, spec, size, **kw)
     # Prepared first, as they always were: Accelerate's checkpoints number loaders in this order.
     val_ood_loaders = {
@@ -280,6 +291,7 @@ def _record_start(
         warnings=warned,
         prior=prior,
         bad_images=data.dropped or None,
+        class_weights=None if data.class_weights is None else data.class_weights.tolist(),
     )
     check_same_data(recipe.train, run_dir, run_info)
     if accelerator.is_main_process:
@@ -295,9 +307,11 @@ def _fit(
     recipe: Recipe,
     parts: Prepared,
     val_ood_loaders: Mapping[str, DataLoader],
+    weights: Tensor | None,
     callbacks: Sequence[Callback],
 ) -> TrainState:
-    """Train with the built-in callbacks, then ``callbacks``."""
+    """Train with the built-in callbacks (:class:`ClassWeights` with ``weights``, the class
+    weights of ``train.class_weights``), then ``callbacks``."""
     run_dir, objective = Path(recipe.output.dir), parts.objective
     builtin = [
         DivergenceStop(
@@ -307,6 +321,7 @@ def _fit(
         ),
         ValOODScores(val_ood_loaders, recipe.eval.ood_scores[0]),
         ChanceWarning(),
+        *([] if weights is None else [ClassWeights(weights)]),
     ]
     trainer = Trainer(
         parts,

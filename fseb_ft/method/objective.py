@@ -18,6 +18,10 @@ with a mean-field Gaussian ``q(θ) = N(μ, diag(σ²))`` and the KL of
 Multi-process training: each process regularises its own context batch, so the prior is
 block-diagonal across processes, and gradient averaging turns ``R_f`` into its mean over
 processes; ``num_train`` must be the *global* training-set size, counted once.
+
+With class weights (:meth:`FSEBObjective.set_class_weights`, ``train.class_weights``) every
+method's mean CE is the class-weighted one of :func:`fseb_ft.method.likelihood.likelihood_term`;
+the prior terms keep ``N_train``.
 """
 
 from __future__ import annotations
@@ -28,11 +32,11 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import torch
-import torch.nn.functional as nnf
 from torch import Tensor, nn
 from torch.func import functional_call
 
 from fseb_ft.method.fsvi import function_kl
+from fseb_ft.method.likelihood import likelihood_term
 from fseb_ft.method.posterior import posterior, predictive, unwrap_model
 from fseb_ft.method.regularizer import function_space_term, parameter_term
 from fseb_ft.method.variational import context_moments
@@ -159,6 +163,7 @@ class FSEBObjective(nn.Module):
         # s and d of Kc: the config's, or set per run by set_prior_covariance.
         self.prior_cov_scale = self.config.prior_cov_scale
         self.prior_cov_diag = self.config.prior_cov_diag
+        self.class_weights: Tensor | None = None  # set by set_class_weights
         base = unwrap_model(model)
         self.variational = posterior(base, self.config)
         self.feature_fn = feature_fn or _timm_feature_fn(base)
@@ -182,6 +187,14 @@ class FSEBObjective(nn.Module):
         """Use ``Kc = scale · (H Hᵀ + 1 1ᵀ) + diag · I`` from now on (e.g. s and d resolved from
         ``fseb.prior_std`` by :func:`fseb_ft.method.regularizer.resolve_prior`)."""
         self.prior_cov_scale, self.prior_cov_diag = scale, diag
+
+    def set_class_weights(self, weights: Tensor | None) -> None:
+        """Weight each example's log-likelihood by its class's weight from now on: ``weights``
+        (K,), best on the model's device and scaled to mean 1 over the training images
+        (:func:`fseb_ft.method.likelihood.class_weights`); ``None``: unweighted. The training
+        loop's :class:`~fseb_ft.engine.callbacks.ClassWeights` sets them from
+        ``train.class_weights``."""
+        self.class_weights = weights
 
     def replace_model(self, model: nn.Module, device: torch.device | str | None = None) -> None:
         """Train ``model`` from now on: the same network wrapped, e.g. by ``accelerator.prepare``.
@@ -271,7 +284,8 @@ class FSEBObjective(nn.Module):
                 ``reg_points="joint"`` the training batch's features are computed here, each step.
 
         Returns:
-            ``loss`` (to minimise), ``nll`` (mean cross-entropy), ``fs_reg`` (``R_f``, unscaled),
+            ``loss`` (to minimise), ``nll`` (mean cross-entropy, class-weighted when
+            :attr:`class_weights` are set), ``fs_reg`` (``R_f``, unscaled),
             ``param_reg`` (``R_θ``) and ``logits`` (B, K) of the training batch.
         """
         use_fs = self.reg_scale > 0
@@ -334,8 +348,7 @@ class FSEBObjective(nn.Module):
             logits = call(x) if want_nll or joint_reg else None  # (B, K)
             ctx_logits = call(context) if use_fs else None  # (M, K)
         if want_nll:
-            # At least float32 (autocast may hand us bf16 logits), never narrower than the input.
-            nll = nnf.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), y)
+            nll = likelihood_term(logits, y, self.class_weights)
         else:
             nll = x.new_zeros((), dtype=torch.float32)
         if use_fs:
@@ -396,9 +409,7 @@ class FSEBObjective(nn.Module):
             draw = self.variational.sample(means)
             logits = functional_call(base, draw, (x,))  # (B, K)
             first = logits if first is None else first
-            nlls.append(
-                nnf.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), y)
-            )
+            nlls.append(likelihood_term(logits, y, self.class_weights))
         mean, cov = context_moments(
             base, self.variational, context, self.config.fsvi_variance, self.feature_fn
         )  # (M, K), (K, M, M)

@@ -35,6 +35,12 @@ PARAM_ANCHORS = ("zero", "init")
 HEAD_INITS = ("auto", "timm", "zeros")
 """Initialisation of the new classifier (``model.head_init``)."""
 
+CLASS_WEIGHTS = ("none", "balanced")
+"""The named per-class likelihood weights (``train.class_weights``; a list of weights too)."""
+
+SAMPLERS = ("shuffle", "balanced")
+"""How an epoch draws the training images (``train.sampler``)."""
+
 BAD_IMAGES = ("stop", "skip")
 """What a run does with images found unreadable before training (``data.bad_images``)."""
 

@@ -253,6 +253,14 @@ class Recipe:
                 f"allowed values are {allowed} (ood_<name>_auroc needs data.val_ood.<name>)",
             )
         check_group_by(self.data, self.eval.group_by)
+        weights, k = self.train.class_weights, self.model.num_classes
+        # Without model.num_classes the class count is the training labels': checked at the run.
+        check(
+            isinstance(weights, str) or k is None or len(weights) == k,
+            "train.class_weights",
+            weights if isinstance(weights, str) else list(weights),
+            f"needs one weight per class: {k} (model.num_classes)",
+        )
 
 
 def validation_metrics(data: DataConfig) -> list[str]:

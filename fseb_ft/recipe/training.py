@@ -7,9 +7,11 @@ what is allowed.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
+from fseb_ft.recipe.options import CLASS_WEIGHTS, SAMPLERS
 from fseb_ft.recipe.schema import check
 
 __all__ = ["OptimConfig", "TrainConfig"]
@@ -83,6 +85,18 @@ class TrainConfig:
     """Accelerate trackers for per-epoch metrics (none by default; the history is in
     ``run.json`` either way), e.g. ``[tensorboard]`` after ``pip install tensorboard``; one whose
     package is not installed is skipped with a log message."""
+    class_weights: Literal[CLASS_WEIGHTS] | tuple[float, ...] = "none"
+    """Weight each training image's log-likelihood by a weight of its class (docs/method.md,
+    "Class imbalance"): ``none``; ``balanced``, scikit-learn's ``compute_class_weight("balanced")``
+    on the training labels (``N / (K · N_k)``); or a list ``[w_0, …]``, one positive weight per
+    class in label order. The weights are scaled so that their mean over the training images is
+    1, so the prior terms keep their weight against the likelihood; the weights used are in
+    ``run.json``. Validation and test metrics stay unweighted (the natural class balance)."""
+    sampler: Literal[SAMPLERS] = "shuffle"
+    """How an epoch draws the training images: ``shuffle`` (each once, in a seeded random
+    order) or ``balanced`` (as many draws, with replacement, each class equally likely; seeded
+    per epoch, so a resumed run draws as an uninterrupted one). ``balanced`` rebalances the
+    classes instead of ``class_weights``, which must then be ``none``."""
 
     def __post_init__(self) -> None:
         check(self.epochs >= 1, "epochs", self.epochs, "must be ≥ 1")
@@ -93,4 +107,19 @@ class TrainConfig:
             "max_param_growth",
             self.max_param_growth,
             "must be > 1 or null",
+        )
+        weights = self.class_weights
+        if not isinstance(weights, str):
+            check(
+                len(weights) >= 2 and all(math.isfinite(w) and w > 0 for w in weights),
+                "class_weights",
+                list(weights),
+                "a list of positive, finite weights, one per class (≥ 2), or none or balanced",
+            )
+        check(
+            self.sampler == "shuffle" or weights == "none",
+            "sampler",
+            self.sampler,
+            f"balanced rebalances the classes itself; with it train.class_weights must be none, "
+            f"not {weights if isinstance(weights, str) else list(weights)}",
         )

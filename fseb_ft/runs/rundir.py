@@ -175,6 +175,9 @@ class RunInfo:
     bad_images: dict[str, list[str]] | None = None
     """Unreadable images left out before training (``data.bad_images: skip``): their files by
     recipe key (``data.train``, ``context.datasets[0]``, …); ``None`` when none was left out."""
+    class_weights: list[float] | None = None
+    """The per-class weights of the training likelihood (``train.class_weights``), in label
+    order, scaled to mean 1 over the training images; ``None``: unweighted."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``run.json`` mapping (``training`` only once set, ``prior`` only when resolved)."""
@@ -188,6 +191,8 @@ class RunInfo:
             del out["splits"]
         if not self.bad_images:
             del out["bad_images"]
+        if self.class_weights is None:  # unweighted: run.json as before
+            del out["class_weights"]
         return out
 
     @classmethod

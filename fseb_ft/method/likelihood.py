@@ -1,0 +1,77 @@
+"""The objective's data term: the mean cross-entropy, weighted per class for imbalanced data.
+
+With per-class weights ``w`` (``train.class_weights``; docs/method.md, "Class imbalance") the
+data term of a batch of B examples is::
+
+    nll_w = (1/B) Σ_i w_{y_i} · (−log p(y_i | x_i; θ))
+
+an unbiased minibatch estimate of ``(1/N) Σ_n w_{y_n} · (−log p(y_n | x_n; θ))``, the weighted
+log-likelihood of the N training images divided by N, as the unweighted term is. The weights are
+scaled so that their mean over the training images is 1 (``Σ_n w_{y_n} = N``): the likelihood
+keeps its total weight N against the prior terms, which the objective divides by the same N.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as nnf
+from torch import Tensor
+
+from fseb_ft.recipe import ConfigError
+
+__all__ = ["class_weights", "likelihood_term"]
+
+
+def likelihood_term(logits: Tensor, y: Tensor, weights: Tensor | None = None) -> Tensor:
+    """The mean cross-entropy of ``logits`` (B, K) at the labels ``y`` (B,), each example's
+    multiplied by its class's weight, ``weights[y]`` (``weights``: (K,); ``None``: unweighted).
+
+    Computed at least in float32 (autocast may hand over bf16 logits), never narrower than the
+    logits. The mean is over the B examples, not over ``Σ_i w_{y_i}`` as
+    ``cross_entropy(weight=w)`` takes it: that ratio would change the likelihood's weight from
+    batch to batch. Weights of ones give the unweighted value exactly (a product with 1.0 is
+    exact, and the reduction is the same).
+    """
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if weights is None:
+        return nnf.cross_entropy(logits, y)
+    log_probs = nnf.log_softmax(logits, dim=-1) * weights.to(logits)  # (B, K)
+    return nnf.nll_loss(log_probs, y)
+
+
+def class_weights(
+    choice: str | Sequence[float], labels: np.ndarray, num_classes: int
+) -> Tensor | None:
+    """The per-class weights (K,) of ``train.class_weights`` for the training ``labels`` (N,),
+    float64, scaled to mean 1 over the training images (``Σ_n w_{y_n} = N``); ``None`` for
+    ``none`` and for weights that are all equal (they scale to ones: the unweighted objective).
+
+    ``balanced`` is scikit-learn's ``compute_class_weight("balanced")``, ``N / (K' · N_k)`` over
+    the K' classes with training images, whose mean over the training images is already 1; a
+    class without training images (``model.num_classes`` above the labels') enters no loss and
+    gets 1. A list gives one weight per class, in label order.
+
+    Raises:
+        ConfigError: a list whose length is not ``num_classes``, the class count K.
+    """
+    if choice == "none":
+        return None
+    if choice == "balanced":
+        from sklearn.utils.class_weight import compute_class_weight  # only weighted runs need it
+
+        present = np.unique(labels)
+        raw = np.ones(num_classes)
+        raw[present] = compute_class_weight("balanced", classes=present, y=labels)
+    else:
+        raw = np.asarray(choice, dtype=np.float64)
+        if len(raw) != num_classes:
+            raise ConfigError(
+                f"train.class_weights={list(choice)}: needs one weight per class, "
+                f"{num_classes} (the classes of data.train)"
+            )
+    if np.all(raw == raw[0]):
+        return None
+    return torch.from_numpy(raw / raw[labels].mean())  # (K,)

@@ -64,7 +64,7 @@ def kaggle_recipe(root: Path, out: Path) -> Path:
         "context": {"kind": "train", "pool_size": 20, "batch_size": 4},
         "fseb": {"prior_var": 1.0, "prior_cov_scale": 0.01, "prior_cov_diag": 1.0},
         "optim": {"lr": 0.05},
-        "train": {"epochs": 1, "cpu": True, "log_every": 2},
+        "train": {"epochs": 1, "cpu": True, "log_every": 2, "class_weights": "balanced"},
         "eval": {"batch_size": 8, "group_by": "site", "temperature_scaling": True},
         "output": {"dir": str(out)},
     }

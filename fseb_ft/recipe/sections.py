@@ -252,6 +252,14 @@ class Recipe:
                 metric,
                 f"allowed values are {allowed} (ood_<name>_auroc needs data.val_ood.<name>)",
             )
+        cache, size = self.data.cache, self.model.input_size
+        check(
+            cache is None or size is None or cache.size >= size,
+            "data.cache.size",
+            None if cache is None else cache.size,
+            f"must be ≥ model.input_size ({size}): the cached images would be smaller than "
+            "what the model takes",
+        )
 
 
 def validation_metrics(data: DataConfig) -> list[str]:

@@ -5,6 +5,7 @@
     fseb-ft push RUN_DIR [user/name]
     fseb-ft sweep RECIPE.yaml [section.key=value ...] --trials N [--compare]
     fseb-ft predict MODEL IMAGES... [--out predictions.csv] [--coverage 0.9 | --max-risk 0.02]
+    fseb-ft cache RECIPE.yaml [section.key=value ...]
 
 Each command's module is imported only when it runs, so ``fseb-ft --help`` and ``fseb-ft push``
 do not load the training stack. An error the user can fix (a bad recipe, a missing path, a full
@@ -53,6 +54,9 @@ COMMANDS: dict[str, Command] = {
     ),
     "predict": Command(
         "fseb_ft.predict", "predict new images, abstaining below a threshold chosen on validation"
+    ),
+    "cache": Command(
+        "fseb_ft.cache", "decode and shrink a recipe's images once, ahead of training (data.cache)"
     ),
 }
 """Every ``fseb-ft`` subcommand, in help order. A new command is one entry here."""

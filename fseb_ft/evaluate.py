@@ -57,9 +57,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m fseb_ft.evalu
     bad = [o for o in args.set_overrides if not o.startswith("eval.") or "=" not in o]
     if bad:
         parser.error(f"--set takes eval.KEY=VALUE (evaluation settings only), got {bad}")
-    bad = [o for o in overrides if not o.startswith("eval.")]
+    bad = [o for o in overrides if not o.startswith(("eval.", "data.cache"))]
     if bad:
-        parser.error(f"overrides take eval.KEY=VALUE (evaluation settings only), got {bad}")
+        parser.error(
+            "overrides take eval.KEY=VALUE (evaluation settings only), or data.cache=null to "
+            f"read the original images instead of the resized-image cache, got {bad}"
+        )
     args.overrides = [*args.set_overrides, *overrides]
     configure_logging()
     try:
@@ -106,7 +109,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         help="run directories written by fseb_ft.finetune; a folder holding runs (the "
         "OUTPUT of --compare) stands for the runs in it. An argument with '=' is an "
         "eval.KEY=VALUE override of the saved recipes for this evaluation, e.g. "
-        "eval.corruptions=all eval.severities=[1,3,5]",
+        "eval.corruptions=all eval.severities=[1,3,5]; data.cache=null reads the original "
+        "images of a run trained with the resized-image cache",
     )
     parser.add_argument(
         "--ensemble",

@@ -42,6 +42,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from fseb_ft.data.corruption_ops import BENCHMARK, CORRUPTIONS, EXTRA
+from fseb_ft.data.image_cache import user_cache_dir
 from fseb_ft.data.images import LabeledImages, content_hash
 from fseb_ft.recipe.options import ALL_CORRUPTIONS
 from fseb_ft.recipe.reporting import resolve_corruptions
@@ -144,8 +145,7 @@ def corrupt_images(
 
 def default_cache_dir() -> Path:
     """``$XDG_CACHE_HOME/fseb_ft/corruptions``, else ``~/.cache/fseb_ft/corruptions``."""
-    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(root) / "fseb_ft" / "corruptions"
+    return user_cache_dir("corruptions")
 
 
 class CorruptedImages(LabeledImages):

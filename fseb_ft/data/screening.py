@@ -15,8 +15,11 @@ An image of more than 8 bits per pixel (16-bit, 32-bit integer, floating point) 
 :func:`fseb_ft.data.pixels.as_uint8`, so pixels it refuses (a float TIFF outside [0, 1]) are found
 here too, not at a training step.
 
-Of fseb_ft this imports only :mod:`fseb_ft.errors`, :mod:`fseb_ft.data.images`,
-:mod:`fseb_ft.data.splits` and :mod:`fseb_ft.data.pixels`.
+With ``data.cache``, the resized-image cache's build (:mod:`fseb_ft.data.image_cache`) is this
+check: each image is decoded once, for both.
+
+Of fseb_ft this imports only :mod:`fseb_ft.errors`, the recipe, :mod:`fseb_ft.data.images`,
+:mod:`fseb_ft.data.image_cache`, :mod:`fseb_ft.data.splits` and :mod:`fseb_ft.data.pixels`.
 """
 
 from __future__ import annotations
@@ -31,15 +34,18 @@ import numpy as np
 import PIL.Image
 from tqdm.auto import tqdm
 
+from fseb_ft.data.image_cache import cache_images
 from fseb_ft.data.images import IndexedImages, LabeledImages
 from fseb_ft.data.pixels import EMPTY_FILE, WIDE_MODES, as_uint8
 from fseb_ft.data.splits import Splits
 from fseb_ft.errors import FsebError
+from fseb_ft.recipe import ImageCacheConfig
 
 __all__ = [
     "SHOWN",
     "BadImage",
     "BadImagesError",
+    "apply_policy",
     "check_image",
     "find_bad_images",
     "screen",
@@ -131,15 +137,33 @@ def find_bad_images(data: LabeledImages, key: str, progress: bool = True) -> lis
 
 
 def screen(
-    named: Mapping[str, LabeledImages], policy: str, progress: bool = True
+    named: Mapping[str, LabeledImages],
+    policy: str,
+    progress: bool = True,
+    cache: ImageCacheConfig | None = None,
 ) -> tuple[dict[str, LabeledImages], dict[str, list[str]]]:
     """Check every dataset of ``named`` (recipe key → dataset) and apply ``policy``.
 
-    ``stop`` raises :class:`BadImagesError` when any image is bad; ``skip`` returns each dataset
-    without its bad images (a subset) and logs their count. Returns the datasets and the files
-    dropped, by key (empty when none was bad).
+    With ``cache`` (``data.cache``) the datasets are served from the resized-image cache, and
+    its build is the check (:func:`~fseb_ft.data.image_cache.cache_images`: each image decoded
+    once); a reused entry reports the bad images it recorded. ``stop`` raises
+    :class:`BadImagesError` when any image is bad; ``skip`` returns each dataset without its bad
+    images (a subset) and logs their count. Returns the datasets and the files dropped, by key
+    (empty when none was bad).
     """
-    bad = {key: find_bad_images(data, key, progress) for key, data in named.items()}
+    if cache is None:
+        bad = {key: find_bad_images(data, key, progress) for key, data in named.items()}
+        return apply_policy(named, bad, policy)
+    cached = cache_images(named, cache, progress)
+    found = {key: [BadImage(key, *b) for b in cached.bad.get(key, [])] for key in named}
+    return apply_policy(cached.sets, found, policy)
+
+
+def apply_policy(
+    named: Mapping[str, LabeledImages], bad: Mapping[str, list[BadImage]], policy: str
+) -> tuple[dict[str, LabeledImages], dict[str, list[str]]]:
+    """``data.bad_images`` applied to the datasets ``named`` whose bad images are ``bad``: see
+    :func:`screen`."""
     found = [b for found in bad.values() for b in found]
     if not found:
         return dict(named), {}
@@ -147,7 +171,7 @@ def screen(
         raise BadImagesError(found)
     kept: dict[str, LabeledImages] = {}
     for key, data in named.items():
-        drop = [b.index for b in bad[key]]
+        drop = [b.index for b in bad.get(key, [])]
         keep = np.setdiff1d(np.arange(len(data)), drop)  # (N - dropped,)
         kept[key] = IndexedImages(data, keep) if drop else data
     shown = ", ".join(b.name for b in found[:SHOWN])
@@ -167,8 +191,10 @@ def screen_splits(
     policy: str,
     progress: bool = True,
     train: bool = True,
+    cache: ImageCacheConfig | None = None,
 ) -> tuple[Splits, list[LabeledImages], dict[str, list[str]]]:
-    """:func:`screen` a run's splits and its context datasets (``context.datasets``).
+    """:func:`screen` a run's splits and its context datasets (``context.datasets``), served
+    from the resized-image ``cache`` when given.
 
     ``train=False`` leaves ``data.train`` unchecked: re-evaluating a run reads only the other
     splits, and the training set is usually the largest.
@@ -179,7 +205,7 @@ def screen_splits(
         named["data.test"] = splits.test
     named |= {f"data.ood.{name}": data for name, data in splits.ood.items()}
     named |= {f"context.datasets[{i}]": data for i, data in enumerate(context)}
-    kept, dropped = screen(named, policy, progress)
+    kept, dropped = screen(named, policy, progress, cache)
     screened = Splits(
         train=kept.get("data.train", splits.train),
         val=kept["data.val"],

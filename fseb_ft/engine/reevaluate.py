@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from accelerate import Accelerator
 
+from fseb_ft.data.image_cache import check_cache_size
 from fseb_ft.data.screening import screen_splits
 from fseb_ft.data.sources import build_splits
 from fseb_ft.evaluation.predictions import Predictions, predict_splits
@@ -134,13 +135,16 @@ def predict_run(run: SavedRun, accelerator: Accelerator) -> Predictions:
     run_dir, recipe, info = run
     # The images training left out (data.bad_images: skip) are left out again, so the numbers
     # are the run's; with ``stop``, an image damaged since is one clear error, not a traceback.
-    splits, _, _ = screen_splits(
-        build_splits(recipe.data, recipe.train.seed),
-        [],
-        recipe.data.bad_images,
-        progress=accelerator.is_main_process,
-        train=False,
-    )
+    check_cache_size(recipe.data.cache, info.input.size, recipe.model.name)
+    with accelerator.main_process_first():  # with data.cache: the main process builds, others read
+        splits, _, _ = screen_splits(
+            build_splits(recipe.data, recipe.train.seed),
+            [],
+            recipe.data.bad_images,
+            progress=accelerator.is_main_process,
+            train=False,
+            cache=recipe.data.cache,
+        )
     model = accelerator.prepare(load_run_model(run_dir, recipe, info))
     predictor = run_predictor(run_dir, recipe, accelerator.unwrap_model(model))
     loader_kw = {"num_workers": recipe.data.num_workers, "seed": recipe.train.seed}

@@ -25,10 +25,11 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from fseb_ft.data.holdout import split_records
+from fseb_ft.data.image_cache import check_cache_size
 from fseb_ft.data.images import LabeledImages
 from fseb_ft.data.inputs import InputSpec
 from fseb_ft.data.sampling import BalancedSampler
-from fseb_ft.data.screening import screen_splits
+from fseb_ft.data.screening import screen, screen_splits
 from fseb_ft.data.sources import build_splits, load_split
 from fseb_ft.data.sources.registry import find_source
 from fseb_ft.data.splits import Splits, require_two_classes
@@ -56,7 +57,7 @@ from fseb_ft.evaluation.groups import reported_groups
 from fseb_ft.evaluation.predictions import eval_loader, predict_splits
 from fseb_ft.method.context import context_sets, context_stream, resolve_prior_on_pool
 from fseb_ft.method.likelihood import class_weights
-from fseb_ft.method.models import create_model, head_init, input_spec
+from fseb_ft.method.models import create_model, head_init, input_spec, planned_input_size
 from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.recipe import ConfigError, DatasetSpec, Recipe, dump_recipe
 from fseb_ft.recipe.datasets import IN_MEMORY
@@ -153,6 +154,8 @@ def _train(recipe: Recipe, splits: Splits | None, callbacks: Sequence[Callback])
     run_dir = Path(recipe.output.dir)
     check_output_dir(run_dir)
     check_resumable(recipe, run_dir)
+    # Before the cache is built; an hf-hub: model's size is checked once it loads.
+    check_cache_size(recipe.data.cache, planned_input_size(recipe.model), recipe.model.name)
     if splits is None:  # the data first: a mistake in it stops the run before anything is written
         splits = build_splits(recipe.data, recipe.train.seed)
     _require_two_classes(recipe.data.train, splits.train)
@@ -189,23 +192,40 @@ def _start(recipe: Recipe, run_dir: Path) -> tuple[Accelerator, list[str]]:
 
 
 def _data(recipe: Recipe, splits: Splits, accelerator: Accelerator) -> RunData:
-    """Screen the splits and the context sets for unreadable images, check the labels, weigh the
-    classes (``train.class_weights``), and load the validation OOD sets."""
-    seed, channels = recipe.train.seed, recipe.data.channels
-    screened, others, dropped = screen_splits(
-        splits,
-        # PS-MAP draws no context.
-        context_sets(recipe.context, channels, seed) if not recipe.fseb.is_ps_map else [],
-        recipe.data.bad_images,
-        accelerator.is_main_process,
-    )
+    """Screen the splits and the context sets for unreadable images (serving them from the
+    resized-image cache with ``data.cache``), check the labels, weigh the classes
+    (``train.class_weights``), and load the validation OOD sets."""
+    seed, channels, cache = recipe.train.seed, recipe.data.channels, recipe.data.cache
+    with accelerator.main_process_first():  # the main process builds the cache, the others read it
+        screened, others, dropped = screen_splits(
+            splits,
+            # PS-MAP draws no context.
+            context_sets(recipe.context, channels, seed) if not recipe.fseb.is_ps_map else [],
+            recipe.data.bad_images,
+            accelerator.is_main_process,
+            cache=cache,
+        )
+        val_ood, dropped_ood = _val_ood_sets(recipe, accelerator.is_main_process)
     num_classes, warnings = _num_classes(recipe, screened)
     weights = class_weights(recipe.train.class_weights, screened.train.labels, num_classes)
-    val_ood = {
-        name: load_split(f"data.val_ood.{name}", ood_spec, channels, seed)
-        for name, ood_spec in recipe.data.val_ood.items()
+    return RunData(screened, others, val_ood, num_classes, dropped | dropped_ood, warnings, weights)
+
+
+def _val_ood_sets(
+    recipe: Recipe, progress: bool
+) -> tuple[dict[str, LabeledImages], dict[str, list[str]]]:
+    """The ``data.val_ood`` sets by name; with ``data.cache``, served from it and their
+    unreadable images handled as the other sets' are (with the files left out, by key)."""
+    data = recipe.data
+    keys = {name: f"data.val_ood.{name}" for name in data.val_ood}
+    sets = {
+        keys[name]: load_split(keys[name], spec, data.channels, recipe.train.seed)
+        for name, spec in data.val_ood.items()
     }
-    return RunData(screened, others, val_ood, num_classes, dropped, warnings, weights)
+    dropped: dict[str, list[str]] = {}
+    if data.cache is not None:
+        sets, dropped = screen(sets, data.bad_images, progress, data.cache)
+    return {name: sets[key] for name, key in keys.items()}, dropped
 
 
 def _model_and_objective(
@@ -215,6 +235,7 @@ def _model_and_objective(
     objective, optimiser and schedule; everything prepared, the context still to come."""
     model = create_model(recipe.model, data.num_classes, in_chans=recipe.data.channels)
     spec = input_spec(model, recipe.model, recipe.data)
+    check_cache_size(recipe.data.cache, spec.size, recipe.model.name)
     kw, size = _loader_kw(recipe), recipe.eval.batch_size
     transform = train_transform(spec.size, spec.mean, spec.std, recipe.data.augment, kw["seed"])
     train_set = TransformedImages(data.splits.train, transform)

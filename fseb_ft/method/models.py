@@ -21,6 +21,7 @@ __all__ = [
     "fseb_cnn",
     "head_init",
     "input_spec",
+    "planned_input_size",
 ]
 
 
@@ -154,6 +155,22 @@ def input_spec(model: nn.Module, model_cfg: ModelConfig, data_cfg: DataConfig) -
         mean = (sum(mean) / len(mean),) * data_cfg.channels
         std = (sum(std) / len(std),) * data_cfg.channels
     return InputSpec(size=size, mean=mean, std=std)
+
+
+def planned_input_size(cfg: ModelConfig) -> tuple[int, int] | None:
+    """The (height, width) :func:`input_spec` will give, where known without creating the
+    model: ``model.input_size``, else a timm model's registered pretrained config; ``None`` for
+    ``hf-hub:`` and ``local-dir:`` models, whose config is read when they load."""
+    if cfg.input_size:
+        return cfg.input_size, cfg.input_size
+    try:
+        pretrained = None if ":" in cfg.name else timm.models.get_pretrained_cfg(cfg.name)
+    except RuntimeError:  # an unknown tag: creating the model says so
+        return None
+    if pretrained is None or not pretrained.input_size:
+        return None
+    _, height, width = pretrained.input_size
+    return height, width
 
 
 class PaperCNN(nn.Module):

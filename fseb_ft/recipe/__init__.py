@@ -9,7 +9,7 @@ the YAML-to-dataclass machinery in :mod:`~fseb_ft.recipe.schema`. Nothing here i
 fseb_ft folder.
 """
 
-from fseb_ft.recipe.datasets import ContextConfig, DataConfig, DatasetSpec
+from fseb_ft.recipe.datasets import ContextConfig, DataConfig, DatasetSpec, ImageCacheConfig
 from fseb_ft.recipe.load import (
     apply_overrides,
     dump_recipe,
@@ -39,6 +39,7 @@ __all__ = [
     "DatasetSpec",
     "EvalConfig",
     "FSEBConfig",
+    "ImageCacheConfig",
     "ModelConfig",
     "OptimConfig",
     "OutputConfig",

@@ -13,10 +13,10 @@ import types
 from dataclasses import dataclass, field
 from typing import Literal
 
-from fseb_ft.recipe.options import AUGMENTATIONS, BAD_IMAGES, CONTEXT_KINDS, SOURCES
+from fseb_ft.recipe.options import AUGMENTATIONS, BAD_IMAGES, CACHE_RESIZE, CONTEXT_KINDS, SOURCES
 from fseb_ft.recipe.schema import check
 
-__all__ = ["IN_MEMORY", "ContextConfig", "DataConfig", "DatasetSpec"]
+__all__ = ["IN_MEMORY", "ContextConfig", "DataConfig", "DatasetSpec", "ImageCacheConfig"]
 
 IN_MEMORY = "in-memory:"
 """The path prefix that stands in a resolved recipe for a dataset the Python API was given in
@@ -118,6 +118,32 @@ class DatasetSpec:
 
 
 @dataclass(frozen=True)
+class ImageCacheConfig:
+    """The resized-image cache (``data.cache``): every image held encoded (image files,
+    ``datasets`` image columns) is decoded once, shrunk so its shorter side is ``size`` and kept
+    as uint8 pixels on disk, which every later run, sweep trial and evaluation of the same
+    images reads instead of the originals (docs/performance.md, "The resized-image cache")."""
+
+    size: int
+    """Shorter side of the cached images in pixels, aspect ratio kept; an image already this
+    small is kept as it is. E.g. 256 for a 224-px model. At least the model's input size, or
+    the model would see upscaled images: checked when the recipe loads (with
+    ``model.input_size``), before the build (a timm name's pretrained config) or, for
+    ``hf-hub:`` and ``local-dir:`` models, once the model loads."""
+    dir: str | None = None
+    """Folder of the cache; ``null``: ``$XDG_CACHE_HOME/fseb_ft/images``, else
+    ``~/.cache/fseb_ft/images``. Entries are keyed by each dataset's fingerprint, ``size`` and
+    ``resize``: changed images get a new entry, unchanged ones reuse theirs."""
+    resize: Literal[CACHE_RESIZE] = "bilinear"
+    """PIL's resampling filter for the shrink (antialiased): ``bilinear`` (the one evaluation
+    resizes with), ``bicubic``, ``lanczos``, ``box`` (area average) or ``hamming``."""
+
+    def __post_init__(self) -> None:
+        check(self.size >= 8, "size", self.size, "must be ≥ 8 (pixels of the shorter side)")
+        check(self.dir is None or bool(self.dir), "dir", self.dir, "a folder or null")
+
+
+@dataclass(frozen=True)
 class DataConfig:
     """Training, validation, test and OOD data, and how images are fed to the model."""
 
@@ -171,7 +197,14 @@ class DataConfig:
     """Before training, every image still held encoded (image folders, ``datasets`` image
     columns) of every split and context dataset is read; ``stop`` ends the run there with one
     message naming the unreadable files, ``skip`` leaves them out and records them in
-    ``run.json`` and the model card."""
+    ``run.json`` and the model card. With ``cache``, this check is the cache's build: each image
+    is decoded once, for both."""
+    cache: ImageCacheConfig | None = None
+    """Decode every image once, shrink it to ``cache.size`` (shorter side) and train and evaluate
+    from that copy (``fseb-ft cache RECIPE`` builds it ahead); e.g. ``{size: 256}`` or
+    ``data.cache.size=256`` on the command line. ``null``: decode the original files at every
+    epoch. Evaluation then resizes the cached copy, not the original, to the input size:
+    docs/performance.md says how far that moves the pixels."""
 
     def __post_init__(self) -> None:
         check(0 < self.val_fraction < 1, "val_fraction", self.val_fraction, "must be in (0, 1)")

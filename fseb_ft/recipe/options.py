@@ -44,6 +44,10 @@ SAMPLERS = ("shuffle", "balanced")
 BAD_IMAGES = ("stop", "skip")
 """What a run does with images found unreadable before training (``data.bad_images``)."""
 
+CACHE_RESIZE = ("bilinear", "bicubic", "lanczos", "box", "hamming")
+"""PIL resampling filters (antialiased when shrinking) of the resized-image cache
+(``data.cache.resize``)."""
+
 SOURCES = ("hub", "imagefolder", "disk", "arrays", "idx", "sklearn_digits", "csv")
 """Dataset sources (``DatasetSpec.source``)."""
 

@@ -261,6 +261,14 @@ class Recipe:
             weights if isinstance(weights, str) else list(weights),
             f"needs one weight per class: {k} (model.num_classes)",
         )
+        cache, size = self.data.cache, self.model.input_size
+        check(
+            cache is None or size is None or cache.size >= size,
+            "data.cache.size",
+            None if cache is None else cache.size,
+            f"must be ≥ model.input_size ({size}): the cached images would be smaller than "
+            "what the model takes",
+        )
 
 
 def validation_metrics(data: DataConfig) -> list[str]:

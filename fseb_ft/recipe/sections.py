@@ -15,6 +15,7 @@ from typing import Literal
 
 from fseb_ft.recipe.datasets import ContextConfig, DataConfig
 from fseb_ft.recipe.options import (
+    BINARY_TASK_METRICS,
     FORWARD_MODES,
     HEAD_INITS,
     METHODS,
@@ -251,6 +252,28 @@ class Recipe:
                 key,
                 metric,
                 f"allowed values are {allowed} (ood_<name>_auroc needs data.val_ood.<name>)",
+            )
+        self._check_binary_metrics()
+
+    def _check_binary_metrics(self) -> None:
+        """A two-class metric (reported or selected) in a recipe known to have other than two
+        classes: by ``model.num_classes``, else by the training set's ``classes``."""
+        classes = self.data.train.classes
+        k = self.model.num_classes or (len(classes) if classes is not None else None)
+        if k is None or k == 2:
+            return
+        for key, names in (
+            ("eval.metrics", self.eval.metrics),
+            ("train.select_metric", (self.train.select_metric,)),
+            ("sweep.metric", (self.sweep.metric,)),
+        ):
+            binary = [name for name in names if name in BINARY_TASK_METRICS]
+            check(
+                not binary,
+                key,
+                list(names) if key == "eval.metrics" else names[0],
+                f"{binary} need two classes (label 1 the positive one); this recipe has {k} "
+                f"({'model.num_classes' if self.model.num_classes else 'data.train.classes'})",
             )
 
 

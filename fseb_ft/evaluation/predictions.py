@@ -58,6 +58,9 @@ class Predictions:
     off."""
     split: str = TEST_SPLIT
     """The split behind ``test`` and the corruptions: ``TEST_SPLIT`` or ``VALIDATION_SPLIT``."""
+    class_names: list[str] | None = None
+    """The training split's class names, index = label, for tables and figures; ``None``: the
+    labels stand for themselves."""
 
     def scaled(self, temperature: float) -> Predictions:
         """The predictions of ``logits / temperature`` on the test split, the OOD sets and the
@@ -89,6 +92,7 @@ class Predictions:
             test_logits=test_logits,
             ood_logits=ood_logits,
             split=self.split,
+            class_names=self.class_names,
         )
 
 
@@ -174,6 +178,7 @@ def predict_splits(
         ood_logits=ood_logits,
         val=val,
         split=split,
+        class_names=list(splits.train.class_names),
     )
 
 

@@ -140,10 +140,19 @@ def test_directions_of_the_validation_metrics() -> None:
         "accuracy": True,
         "ece": False,
         "brier": False,
+        "qwk": True,
+        "balanced_accuracy": True,
+        "macro_f1": True,
+        "roc_auc": True,
+        "average_precision": True,
+        "sensitivity_at_90_specificity": True,
+        "sensitivity_at_95_specificity": True,
     }
     assert higher_is_better("sel_pred_auc") and not higher_is_better("aurc")
     assert higher_is_better(val_ood_metric("near"))  # a data.val_ood set's AUROC
-    with pytest.raises(ValueError, match=r"unknown metric 'acuracy': registered are \['accuracy'"):
+    with pytest.raises(
+        ValueError, match=r"unknown metric 'acuracy': registered are \[.*'accuracy', 'nll'"
+    ):
         higher_is_better("acuracy")
 
 

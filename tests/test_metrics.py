@@ -713,6 +713,7 @@ def test_all_exports() -> None:
         "higher_is_better",
         "metric",
         "metric_inputs",
+        "sensitivity_at_specificity",
     }
     assert set(O.__all__) == {
         "ood_metrics",

@@ -20,7 +20,12 @@ from fseb_ft.engine.reevaluate import SavedRun, predict_run, read_saved_run
 from fseb_ft.evaluation.metrics import ensemble_log_probs
 from fseb_ft.evaluation.predictions import Predictions
 from fseb_ft.runs.atomic import write_text
-from fseb_ft.runs.report import EvalResults, write_corruption_plot, write_plots
+from fseb_ft.runs.report import (
+    EvalResults,
+    write_confusion_plot,
+    write_corruption_plot,
+    write_plots,
+)
 from fseb_ft.runs.rundir import (
     RESULTS_JSON,
     RESULTS_MD,
@@ -77,7 +82,8 @@ def evaluate_ensemble(
 
     members = _evaluate_members(runs, accelerator)
     ensemble = _ensemble_predictions(runs, [m.predictions for m in members.values()])
-    results = EvalResults.from_predictions(ensemble, runs[0].recipe.eval.ood_scores).extended(
+    cfg = runs[0].recipe.eval
+    results = EvalResults.from_predictions(ensemble, cfg.ood_scores, cfg.metrics).extended(
         members={label: m.results for label, m in members.items()},
         runs=[str(d) for d in run_dirs],  # as given; compared resolved
     )
@@ -121,7 +127,8 @@ def _evaluate_members(runs: Sequence[SavedRun], accelerator: Accelerator) -> dic
         preds = predict_run(run, accelerator)
         if members:
             _check_same_predictions(next(iter(members.values())).predictions, preds, run.run_dir)
-        members[label] = EvalResults.from_predictions(preds, run.recipe.eval.ood_scores)
+        cfg = run.recipe.eval
+        members[label] = EvalResults.from_predictions(preds, cfg.ood_scores, cfg.metrics)
     return members
 
 
@@ -140,6 +147,7 @@ def _ensemble_predictions(
         val=_ensemble_val(runs, member_preds),
         split=member_preds[0].split,
         groups=member_preds[0].groups,
+        class_names=member_preds[0].class_names,
     )
 
 
@@ -152,7 +160,8 @@ def _write_ensemble(
     heading = f"{title}{split_suffix(record)}"
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / RESULTS_JSON, record)
-    table = markdown_table({**{label: m.results for label, m in members.items()}, title: record})
+    rows = {**{label: m.results for label, m in members.items()}, title: record}
+    table = markdown_table(rows, results.predictions.class_names)
     listing = "".join(f"- {label}: `{d}`\n" for label, d in zip(members, run_dirs, strict=True))
     shift = "\n" + corruption_markdown(record) if record.get("corruptions") else ""
     shift = ("\n" + groups_markdown(record) if record.get("groups") else "") + shift
@@ -160,6 +169,7 @@ def _write_ensemble(
     write_text(out / RESULTS_MD, md)
     others = {label: m.predictions for label, m in members.items()}
     write_plots(out, results.predictions, heading, others, strict=False)
+    write_confusion_plot(out, results.predictions, heading)
     write_corruption_plot(out, record, title)
 
 

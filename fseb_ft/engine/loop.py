@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from fseb_ft.data.transforms import epoch_seed, seed_transform
 from fseb_ft.engine.callbacks import Callback, TrainState, Validation
 from fseb_ft.errors import FsebError
-from fseb_ft.evaluation.metrics import classification_metrics, higher_is_better
+from fseb_ft.evaluation.metrics import METRIC_REGISTRY, classification_metrics, higher_is_better
 from fseb_ft.evaluation.predictions import predict_logits
 from fseb_ft.logs import above_progress_bars
 from fseb_ft.method.context import ContextStream
@@ -188,6 +188,8 @@ class Trainer:
     keep the weights best on ``config.select_metric`` (``save_best``, main process), then write
     the checkpoint (Accelerate's state, FS-VI's σ, and :class:`TrainState` with the callbacks'
     states). ``callbacks`` run in their order at each hook (:mod:`fseb_ft.engine.callbacks`).
+    Validation computes the standard metrics, the one-number task metrics of ``task_metrics``
+    (``eval.metrics``; a per-class one has no place in the history) and the selected one.
     """
 
     def __init__(
@@ -198,6 +200,7 @@ class Trainer:
         run_dir: Path,
         save_best: Callable[[nn.Module], None],
         callbacks: Sequence[Callback] = (),
+        task_metrics: Sequence[str] = (),
     ) -> None:
         """``optim`` gives the gradient clipping, and the remedies a non-finite loss names."""
         keys = [c.state_key for c in callbacks]
@@ -210,6 +213,12 @@ class Trainer:
         self._per_step = [c for c in self.callbacks if _overrides(c, "on_step_end")]
         self.state = TrainState()
         self.should_stop = False
+        named = dict.fromkeys([*task_metrics, config.select_metric])
+        self.task_metrics = tuple(
+            name
+            for name in named
+            if (m := METRIC_REGISTRY.get(name)) is not None and m.task and not m.per_class
+        )
 
     def fit(self) -> TrainState:
         """Resume if configured, train the remaining epochs and return the final state."""
@@ -285,7 +294,8 @@ class Trainer:
         validation = Validation(predictor, logits, labels, log_probs, record)
         # Before the metrics: a diverged run's non-finite predictions stop it here, not in them.
         self._emit("on_validation_end", validation)
-        val = {k: float(v) for k, v in classification_metrics(log_probs, labels).items()}
+        found = classification_metrics(log_probs, labels, self.task_metrics)
+        val = {k: float(v) for k, v in found.items()}
         return val | validation.metrics
 
     def _train_epoch(self, epoch: int) -> dict[str, float]:
@@ -402,7 +412,9 @@ def _non_finite_message(
 
 
 def _improved(metric: str, value: float, best: float | None) -> bool:
-    if best is None:
+    """Whether ``value`` beats ``best``: a number beats NaN (an undefined metric, such as an
+    AUROC on a validation split missing a class), NaN beats nothing but a first epoch."""
+    if best is None or (math.isnan(best) and not math.isnan(value)):
         return True
     return value > best if higher_is_better(metric) else value < best
 

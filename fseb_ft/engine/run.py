@@ -54,6 +54,7 @@ from fseb_ft.engine.loop import (
 )
 from fseb_ft.engine.resume import check_resumable, check_same_data, flat_keys
 from fseb_ft.evaluation.groups import reported_groups
+from fseb_ft.evaluation.metrics import METRIC_REGISTRY
 from fseb_ft.evaluation.predictions import eval_loader, predict_splits
 from fseb_ft.method.context import context_sets, context_stream, resolve_prior_on_pool
 from fseb_ft.method.likelihood import class_weights
@@ -61,6 +62,7 @@ from fseb_ft.method.models import create_model, head_init, input_spec, planned_i
 from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.recipe import ConfigError, DatasetSpec, Recipe, dump_recipe
 from fseb_ft.recipe.datasets import IN_MEMORY
+from fseb_ft.recipe.options import BINARY_TASK_METRICS
 from fseb_ft.runs.atomic import cleaned_on_failure, publish, remove_orphans, write_text
 from fseb_ft.runs.report import EvalResults, write_results
 from fseb_ft.runs.rundir import (
@@ -134,6 +136,8 @@ class RunData:
     """Unreadable images left out (``data.bad_images: skip``), by recipe key."""
     warnings: list[str]
     """What the labels make doubtful (a class without images, …)."""
+    task_metrics: tuple[str, ...]
+    """The metrics of ``eval.metrics`` defined for ``num_classes`` classes."""
     class_weights: Tensor | None = None
     """The per-class likelihood weights (K,) of ``train.class_weights``; ``None``: unweighted."""
 
@@ -160,13 +164,14 @@ def _train(recipe: Recipe, splits: Splits | None, callbacks: Sequence[Callback])
         splits = build_splits(recipe.data, recipe.train.seed)
     _require_two_classes(recipe.data.train, splits.train)
     reported_groups(splits, recipe.eval.group_by)  # eval.group_by's column, or stop here
+    _check_select_metric(recipe, recipe.model.num_classes or splits.train.num_classes)
     accelerator, warned = _start(recipe, run_dir)
     data = _data(recipe, splits, accelerator)
     warned += _warn(accelerator, data.warnings)
     parts, spec, val_ood_loaders = _model_and_objective(recipe, data, accelerator)
     parts, prior = _context(recipe, data, spec, parts)
     run_info = _record_start(recipe, data, spec, parts, prior, warned)
-    state = _fit(recipe, parts, val_ood_loaders, data.class_weights, callbacks)
+    state = _fit(recipe, parts, val_ood_loaders, data, callbacks)
     _load_best(parts, run_dir)
     return _Trained(parts, data.splits, spec, run_info, _training(recipe, state, warned))
 
@@ -208,7 +213,9 @@ def _data(recipe: Recipe, splits: Splits, accelerator: Accelerator) -> RunData:
         val_ood, dropped_ood = _val_ood_sets(recipe, accelerator.is_main_process)
     num_classes, warnings = _num_classes(recipe, screened)
     weights = class_weights(recipe.train.class_weights, screened.train.labels, num_classes)
-    return RunData(screened, others, val_ood, num_classes, dropped | dropped_ood, warnings, weights)
+    metrics = _task_metrics(recipe, num_classes, accelerator.is_main_process)
+    dropped |= dropped_ood
+    return RunData(screened, others, val_ood, num_classes, dropped, warnings, metrics, weights)
 
 
 def _val_ood_sets(
@@ -328,11 +335,12 @@ def _fit(
     recipe: Recipe,
     parts: Prepared,
     val_ood_loaders: Mapping[str, DataLoader],
-    weights: Tensor | None,
+    data: RunData,
     callbacks: Sequence[Callback],
 ) -> TrainState:
-    """Train with the built-in callbacks (:class:`ClassWeights` with ``weights``, the class
-    weights of ``train.class_weights``), then ``callbacks``."""
+    """Train with the built-in callbacks (:class:`ClassWeights` with ``data.class_weights``, the
+    class weights of ``train.class_weights``), then ``callbacks``, validating
+    ``data.task_metrics`` too."""
     run_dir, objective = Path(recipe.output.dir), parts.objective
     builtin = [
         DivergenceStop(
@@ -342,7 +350,7 @@ def _fit(
         ),
         ValOODScores(val_ood_loaders, recipe.eval.ood_scores[0]),
         ChanceWarning(),
-        *([] if weights is None else [ClassWeights(weights)]),
+        *([] if data.class_weights is None else [ClassWeights(data.class_weights)]),
     ]
     trainer = Trainer(
         parts,
@@ -351,6 +359,7 @@ def _fit(
         run_dir,
         save_best=lambda m: _save_best(m, objective, run_dir),
         callbacks=[*builtin, *callbacks],
+        task_metrics=data.task_metrics,
     )
     return trainer.fit()
 
@@ -376,7 +385,7 @@ def _evaluate(recipe: Recipe, splits: Splits, spec: InputSpec, parts: Prepared) 
         parts.accelerator,
         **_loader_kw(recipe),
     )
-    return EvalResults.from_predictions(predictions, recipe.eval.ood_scores)
+    return EvalResults.from_predictions(predictions, recipe.eval.ood_scores, recipe.eval.metrics)
 
 
 def _training(recipe: Recipe, state: TrainState, warned: list[str]) -> dict[str, Any]:
@@ -460,6 +469,31 @@ def _num_classes(recipe: Recipe, splits: Splits) -> tuple[int, list[str]]:
             f"set model.num_classes to at least {found} or null"
         )
     return k, splits.check_labels(k)
+
+
+def _check_select_metric(recipe: Recipe, num_classes: int) -> None:
+    """Stop, before anything is written, a run that selects on a two-class metric with another
+    class count (a recipe that states its count stops at load already)."""
+    select = recipe.train.select_metric
+    if select in BINARY_TASK_METRICS and num_classes != 2:
+        raise ConfigError(
+            f"train.select_metric={select!r}: defined for two classes only (label 1 the "
+            f"positive one), but this run has {num_classes}; select on another metric"
+        )
+
+
+def _task_metrics(recipe: Recipe, num_classes: int, main: bool) -> tuple[str, ...]:
+    """The metrics of ``eval.metrics`` defined for ``num_classes`` classes; the others are left
+    out, with a log line (on the main process, ``main``)."""
+    kept = tuple(n for n in recipe.eval.metrics if METRIC_REGISTRY[n].applies_to(num_classes))
+    left_out = [n for n in recipe.eval.metrics if n not in kept]
+    if left_out and main:
+        logger.warning(
+            "eval.metrics: leaving out %s, defined for two classes only; this run has %d",
+            ", ".join(left_out),
+            num_classes,
+        )
+    return kept
 
 
 def _save_best(model: nn.Module, objective: FSEBObjective, run_dir: Path) -> None:

@@ -3,22 +3,25 @@ higher_is_better=True)`` registers a function of :class:`MetricInputs` as one me
 
 :func:`fseb_ft.evaluation.metrics.classification_metrics` computes every registered metric that
 applies to the task, in registration order; that order is the order of the results' keys, so a
-new metric goes after the existing ones. The bundle's metrics are registered in
-:mod:`fseb_ft.evaluation.metrics`, which re-exports this module's names: import them from there,
-so that the registry is filled. Tables take a metric's title and scale from here, checkpoint
-selection and sweeps its direction (:func:`higher_is_better`).
+new metric goes after the existing ones. A *task* metric (``task=True``: quadratic weighted
+kappa, balanced accuracy, …, :mod:`fseb_ft.evaluation.task_metrics`) joins a bundle only when it
+is asked for (``eval.metrics``, ``train.select_metric``), after the others (:func:`bundle`). The
+bundle's metrics are registered in :mod:`fseb_ft.evaluation.metrics`, which re-exports this
+module's names and imports the task metrics: import them from there, so that the registry is
+filled. Tables take a metric's title and scale from here, checkpoint selection and sweeps its
+direction (:func:`higher_is_better`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from torch import Tensor
 
 from fseb_ft.recipe import VAL_OOD_METRIC_SUFFIX
 
-__all__ = ["METRIC_REGISTRY", "Metric", "MetricInputs", "higher_is_better", "metric"]
+__all__ = ["METRIC_REGISTRY", "Metric", "MetricInputs", "bundle", "higher_is_better", "metric"]
 
 
 @dataclass(frozen=True)
@@ -61,10 +64,14 @@ class Metric:
         title: its column title in the results tables.
         scale: the factor tables show it multiplied by (100 for a percentage).
         higher_is_better: whether a larger value is better (checkpoint selection, sweeps).
-        compute: :class:`MetricInputs` → 0-dim float64 tensor.
+        compute: :class:`MetricInputs` → 0-dim float64 tensor (``(K,)`` when ``per_class``).
         applies: ``K`` → whether the metric is defined for ``K`` classes; ``None`` for every
             ``K``. Tables show the column of a metric with ``applies`` only when some result has
             it.
+        task: computed only when asked for by name (``eval.metrics``, or selected), not in
+            every bundle; tables show its column when some result has it.
+        per_class: one value per class (a list in ``results.json``): a table of its own rather
+            than a column, and never a selection metric.
     """
 
     name: str
@@ -73,6 +80,8 @@ class Metric:
     higher_is_better: bool
     compute: _Compute
     applies: Callable[[int], bool] | None = None
+    task: bool = False
+    per_class: bool = False
 
     def applies_to(self, num_classes: int) -> bool:
         """Whether the metric is reported for a task of ``num_classes`` classes."""
@@ -90,6 +99,8 @@ def metric(
     higher_is_better: bool,
     scale: float = 1.0,
     applies: Callable[[int], bool] | None = None,
+    task: bool = False,
+    per_class: bool = False,
 ) -> Callable[[_Compute], _Compute]:
     """Register the decorated function as the metric ``name`` (the fields of :class:`Metric`).
 
@@ -107,10 +118,31 @@ def metric(
         raise ValueError(f"metric {name!r} is already registered")
 
     def register(compute: _Compute) -> _Compute:
-        METRIC_REGISTRY[name] = Metric(name, title, scale, higher_is_better, compute, applies)
+        METRIC_REGISTRY[name] = Metric(
+            name, title, scale, higher_is_better, compute, applies, task, per_class
+        )
         return compute
 
     return register
+
+
+def bundle(num_classes: int, task_metrics: Iterable[str] = ()) -> list[Metric]:
+    """The metrics a bundle computes for a ``num_classes``-class task: every metric that is not
+    a task metric, then the task metrics named in ``task_metrics``, each in registration order
+    and where it applies (repeats count once).
+
+    Raises:
+        ValueError: a name of ``task_metrics`` is not a registered task metric.
+    """
+    asked = set(task_metrics)
+    known = {name for name, m in METRIC_REGISTRY.items() if m.task}
+    if asked - known:
+        raise ValueError(
+            f"unknown task metrics {sorted(asked - known)}: registered are {sorted(known)}"
+        )
+    ordinary = [m for m in METRIC_REGISTRY.values() if not m.task]
+    chosen = ordinary + [m for m in METRIC_REGISTRY.values() if m.name in asked]
+    return [m for m in chosen if m.applies_to(num_classes)]
 
 
 def higher_is_better(name: str) -> bool:

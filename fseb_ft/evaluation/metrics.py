@@ -12,13 +12,13 @@ on the device of the inputs. Sums are accumulated in float64 so that results on 
 do not depend on the input precision. Invalid inputs raise :class:`ValueError` naming the
 argument, what was expected and what was received (:mod:`fseb_ft.evaluation.checks`).
 
-This module holds the classification, calibration and ensemble metrics and the standard bundle
-of them, and is the one import path of every metric: the selective-prediction curve
-(:mod:`fseb_ft.evaluation.selective`), the detection metrics
-(:mod:`fseb_ft.evaluation.detection`) and the metric registry
-(:mod:`fseb_ft.evaluation.metric_registry`) are part of its API. The bundle
-(:func:`classification_metrics`) is the registry: each of its metrics is one function of the
-shared :class:`MetricInputs`, registered below with ``@metric(name, title=..., scale=...,
+This module holds the classification, calibration and ensemble metrics and the standard bundle of
+them, and is the one import path of every metric: the selective-prediction curve
+(:mod:`fseb_ft.evaluation.selective`), the detection metrics (:mod:`fseb_ft.evaluation.detection`),
+the metric registry (:mod:`fseb_ft.evaluation.metric_registry`) and the task metrics
+(:mod:`fseb_ft.evaluation.task_metrics`) are part of its API. The bundle
+(:func:`classification_metrics`) is the registry: each of its metrics is one function of the shared
+:class:`MetricInputs`, registered below with ``@metric(name, title=..., scale=...,
 higher_is_better=...)`` (and ``applies=`` when it is defined for some class counts only).
 
 Nothing here touches files, logging or Accelerate; callers gather tensors across processes first.
@@ -27,6 +27,7 @@ Nothing here touches files, logging or Accelerate; callers gather tensors across
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import torch
 from torch import Tensor
@@ -43,10 +44,12 @@ from fseb_ft.evaluation.metric_registry import (
     METRIC_REGISTRY,
     Metric,
     MetricInputs,
+    bundle,
     higher_is_better,
     metric,
 )
 from fseb_ft.evaluation.selective import selective_prediction
+from fseb_ft.evaluation.task_metrics import sensitivity_at_specificity  # registers them all
 
 __all__ = [
     "METRIC_REGISTRY",
@@ -69,6 +72,7 @@ __all__ = [
     "ood_detection",
     "predictive_entropy",
     "selective_prediction",
+    "sensitivity_at_specificity",
 ]
 
 
@@ -405,24 +409,18 @@ def _auroc_positive(x: MetricInputs) -> Tensor:
     return binary_auroc(to_float64(x.log_probs[:, 1]), x.labels)
 
 
-def classification_metrics(log_probs: Tensor, labels: Tensor) -> dict[str, Tensor]:
-    """The standard in-distribution bundle: every metric of :data:`METRIC_REGISTRY` that applies
-    to the task, in registration order, all 0-dim float64 tensors.
-
-    Keys: ``accuracy``, ``nll``, ``brier``, ``ece`` (15 bins), ``ece_10bin``, ``sel_pred_auc``
-    and ``aurc`` (confidence = max probability), ``sel_pred_auc_entropy`` and ``aurc_entropy``
-    (confidence = negative predictive entropy). Definitions as in the individual functions.
-
-    Binary tasks (K = 2) also get ``auroc_positive``: :func:`binary_auroc` of the positive-class
-    (label 1) probability; NaN when ``labels`` hold only one class.
+def classification_metrics(
+    log_probs: Tensor, labels: Tensor, task_metrics: Iterable[str] = ()
+) -> dict[str, Tensor]:
+    """The in-distribution bundle (:func:`bundle`): each metric registered above that applies to
+    the task (``auroc_positive`` for K = 2 only), then each task metric named in
+    ``task_metrics`` that applies, in registration order: name → 0-dim float64 tensor (``(K,)``
+    for a per-class metric).
 
     Args:
         log_probs: ``(N, K)`` natural-log class probabilities (see :func:`nll`).
         labels: ``(N,)`` integer labels in ``[0, K)``.
+        task_metrics: task metrics to add (``eval.metrics``); an unknown name raises.
     """
     inputs = metric_inputs(log_probs, labels)
-    return {
-        name: m.compute(inputs)
-        for name, m in METRIC_REGISTRY.items()
-        if m.applies_to(inputs.num_classes)
-    }
+    return {m.name: m.compute(inputs) for m in bundle(inputs.num_classes, task_metrics)}

@@ -62,6 +62,9 @@ class Predictions:
     groups: Groups | None = None
     """The ``eval.group_by`` value of each image of ``test``, in its order; ``None``: no
     per-group results."""
+    class_names: list[str] | None = None
+    """The training split's class names, index = label, for tables and figures; ``None``: the
+    labels stand for themselves."""
 
     def scaled(self, temperature: float) -> Predictions:
         """The predictions of ``logits / temperature`` on the test split, the OOD sets and the
@@ -94,6 +97,7 @@ class Predictions:
             ood_logits=ood_logits,
             split=self.split,
             groups=self.groups,
+            class_names=self.class_names,
         )
 
 
@@ -182,6 +186,7 @@ def predict_splits(
         val=val,
         split=split,
         groups=groups,
+        class_names=list(splits.train.class_names),
     )
 
 

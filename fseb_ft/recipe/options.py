@@ -54,7 +54,30 @@ SOURCES = ("hub", "imagefolder", "disk", "arrays", "idx", "sklearn_digits", "csv
 OOD_SCORES = ("entropy", "msp", "max_logit", "energy")
 """OOD detection scores (``eval.ood_scores``), each larger = more likely OOD: predictive entropy,
 negative maximum softmax probability, negative maximum logit, energy ``-logsumexp(logits)``."""
-SELECT_METRICS = ("nll", "accuracy", "ece", "brier")
+
+TASK_METRICS = (
+    "qwk",
+    "balanced_accuracy",
+    "macro_f1",
+    "roc_auc",
+    "average_precision",
+    "sensitivity_at_90_specificity",
+    "sensitivity_at_95_specificity",
+    "per_class_recall",
+)
+"""The task metrics a recipe may report (``eval.metrics``), computed with scikit-learn
+(``fseb_ft.evaluation.task_metrics``, registered with ``task=True``), in registration order."""
+BINARY_TASK_METRICS = ("sensitivity_at_90_specificity", "sensitivity_at_95_specificity")
+"""The task metrics defined for two classes only (label 1 the positive class)."""
+PER_CLASS_METRICS = ("per_class_recall",)
+"""The task metrics with one value per class: reported, never selected on."""
+SELECT_METRICS = (
+    "nll",
+    "accuracy",
+    "ece",
+    "brier",
+    *(name for name in TASK_METRICS if name not in PER_CLASS_METRICS),
+)
 """Validation metrics that select a checkpoint (``train.select_metric``) or a sweep's winner
 (``sweep.metric``); the metric registry (``fseb_ft.evaluation.metric_registry``) knows which
 are higher-is-better."""

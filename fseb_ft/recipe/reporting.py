@@ -18,6 +18,7 @@ from fseb_ft.recipe.options import (
     BENCHMARK_CORRUPTIONS,
     CORRUPTIONS,
     OOD_SCORES,
+    TASK_METRICS,
 )
 from fseb_ft.recipe.schema import ConfigError, check
 
@@ -55,6 +56,19 @@ class EvalConfig:
     softmax probability), ``max_logit`` (negative maximum logit), ``energy`` (negative
     logsumexp of the logits). ``max_logit`` and ``energy`` are not defined for an ensemble
     (averaged probabilities, no logits) and are left out of its results."""
+    metrics: tuple[Literal[TASK_METRICS], ...] = ()
+    """Task metrics reported beside the standard ones, computed with scikit-learn on the
+    reported split and on validation every epoch (docs/method.md, "Task metrics"): ``qwk``
+    (quadratic weighted Cohen's kappa, the class indices as grades), ``balanced_accuracy``,
+    ``macro_f1``, ``roc_auc`` and ``average_precision`` (two classes: of label 1's probability;
+    more: the macro mean over the classes, one-vs-rest), ``sensitivity_at_90_specificity`` and
+    ``sensitivity_at_95_specificity`` (two classes only, label 1 positive: the largest
+    sensitivity at a threshold whose specificity reaches 90 / 95 %, tied scores called
+    together), ``per_class_recall`` (one value per class: a table of its own). They are keys of
+    ``results.json``'s ``test`` and columns of ``results.md``, ``--compare`` and the model card;
+    any but ``per_class_recall`` can be ``train.select_metric``. A two-class metric stops a
+    recipe whose class count (``model.num_classes``, else ``data.train.classes``) is another;
+    when the count is known only from the data, it is left out with a log line. ``[]``: none."""
     temperature_scaling: bool = False
     """Also fit a temperature ``T`` on the validation split (minimising its NLL) and report the
     test, OOD and corruption metrics of ``softmax(logits / T)`` as a second row "<method> + TS",
@@ -73,6 +87,7 @@ class EvalConfig:
         check(self.batch_size >= 1, "batch_size", self.batch_size, "must be ≥ 1")
         check(len(self.ood_scores) > 0, "ood_scores", self.ood_scores, "must name ≥ 1 score")
         object.__setattr__(self, "ood_scores", tuple(dict.fromkeys(self.ood_scores)))
+        object.__setattr__(self, "metrics", tuple(dict.fromkeys(self.metrics)))
         check(
             self.corruption_limit is None or self.corruption_limit >= 1,
             "corruption_limit",

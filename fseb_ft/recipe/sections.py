@@ -15,6 +15,7 @@ from typing import Literal
 
 from fseb_ft.recipe.datasets import ContextConfig, DataConfig
 from fseb_ft.recipe.options import (
+    BINARY_TASK_METRICS,
     FORWARD_MODES,
     HEAD_INITS,
     METHODS,
@@ -253,13 +254,13 @@ class Recipe:
                 f"allowed values are {allowed} (ood_<name>_auroc needs data.val_ood.<name>)",
             )
         check_group_by(self.data, self.eval.group_by)
-        weights, k = self.train.class_weights, self.model.num_classes
-        # Without model.num_classes the class count is the training labels': checked at the run.
+        # Without a known class count it is the training labels': checked at the run.
+        weights, (k, source) = self.train.class_weights, self._class_count()
         check(
             isinstance(weights, str) or k is None or len(weights) == k,
             "train.class_weights",
             weights if isinstance(weights, str) else list(weights),
-            f"needs one weight per class: {k} (model.num_classes)",
+            f"needs one weight per class: {k} ({source})",
         )
         cache, size = self.data.cache, self.model.input_size
         check(
@@ -269,6 +270,35 @@ class Recipe:
             f"must be ≥ model.input_size ({size}): the cached images would be smaller than "
             "what the model takes",
         )
+        self._check_binary_metrics()
+
+    def _check_binary_metrics(self) -> None:
+        """A two-class metric (reported or selected) in a recipe known to have other than two
+        classes (:meth:`_class_count`)."""
+        k, source = self._class_count()
+        if k is None or k == 2:
+            return
+        for key, names in (
+            ("eval.metrics", self.eval.metrics),
+            ("train.select_metric", (self.train.select_metric,)),
+            ("sweep.metric", (self.sweep.metric,)),
+        ):
+            binary = [name for name in names if name in BINARY_TASK_METRICS]
+            check(
+                not binary,
+                key,
+                list(names) if key == "eval.metrics" else names[0],
+                f"{binary} need two classes (label 1 the positive one); this recipe has {k} "
+                f"({source})",
+            )
+
+    def _class_count(self) -> tuple[int | None, str]:
+        """The class count the recipe fixes, and the key that fixes it: ``model.num_classes``,
+        else the length of ``data.train.classes``; ``None`` when only the data will tell."""
+        if self.model.num_classes is not None:
+            return self.model.num_classes, "model.num_classes"
+        classes = self.data.train.classes
+        return (None if classes is None else len(classes)), "data.train.classes"
 
 
 def validation_metrics(data: DataConfig) -> list[str]:

@@ -46,9 +46,9 @@ class SweepConfig:
 
     metric: str = "nll"
     """Validation metric each trial is scored on (its best epoch) and selected on (it becomes the
-    trial's ``train.select_metric``): ``nll``, ``accuracy``, ``ece``, ``brier``, or
-    ``ood_<name>_auroc`` for a set of ``data.val_ood``; accuracy and AUROC are maximised, the
-    others minimised."""
+    trial's ``train.select_metric``, whose values it takes): ``nll``, ``accuracy``, ``ece``,
+    ``brier``, a task metric (``qwk``, ``roc_auc``, …; ``eval.metrics``), or ``ood_<name>_auroc``
+    for a set of ``data.val_ood``; NLL, ECE and Brier are minimised, the others maximised."""
     space: dict[str, SweepParam] = field(default_factory=dict)
     """Dotted recipe key → its range or choices, e.g. ``fseb.reg_scale: {low: 0.01, high: 10,
     log: true}``; it replaces the default space, which ``{}`` keeps: ``optim.lr`` and

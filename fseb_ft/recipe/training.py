@@ -69,8 +69,13 @@ class TrainConfig:
     """Seed for initialisation, splits, shuffling, augmentation and the context pool."""
     select_metric: str = "nll"
     """Validation metric that picks the best checkpoint: ``nll``, ``accuracy``, ``ece``,
-    ``brier``, or ``ood_<name>_auroc`` for a set of ``data.val_ood`` (accuracy and AUROC:
-    higher is better)."""
+    ``brier``, a task metric of ``eval.metrics``' list but ``per_class_recall`` (``qwk``,
+    ``balanced_accuracy``, ``macro_f1``, ``roc_auc``, ``average_precision``,
+    ``sensitivity_at_90_specificity``, ``sensitivity_at_95_specificity``; computed on validation
+    whether ``eval.metrics`` names it or not), or ``ood_<name>_auroc`` for a set of
+    ``data.val_ood``. NLL, ECE and Brier are minimised, the others maximised; an epoch whose
+    value is NaN (e.g. ``roc_auc`` with a class missing from validation) is never selected over
+    one with a number."""
     resume: Literal["auto", "never"] = "auto"
     """``auto`` continues from the last complete checkpoint in the run directory."""
     cpu: bool = False

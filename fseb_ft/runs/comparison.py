@@ -18,12 +18,13 @@ def write_comparison(out: Path, evaluated: Mapping[str, EvalResults], title: str
     """Write the comparison of ``evaluated`` (method title → its run's results and predictions)
     into ``out`` under ``title``; return its table.
 
-    ``comparison.md`` is the table after the split note (both runs report on the same split),
+    ``comparison.md`` is the table after the split note (both runs report on the same split,
+    with the same classes),
     ``comparison.json`` the results; :data:`~fseb_ft.runs.rundir.COMPARISON_PLOTS` are drawn
     from the runs' predictions (a figure that fails is logged and skipped).
     """
     results = {label: e.results for label, e in evaluated.items()}
-    table = markdown_table(results)
+    table = markdown_table(results, next(iter(evaluated.values())).predictions.class_names)
     note = split_note(next(iter(results.values())))
     write_text(out / COMPARISON_MD, f"# {title}\n\n{note}{table}")
     write_json(out / COMPARISON_JSON, results)

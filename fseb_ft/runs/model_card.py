@@ -8,7 +8,7 @@ component (:mod:`fseb_ft.runs.published`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +16,11 @@ import yaml
 
 from fseb_ft.data.splits import TEST_SPLIT, VALIDATION_SPLIT
 from fseb_ft.evaluation.abstention import AbstentionRule
+from fseb_ft.evaluation.metrics import METRIC_REGISTRY
 from fseb_ft.recipe import Recipe, dump_recipe
 from fseb_ft.runs.published import LOCAL_DIR, PLACEHOLDER, model_label, placeholders, scrub
 from fseb_ft.runs.rundir import (
+    CONFUSION_PLOT,
     CORRUPTION_PLOT,
     MODEL_RECIPE,
     PLOTS,
@@ -48,6 +50,7 @@ PLOT_CAPTIONS = {
     PLOTS[0]: "Reliability diagram ({split} split)",
     PLOTS[1]: "Selective prediction: accuracy of the most confident fraction",
     PLOTS[2]: "Predictive entropy on the {split} split and the OOD sets",
+    CONFUSION_PLOT: "Confusion matrix on the {split} split: counts, and rows normalised",
     CORRUPTION_PLOT: "Accuracy and ECE against corruption severity",
 }
 """The run's plots, in card order, with their captions (``{split}``: the split the
@@ -270,7 +273,7 @@ def _results_section(
     rows = {title: results, **{k: v for k, v in (baseline or {}).items() if k != title}}
     test = results.get("test", {})
     data = run_info.data or {}
-    lines = ["## Results\n", markdown_table(rows)]
+    lines = ["## Results\n", markdown_table(rows, run_info.class_names)]
     n = test.get("n", "?")
     on_val = results_split(results) == VALIDATION_SPLIT
     notes = [
@@ -287,6 +290,7 @@ def _results_section(
         f"OOD AUROC/AUPR/FPR95: {scores or 'predictive entropy'} as the score, OOD as the "
         "positive class."
     )
+    notes += _task_metric_notes(rows.values())
     temperature = _temperature(results)
     if temperature is not None:
         notes.append(
@@ -311,6 +315,33 @@ def _results_section(
     if results.get("groups"):
         lines.append(groups_markdown(results, _GROUP_METRICS, _MAX_GROUPS_SHOWN, level=3))
     return "\n".join(lines)
+
+
+_TASK_METRIC_NOTES = {
+    "qwk": "quadratic weighted Cohen's kappa of the predicted class, the class indices as grades",
+    "balanced_accuracy": "the mean recall over the classes",
+    "macro_f1": "the mean F1 over the classes",
+    "roc_auc": "AUROC of label 1's probability for two classes, else the macro mean of the "
+    "one-vs-rest AUROCs",
+    "average_precision": "average precision, of label 1's probability for two classes, else the "
+    "macro mean of the one-vs-rest ones",
+    "sensitivity_at_90_specificity": "the largest sensitivity (label 1 positive) at a threshold "
+    "whose specificity is at least 90 %",
+    "sensitivity_at_95_specificity": "the same at 95 % specificity",
+    "per_class_recall": "the fraction of each class's images predicted as it",
+}
+"""What each task metric means, said under the card's table when a result reports it."""
+
+
+def _task_metric_notes(results: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The definitions of the task metrics the results report (``eval.metrics``), in one note."""
+    found = {key for res in results for key in res.get("test", {})}
+    shown = [
+        f"{METRIC_REGISTRY[name].title.removesuffix(' (%)')}: {text}"
+        for name, text in _TASK_METRIC_NOTES.items()
+        if name in found
+    ]
+    return [f"{'; '.join(shown)} (scikit-learn; docs/method.md)."] if shown else []
 
 
 def _usage_section(

@@ -22,6 +22,7 @@ from fseb_ft.evaluation.temperature import fit_temperature, temperature_identifi
 from fseb_ft.runs.atomic import write_text
 from fseb_ft.runs.rundir import (
     COMPARISON_PLOTS,
+    CONFUSION_PLOT,
     CORRUPTION_PLOT,
     PLOTS,
     RESULTS_JSON,
@@ -50,6 +51,7 @@ __all__ = [
     "group_results",
     "temperature_scaled_results",
     "write_comparison_plots",
+    "write_confusion_plot",
     "write_corruption_plot",
     "write_plots",
     "write_results",
@@ -76,10 +78,13 @@ class EvalResults:
 
     @classmethod
     def from_predictions(
-        cls, predictions: Predictions, ood_scores: Sequence[str] = ("entropy",)
+        cls,
+        predictions: Predictions,
+        ood_scores: Sequence[str] = ("entropy",),
+        task_metrics: Sequence[str] = (),
     ) -> EvalResults:
         """The metrics of ``predictions`` (:func:`eval_results`), with them."""
-        return cls(eval_results(predictions, ood_scores), predictions)
+        return cls(eval_results(predictions, ood_scores, task_metrics), predictions)
 
     def extended(self, **entries: Any) -> EvalResults:
         """These results with ``entries`` after the record's own keys (``results.json``'s order)."""
@@ -95,11 +100,14 @@ def evaluate_predictions(
     ood_scores: Sequence[str] = ("entropy",),
     test_logits: Tensor | None = None,
     ood_logits: Mapping[str, Tensor] | None = None,
+    task_metrics: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The metrics of the test predictions, each named OOD set and each corruption.
 
     The metrics are those docs/quickstart.md lists under "The demo" (accuracy, NLL, ECE, Brier,
-    selective prediction, AURC; OOD detection by the scores of ``ood_scores``).
+    selective prediction, AURC; OOD detection by the scores of ``ood_scores``), and on the test
+    split the task metrics of ``task_metrics`` that apply (``eval.metrics``; a per-class one as a
+    list, index = label).
 
     Args:
         test: (log-probabilities (N, K), labels (N,)) on the in-distribution test split.
@@ -110,6 +118,7 @@ def evaluate_predictions(
         ood_scores: the OOD scores to report (``eval.ood_scores``).
         test_logits, ood_logits: the logits behind ``test`` and ``ood`` (``None`` for an
             ensemble: its logit scores are then absent).
+        task_metrics: the task metrics to add to ``test`` (``eval.metrics``).
 
     Returns:
         ``{"test": {metric: float, "n": N}, "ood": {name: {metric: float, "n": N_o}}}``; with
@@ -120,9 +129,9 @@ def evaluate_predictions(
         (:func:`~fseb_ft.evaluation.metrics.classification_metrics`).
     """
     log_probs, labels = test
-    out: dict[str, Any] = {
-        "test": {k: float(v) for k, v in classification_metrics(log_probs, labels).items()}
-    }
+    found = classification_metrics(log_probs, labels, task_metrics)
+    # tolist: a 0-dim tensor gives a float, a per-class (K,) one a list.
+    out: dict[str, Any] = {"test": {k: v.tolist() for k, v in found.items()}}
     out["test"]["n"] = len(labels)
     probs_in = log_probs.exp()  # (N, K)
     out["ood"] = {}
@@ -154,15 +163,17 @@ def write_results(
     """Write ``results.json`` (machines), ``results.md`` (people) and the plots into ``run_dir``.
 
     ``predictions``, those behind ``results`` (an :class:`EvalResults`' own), are drawn with
-    :func:`write_plots` (``strict=False``: a figure that fails is logged as a warning, after the
-    results are written).
+    :func:`write_plots` and :func:`write_confusion_plot` (``strict=False``: a figure that fails
+    is logged as a warning, after the results are written); their class names head the
+    per-class table.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json(run_dir / RESULTS_JSON, dict(results))
     heading = f"{title}{split_suffix(results)}"  # figures and heading name a validation split
     md = f"# {heading}\n\n" + split_note(results) + warnings_markdown(results)
-    md += markdown_table({title: results})
+    class_names = predictions.class_names if predictions is not None else None
+    md += markdown_table({title: results}, class_names)
     if results.get("groups"):
         md += "\n" + groups_markdown(results)
     if results.get("corruptions"):
@@ -170,7 +181,19 @@ def write_results(
     write_text(run_dir / RESULTS_MD, md)
     if predictions is not None:
         write_plots(run_dir, predictions, heading, strict=False)
+        write_confusion_plot(run_dir, predictions, heading)
     write_corruption_plot(run_dir, results, title)
+
+
+def write_confusion_plot(directory: Path, predictions: Predictions, title: str) -> None:
+    """:data:`CONFUSION_PLOT` of the reported split (``predictions.test``), its classes named
+    by ``predictions.class_names``; a failure is logged."""
+    from fseb_ft.runs.confusion import confusion_plot  # matplotlib only when drawing
+
+    probs, labels = _probs_labels(predictions)
+    path = Path(directory) / CONFUSION_PLOT
+    names = predictions.class_names
+    _draw([lambda: confusion_plot(probs, labels, path, names, title=title)], strict=False)
 
 
 def write_corruption_plot(directory: Path, results: Mapping[str, Any], title: str) -> None:
@@ -248,7 +271,9 @@ def write_comparison_plots(
 
 
 def eval_results(
-    predictions: Predictions, ood_scores: Sequence[str] = ("entropy",)
+    predictions: Predictions,
+    ood_scores: Sequence[str] = ("entropy",),
+    task_metrics: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The results record of ``predictions``: their metrics (:func:`evaluate_predictions`).
 
@@ -257,14 +282,18 @@ def eval_results(
     (``eval.group_by``) ``groups`` (:func:`group_results`), in both. ``RESULTS_SPLIT`` (first)
     names the split the in-distribution metrics come from (``predictions.split``).
     """
-    results = {RESULTS_SPLIT: predictions.split} | _metrics(predictions, ood_scores)
+    results = {RESULTS_SPLIT: predictions.split} | _metrics(predictions, ood_scores, task_metrics)
     if predictions.val is not None:
-        results["temperature_scaled"] = temperature_scaled_results(predictions, ood_scores)
+        results["temperature_scaled"] = temperature_scaled_results(
+            predictions, ood_scores, task_metrics
+        )
     return results
 
 
 def temperature_scaled_results(
-    predictions: Predictions, ood_scores: Sequence[str] = ("entropy",)
+    predictions: Predictions,
+    ood_scores: Sequence[str] = ("entropy",),
+    task_metrics: Sequence[str] = (),
 ) -> dict[str, Any]:
     """``{"temperature": T, "test": ..., "ood": ...}``: ``T`` fitted on ``predictions.val`` by
     NLL (:func:`~fseb_ft.evaluation.temperature.fit_temperature`), then the metrics of
@@ -278,7 +307,7 @@ def temperature_scaled_results(
     fitted = float(fit_temperature(*predictions.val))
     temperature = fitted if temperature_identified(fitted) else 1.0
     scaled = predictions.scaled(temperature)
-    metrics = _metrics(scaled, ood_scores)
+    metrics = _metrics(scaled, ood_scores, task_metrics)
     if temperature == fitted:
         return {"temperature": temperature, **metrics}
     note = (
@@ -289,7 +318,9 @@ def temperature_scaled_results(
     return {"temperature": temperature, "fitted_temperature": fitted, "note": note, **metrics}
 
 
-def _metrics(predictions: Predictions, ood_scores: Sequence[str]) -> dict[str, Any]:
+def _metrics(
+    predictions: Predictions, ood_scores: Sequence[str], task_metrics: Sequence[str]
+) -> dict[str, Any]:
     """:func:`evaluate_predictions` of every set ``predictions`` holds, and the test metrics
     per group (``groups``: :func:`group_results`) when they carry groups."""
     out = evaluate_predictions(
@@ -300,6 +331,7 @@ def _metrics(predictions: Predictions, ood_scores: Sequence[str]) -> dict[str, A
         ood_scores=ood_scores,
         test_logits=predictions.test_logits,
         ood_logits=predictions.ood_logits,
+        task_metrics=task_metrics,
     )
     if predictions.groups is not None:
         out["groups"] = group_results(predictions.test, predictions.groups, list(out["test"]))

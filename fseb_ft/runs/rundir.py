@@ -8,7 +8,7 @@ A run directory (``output.dir``) holds::
                                     provenance, devices, warnings, training record)
     results.json  results.md        RESULTS_JSON, RESULTS_MD: metrics of the best weights, on
                                     the split RESULTS_SPLIT names (:func:`results_split`)
-    *.png                           PLOTS, CORRUPTION_PLOT
+    *.png                           PLOTS, CONFUSION_PLOT, CORRUPTION_PLOT
     checkpoints/epoch-NNNN/         CHECKPOINTS: the last complete epoch, with TRAINER_STATE
     model/model.safetensors         MODEL_WEIGHTS: the best weights (MODEL_DIR: the Hub folder)
     model/variational.safetensors   VARIATIONAL_WEIGHTS: FS-VI's σ at the best epoch
@@ -45,6 +45,7 @@ __all__ = [
     "COMPARISON_JSON",
     "COMPARISON_MD",
     "COMPARISON_PLOTS",
+    "CONFUSION_PLOT",
     "CORRUPTION_PLOT",
     "MODEL_DIR",
     "MODEL_RECIPE",
@@ -118,7 +119,9 @@ COMPARISON_PLOTS = ("comparison_reliability.png", "comparison_selective.png")
 """Side-by-side figures that ``fseb-ft RECIPE --compare`` writes beside ``comparison.md``."""
 CORRUPTION_PLOT = "corruptions.png"
 """Accuracy and ECE against corruption severity, written when ``eval.corruptions`` is set."""
-RUN_PLOTS = (*PLOTS, CORRUPTION_PLOT)
+CONFUSION_PLOT = "confusion.png"
+"""The confusion matrix of the reported split, counts and row-normalised, beside ``PLOTS``."""
+RUN_PLOTS = (*PLOTS, CONFUSION_PLOT, CORRUPTION_PLOT)
 """The figures a run draws of itself: its model card shows these and no other PNG of its folder
 (a run trained into a ``--compare`` folder sits beside ``COMPARISON_PLOTS``)."""
 ABSTENTION_FILE = "abstention.json"

@@ -30,6 +30,7 @@ __all__ = [
     "method_title",
     "ood_score_titles",
     "ood_scores_in",
+    "padded_class_names",
     "split_note",
     "split_suffix",
     "warnings_markdown",
@@ -51,6 +52,11 @@ _COLUMNS: tuple[Metric, ...] = tuple(
 """The results table's metric columns, in order; titles and scales are the registry's. A metric
 defined for some tasks only (``applies``, e.g. ``auroc_positive`` for K = 2) shows only when some
 result has it."""
+_TASK_COLUMNS: tuple[Metric, ...] = tuple(
+    m for m in METRIC_REGISTRY.values() if m.task and not m.per_class
+)
+"""The task metrics' columns (``eval.metrics``), after those, each shown when some result has
+it; a per-class metric is a table of its own (:func:`_per_class_markdown`)."""
 _CORRUPTION_COLUMNS: tuple[Metric, ...] = tuple(
     METRIC_REGISTRY[name] for name in ("accuracy", "nll", "ece", "sel_pred_auc")
 )
@@ -213,10 +219,15 @@ def split_suffix(results: Mapping[str, Any]) -> str:
     return " (validation split)" if results_split(results) == VALIDATION_SPLIT else ""
 
 
-def markdown_table(results: Mapping[str, Mapping[str, Any]]) -> str:
+def markdown_table(
+    results: Mapping[str, Mapping[str, Any]], class_names: Sequence[str] | None = None
+) -> str:
     """A Markdown table of several runs' results, one row per method (e.g. PS-MAP, FS-EB).
 
-    Binary tasks get an ``AUROC pos. (%)`` column (positive class = label 1). Each OOD set has
+    Binary tasks get an ``AUROC pos. (%)`` column (positive class = label 1), and the task
+    metrics of ``eval.metrics`` a column each after the others; a per-class one
+    (``per_class_recall``) gets a table of its own below, one row per class (``class_names``,
+    index = label; the labels where not given) and a column per method. Each OOD set has
     AUROC, AUPR and FPR95 columns for every score found in the results (titles name the score
     unless entropy is the only one); a missing value (an ensemble's logit scores) shows "–". A
     result with a ``temperature_scaled`` block gets a second row, "<method> + TS", below its own;
@@ -229,8 +240,8 @@ def markdown_table(results: Mapping[str, Mapping[str, Any]]) -> str:
     ood_scores = ood_scores_in(results.values())
     columns = [
         m
-        for m in _COLUMNS
-        if m.applies is None or any(m.name in r["test"] for r in results.values())
+        for m in (*_COLUMNS, *_TASK_COLUMNS)
+        if (m.applies is None and not m.task) or any(m.name in r["test"] for r in results.values())
     ]
     header = ["Method", *(m.title for m in columns)]
     # Entropy alone keeps the titles tables had before other scores existed.
@@ -250,7 +261,39 @@ def markdown_table(results: Mapping[str, Mapping[str, Any]]) -> str:
             for score in ood_scores:
                 row += [_num(scores.get(f"{score}_{key}"), 100.0) for key, _ in _OOD_COLUMNS]
         lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines) + "\n" + notes
+    return "\n".join(lines) + "\n" + notes + _per_class_markdown(results, class_names)
+
+
+def _per_class_markdown(
+    results: Mapping[str, Mapping[str, Any]], class_names: Sequence[str] | None
+) -> str:
+    """For each per-class metric some row has, a table of it: a row per class, a column per
+    method (classes may be many, methods are few); empty when there is none."""
+    out = ""
+    for m in METRIC_REGISTRY.values():
+        rows = {
+            method: res["test"][m.name] for method, res in results.items() if m.name in res["test"]
+        }
+        if not m.per_class or not rows:
+            continue
+        k = max(len(values) for values in rows.values())
+        lines = [
+            f"\n{m.title} per class:\n",
+            "| Class | " + " | ".join(rows) + " |",
+            "|" + "---|" * (len(rows) + 1),
+        ]
+        for label, name in enumerate(padded_class_names(class_names, k)):
+            cells = [_num(v[label] if label < len(v) else None, m.scale) for v in rows.values()]
+            lines.append("| " + " | ".join([name, *cells]) + " |")
+        out += "\n".join(lines) + "\n"
+    return out
+
+
+def padded_class_names(class_names: Sequence[str] | None, k: int) -> list[str]:
+    """``k`` names, index = label: ``class_names``, then the labels of the classes they miss (a
+    head wider than the training set's classes, or no names at all)."""
+    names = [str(n) for n in class_names or []][:k]
+    return names + [str(i) for i in range(len(names), k)]
 
 
 def _ts_notes(results: Mapping[str, Mapping[str, Any]]) -> str:

@@ -65,7 +65,12 @@ def kaggle_recipe(root: Path, out: Path) -> Path:
         "fseb": {"prior_var": 1.0, "prior_cov_scale": 0.01, "prior_cov_diag": 1.0},
         "optim": {"lr": 0.05},
         "train": {"epochs": 1, "cpu": True, "log_every": 2, "class_weights": "balanced"},
-        "eval": {"batch_size": 8, "group_by": "site", "temperature_scaling": True},
+        "eval": {
+            "batch_size": 8,
+            "group_by": "site",
+            "temperature_scaling": True,
+            "metrics": ["roc_auc", "balanced_accuracy", "sensitivity_at_95_specificity"],
+        },
         "output": {"dir": str(out)},
     }
     path = root / "recipe.yaml"
@@ -95,6 +100,10 @@ def test_a_kaggle_folder_trains_evaluates_and_predicts(
     assert results["split"] == "test" and results["test"]["n"] == splits["test"]["size"]
     assert sum(splits[k]["groups"] for k in ("train", "validation", "test")) == PATIENTS
     assert set(results["groups"]["groups"]) <= {"site0", "site1"}
+    for name in ("roc_auc", "balanced_accuracy", "sensitivity_at_95_specificity"):
+        assert name in results["test"] and name in results["groups"]["groups"]["site0"]
+    assert "Bal. acc. (%)" in (out / "results.md").read_text()
+    assert (out / "confusion.png").is_file()
 
     (out / "results.json").unlink()
     cli.main(["evaluate", str(out)])

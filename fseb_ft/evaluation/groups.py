@@ -21,6 +21,7 @@ from torch import Tensor
 from fseb_ft.data.images import LabeledImages
 from fseb_ft.data.splits import TEST_SPLIT, VALIDATION_SPLIT, Splits
 from fseb_ft.errors import FsebError
+from fseb_ft.evaluation.metric_registry import bundle
 from fseb_ft.evaluation.metrics import METRIC_REGISTRY, metric_inputs
 
 __all__ = ["GroupColumnError", "Groups", "group_metrics", "reported_groups"]
@@ -81,7 +82,8 @@ def group_metrics(
         labels: ``(N,)`` integer labels in ``[0, K)``.
         groups: ``(N,)`` the group of each sample (any values; their strings name the groups).
         names: the registered metrics to compute (those of the whole split's results);
-            ``None``: every registered metric that applies to ``K`` classes.
+            ``None``: the standard ones, those every run reports for ``K`` classes (no task
+            metric).
 
     Returns:
         Group → ``{"n": size, "classes": number of classes present, metric: float or None, …,
@@ -95,9 +97,10 @@ def group_metrics(
             f"`groups` must have one value per sample, shape ({len(labels)},); got {values.shape}"
         )
     k = log_probs.shape[1]
-    chosen = [m for m in METRIC_REGISTRY.values() if m.applies_to(k)]
-    if names is not None:
-        chosen = [m for m in chosen if m.name in names]
+    if names is None:
+        chosen = bundle(k)
+    else:
+        chosen = [m for m in METRIC_REGISTRY.values() if m.applies_to(k) and m.name in names]
     out: dict[str, dict[str, Any]] = {}
     for group in sorted(set(values.tolist())):
         mask = torch.as_tensor(values == group, device=log_probs.device)  # (N,)

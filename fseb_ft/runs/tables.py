@@ -170,7 +170,7 @@ def groups_markdown(
     scaled = ((results.get("temperature_scaled") or {}).get("groups") or {}).get("groups") or {}
     columns = [
         m
-        for m in _COLUMNS
+        for m in (*_COLUMNS, *_TASK_COLUMNS)
         if (names is None or m.name in names) and any(m.name in g for g in groups.values())
     ]
     header = [f"`{found['column']}`", "n", *(m.title for m in columns)]

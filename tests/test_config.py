@@ -58,6 +58,11 @@ def test_overrides_reach_nested_keys_and_parse_yaml_values() -> None:
         ("optim.lr=.nan", r"optim.lr=nan: expected a finite number"),
         ("context.kind=mixture", r"context.datasets=\(\): kind='mixture' needs"),
         ("data.mean=[0.5]", r"data.mean=\(0.5,\): must have 3 values"),
+        (  # a key of several types: one line giving each type's reason
+            "train.class_weights=balancd",
+            r"^train.class_weights='balancd': allowed values are \['none', 'balanced'\]; or "
+            r"expected a list$",
+        ),
     ],
 )
 def test_bad_values_name_key_value_and_what_is_allowed(override: str, message: str) -> None:

@@ -97,7 +97,9 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
                 return _coerce(arg, value, key)
             except ConfigError as err:
                 errors.append(str(err))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{key}={value!r}: {errors}")
+        prefix = f"{key}={value!r}: "
+        reasons = [e.removeprefix(prefix) for e in errors]  # one line: each alternative's reason
+        raise ConfigError(prefix + "; or ".join(reasons) if len(errors) > 1 else errors[0])
     if origin is Literal:
         if isinstance(value, bool) and "no" in args:
             # YAML 1.1 reads a bare `no` (e.g. train.mixed_precision=no) as false.

@@ -3,7 +3,8 @@
 Transforms turn :class:`~fseb_ft.data.images.LabeledImages` samples into normalised float32 CHW
 tensors for timm backbones: evaluation with timm's own eval transform (the preprocessing an
 exported model's card documents), training and the perturbed training inputs of the context pool
-with albumentations, the training augmentation looked up by name among those registered with
+with albumentations or, for ``timm``, timm's training transform (:class:`TimmTrainTransform`),
+the training augmentation looked up by name among those registered with
 ``@augmentation("name")``. Every random stream is seeded, from (seed, epoch) where it restarts
 per epoch, so a resumed run draws what an uninterrupted one would.
 
@@ -13,7 +14,8 @@ This module takes plain arguments; mapping a recipe onto them is the caller's jo
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import albumentations as A
@@ -32,6 +34,7 @@ __all__ = [
     "AUGMENTATIONS",
     "Augmentation",
     "EvalTransform",
+    "TimmTrainTransform",
     "TransformedImages",
     "augmentation",
     "check_input_size",
@@ -66,36 +69,49 @@ def train_transform(
     std: Sequence[float],
     augment: str = "none",
     seed: int | None = None,
-) -> A.Compose:
+) -> A.Compose | TimmTrainTransform:
     """Training pipeline: augmentation, resize to ``input_size``, normalise, CHW float32 tensor.
 
     ``augment`` names one of :data:`AUGMENTATIONS`: "none"; "flip" (horizontal); "crop_flip"
     (reflect-pad 4 px per 32 px of size, random crop back to size, flip: the CIFAR recipe at any
-    resolution); "randaug-lite" (RandomResizedCrop with scale (0.35, 1) plus flip). ``mean``/
-    ``std`` are in [0, 1] units as in timm's data config.
+    resolution); "randaug-lite" (RandomResizedCrop with scale (0.35, 1) plus flip); "timm"
+    (timm's training transform, :class:`TimmTrainTransform`). ``mean``/``std`` are in [0, 1]
+    units as in timm's data config.
     """
     height, width = check_input_size(input_size)
     if augment not in AUGMENTATIONS:
         raise ValueError(f"augment must be one of {list(AUGMENTATIONS)}, got {augment!r}")
+    if augment in _PIPELINES:
+        pipeline = AUGMENTATIONS[augment](height, width, mean, std)
+        seed_transform(pipeline, seed)
+        return pipeline
     steps = AUGMENTATIONS[augment](height, width)
     return compose_seeded([*steps, *normalize_to_tensor(mean, std)], seed)
 
 
-Augmentation = Callable[[int, int], list[Any]]
-"""``(height, width) → albumentations steps`` that augment an image and bring it to that size."""
+Augmentation = Callable[..., Any]
+"""``(height, width) → albumentations steps`` that augment an image and bring it to that size;
+or, registered with ``pipeline=True``, ``(height, width, mean, std) → the whole transform``
+(normalised tensors out, called like albumentations, seeded by ``set_random_state``)."""
 
 AUGMENTATIONS: dict[str, Augmentation] = {}
 """The training augmentations by name (``data.augment``), in the order they are defined; a test
 pins the names to :data:`fseb_ft.recipe.options.AUGMENTATIONS`."""
 
+_PIPELINES: set[str] = set()
+"""The names of :data:`AUGMENTATIONS` whose builder makes the whole transform."""
 
-def augmentation(name: str) -> Callable[[Augmentation], Augmentation]:
-    """Register the decorated steps builder as training augmentation ``name`` (once)."""
+
+def augmentation(name: str, *, pipeline: bool = False) -> Callable[[Augmentation], Augmentation]:
+    """Register the decorated builder as training augmentation ``name`` (once): a builder of
+    albumentations steps, or with ``pipeline`` of the whole transform (:data:`Augmentation`)."""
 
     def register(build: Augmentation) -> Augmentation:
         if name in AUGMENTATIONS:
             raise ValueError(f"augmentation {name!r} is registered twice ({AUGMENTATIONS[name]})")
         AUGMENTATIONS[name] = build
+        if pipeline:
+            _PIPELINES.add(name)
         return build
 
     return register
@@ -140,6 +156,89 @@ def _randaug_lite(height: int, width: int) -> list[Any]:
         A.RandomResizedCrop(size=(height, width), scale=(0.35, 1.0), area_for_downscale="image"),
         A.HorizontalFlip(p=0.5),
     ]
+
+
+@augmentation("timm", pipeline=True)
+def _timm(
+    height: int, width: int, mean: Sequence[float], std: Sequence[float]
+) -> TimmTrainTransform:
+    """timm's training transform (:class:`TimmTrainTransform`): random resized crop, flip,
+    RandAugment, normalise, random erasing."""
+    return TimmTrainTransform((height, width), mean, std)
+
+
+TIMM_AUTO_AUGMENT = "rand-m9-mstd0.5-inc1"
+"""The RandAugment policy of ``augment: timm``: two ops of magnitude 9 (σ 0.5), the increasing
+variants (timm's ImageNet recipes)."""
+TIMM_RE_PROB = 0.25
+"""The random-erasing probability of ``augment: timm`` (timm's ImageNet recipes)."""
+
+
+class TimmTrainTransform:
+    """timm's training transform, called like albumentations: ``t(image=array)["image"]``.
+
+    ``timm.data.create_transform(is_training=True, auto_augment=TIMM_AUTO_AUGMENT,
+    re_prob=TIMM_RE_PROB)`` with timm's other defaults: a random resized crop (scale
+    (0.08, 1)) to the input size, a horizontal flip, RandAugment, normalisation and random
+    erasing (of the normalised tensor, so it is the whole pipeline). The uint8 (H, W, 1|3) array
+    becomes a PIL image as for :class:`EvalTransform`. timm draws from the global streams of
+    ``random``, numpy and torch; this transform keeps its own three, seeded by
+    :meth:`set_random_state` and swapped in around each call, so a seeded run repeats and
+    nothing else's draws move. Picklable (DataLoader workers).
+    """
+
+    def __init__(
+        self, input_size: tuple[int, int], mean: Sequence[float], std: Sequence[float]
+    ) -> None:
+        """Build timm's transform for ``input_size`` (H, W) and ``mean``/``std`` in [0, 1] units."""
+        self.input_size = check_input_size(input_size)
+        self.mean, self.std = _check_stats(mean, std)
+        self.transform = timm.data.create_transform(
+            input_size=self.input_size,
+            is_training=True,
+            auto_augment=TIMM_AUTO_AUGMENT,
+            re_prob=TIMM_RE_PROB,
+            mean=self.mean,
+            std=self.std,
+        )
+        self.set_random_state(np.random.default_rng(0), random.Random(0))
+
+    def set_random_state(self, generator: np.random.Generator, py_random: random.Random) -> None:
+        """Seed the transform's three streams from ``generator`` and ``py_random`` (what
+        :func:`seed_transform` gives an albumentations pipeline)."""
+        self._python = random.Random(py_random.getrandbits(64)).getstate()
+        self._numpy = np.random.RandomState(int(generator.integers(2**32))).get_state()
+        self._torch = torch.Generator().manual_seed(int(generator.integers(2**63))).get_state()
+
+    @contextmanager
+    def _own_streams(self) -> Iterator[None]:
+        """Draw from this transform's streams inside, the global ones' states kept outside."""
+        python, numpy_state = random.getstate(), np.random.get_state()
+        random.setstate(self._python)
+        np.random.set_state(self._numpy)
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(self._torch)
+            try:
+                yield
+            finally:
+                self._python, self._numpy = random.getstate(), np.random.get_state()
+                self._torch = torch.get_rng_state()
+                random.setstate(python)
+                np.random.set_state(numpy_state)
+
+    def __call__(self, *, image: np.ndarray) -> dict[str, torch.Tensor]:
+        """``{"image": tensor (C, H, W) float32}`` of a uint8 (H, W, C) image."""
+        if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] not in (1, 3):
+            raise ValueError(
+                f"expected a uint8 (H, W, 1|3) image, got {image.dtype} of shape {image.shape}"
+            )
+        pil = PIL.Image.fromarray(image[:, :, 0] if image.shape[2] == 1 else image)  # L | RGB
+        with self._own_streams():
+            return {"image": self.transform(pil)}
+
+    def __repr__(self) -> str:
+        """The timm pipeline, for logs."""
+        return f"TimmTrainTransform({self.transform})"
 
 
 def eval_transform(
@@ -377,7 +476,7 @@ def check_transform_channels(transform: Any, channels: int, identity: str) -> No
     """
     steps = transform.transforms if isinstance(transform, A.Compose) else [transform]
     for step in steps:
-        normalises = isinstance(step, A.Normalize | EvalTransform)
+        normalises = isinstance(step, A.Normalize | EvalTransform | TimmTrainTransform)
         entries = int(np.size(step.mean)) if normalises else 1
         if entries not in (1, channels):
             raise ValueError(

@@ -6,6 +6,7 @@ A callback subclasses :class:`Callback` and overrides the hooks it needs; the lo
     on_train_begin                      after resuming, before the first epoch
     for each epoch:
         on_epoch_begin                  before the epoch's first batch
+        on_batch_begin                  before each training batch's forward: may replace it
         on_step_end                     after each optimiser step (not each accumulated batch)
         on_validation_end               the validation predictions exist, no metric yet
         on_epoch_end                    the epoch's record is complete, its checkpoint not yet
@@ -18,7 +19,8 @@ card. A callback with state returns it from :meth:`Callback.state_dict` (JSON-se
 saved in each checkpoint's ``trainer_state.json`` and given back to :meth:`Callback.load_state_dict`
 when the run resumes. The built-in callbacks every run gets (:mod:`fseb_ft.engine.run`):
 :class:`DivergenceStop`, :class:`ValOODScores`, :class:`ChanceWarning`; ``train.class_weights``
-adds :class:`ClassWeights`, a sweep :class:`PruningCallback`.
+adds :class:`ClassWeights`, ``train.label_smoothing`` and ``data.mixup``
+:class:`~fseb_ft.engine.soft_targets.SoftTargets`, a sweep :class:`PruningCallback`.
 """
 
 from __future__ import annotations
@@ -135,6 +137,13 @@ class Callback:
 
     def on_epoch_begin(self, trainer: TrainerView, epoch: int) -> None:
         """Epoch ``epoch`` (0-based; ``trainer.state.epoch`` epochs are done) starts."""
+
+    def on_batch_begin(self, trainer: TrainerView, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """A training batch, inputs ``x`` (B, ...) and labels ``y`` (B,), is about to be
+        forwarded: return the batch to train on instead (e.g. mixed images and soft targets
+        (B, K) whose rows sum to one; only the likelihood reads targets). Each callback gets
+        the previous one's batch; validation never passes here."""
+        return x, y
 
     def on_step_end(self, trainer: TrainerView, terms: Mapping[str, Tensor]) -> None:
         """An optimiser step was taken (``trainer.state.step`` counts it). ``terms``: the last

@@ -209,8 +209,10 @@ class Trainer:
         self.parts, self.config, self.optim, self.run_dir = parts, config, optim, run_dir
         self.accelerator, self.objective = parts.accelerator, parts.objective
         self.save_best, self.callbacks = save_best, list(callbacks)
-        # Only those that act per step are called there: the others cost the hot path nothing.
+        # Only those that act per batch or step are called there: the others cost the hot path
+        # nothing.
         self._per_step = [c for c in self.callbacks if _overrides(c, "on_step_end")]
+        self._per_batch = [c for c in self.callbacks if _overrides(c, "on_batch_begin")]
         self.state = TrainState()
         self.should_stop = False
         named = dict.fromkeys([*task_metrics, config.select_metric])
@@ -332,6 +334,8 @@ class Trainer:
     def _step(self, x: Tensor, y: Tensor, ctx_iter: _Contexts | None) -> dict[str, Tensor]:
         """Forward and backward one batch; an optimiser step when the accumulation is full."""
         accelerator, objective = self.accelerator, self.objective
+        for callback in self._per_batch:
+            x, y = callback.on_batch_begin(self, x, y)
         with accelerator.accumulate(objective.model):
             ctx, feats = next(ctx_iter) if ctx_iter is not None else (None, None)
             with accelerator.autocast():

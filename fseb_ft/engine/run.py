@@ -53,6 +53,7 @@ from fseb_ft.engine.loop import (
     make_accelerator,
 )
 from fseb_ft.engine.resume import check_resumable, check_same_data, flat_keys
+from fseb_ft.engine.soft_targets import soft_target_callbacks
 from fseb_ft.evaluation.groups import reported_groups
 from fseb_ft.evaluation.metrics import METRIC_REGISTRY
 from fseb_ft.evaluation.predictions import eval_loader, predict_splits
@@ -339,8 +340,8 @@ def _fit(
     callbacks: Sequence[Callback],
 ) -> TrainState:
     """Train with the built-in callbacks (:class:`ClassWeights` with ``data.class_weights``, the
-    class weights of ``train.class_weights``), then ``callbacks``, validating
-    ``data.task_metrics`` too."""
+    class weights of ``train.class_weights``; ``SoftTargets`` with ``train.label_smoothing`` or
+    ``data.mixup``), then ``callbacks``, validating ``data.task_metrics`` too."""
     run_dir, objective = Path(recipe.output.dir), parts.objective
     builtin = [
         DivergenceStop(
@@ -351,6 +352,7 @@ def _fit(
         ValOODScores(val_ood_loaders, recipe.eval.ood_scores[0]),
         ChanceWarning(),
         *([] if data.class_weights is None else [ClassWeights(data.class_weights)]),
+        *soft_target_callbacks(recipe.train, recipe.data, data.num_classes),
     ]
     trainer = Trainer(
         parts,

@@ -9,6 +9,11 @@ an unbiased minibatch estimate of ``(1/N) Σ_n w_{y_n} · (−log p(y_n | x_n; �
 log-likelihood of the N training images divided by N, as the unweighted term is. The weights are
 scaled so that their mean over the training images is 1 (``Σ_n w_{y_n} = N``): the likelihood
 keeps its total weight N against the prior terms, which the objective divides by the same N.
+
+With soft targets ``t_i`` (B, K) (label smoothing, mixup, CutMix: docs/method.md, "Label
+smoothing and mixup") the cross-entropy is ``−Σ_k t_ik log p(k | x_i; θ)`` and the weight of an
+example is its target's mix of the class weights, ``Σ_k t_ik w_k``: a one-hot target gives back
+``w_{y_i}``, a mixed pair the mix of its two classes' weights in the images' proportion.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 import torch.nn.functional as nnf
+from timm.loss import SoftTargetCrossEntropy
 from torch import Tensor
 
 from fseb_ft.recipe import ConfigError
@@ -26,20 +32,34 @@ __all__ = ["class_weights", "likelihood_term"]
 
 
 def likelihood_term(logits: Tensor, y: Tensor, weights: Tensor | None = None) -> Tensor:
-    """The mean cross-entropy of ``logits`` (B, K) at the labels ``y`` (B,), each example's
-    multiplied by its class's weight, ``weights[y]`` (``weights``: (K,); ``None``: unweighted).
+    """The mean cross-entropy of ``logits`` (B, K) at the targets ``y``, each example's
+    multiplied by its weight (``weights``: (K,) per class; ``None``: unweighted).
 
+    ``y`` is either integer labels (B,), each example weighted by its class's weight
+    ``weights[y]``, or soft targets (B, K) whose rows sum to one, each example weighted by
+    ``Σ_k y_k · weights_k`` (timm's ``SoftTargetCrossEntropy`` when unweighted).
     Computed at least in float32 (autocast may hand over bf16 logits), never narrower than the
     logits. The mean is over the B examples, not over ``Σ_i w_{y_i}`` as
     ``cross_entropy(weight=w)`` takes it: that ratio would change the likelihood's weight from
-    batch to batch. Weights of ones give the unweighted value exactly (a product with 1.0 is
-    exact, and the reduction is the same).
+    batch to batch. Weights of ones give the unweighted value of labels exactly (a product with
+    1.0 is exact, and the reduction is the same).
     """
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if y.dim() == 2:
+        return _soft_target_term(logits, y.to(logits.dtype), weights)
     if weights is None:
         return nnf.cross_entropy(logits, y)
     log_probs = nnf.log_softmax(logits, dim=-1) * weights.to(logits)  # (B, K)
     return nnf.nll_loss(log_probs, y)
+
+
+def _soft_target_term(logits: Tensor, targets: Tensor, weights: Tensor | None) -> Tensor:
+    """The mean soft-target cross-entropy of ``logits`` (B, K) at ``targets`` (B, K), each
+    example weighted by ``targets @ weights`` when ``weights`` (K,) are given."""
+    if weights is None:
+        return SoftTargetCrossEntropy()(logits, targets)
+    per_example = torch.sum(-targets * nnf.log_softmax(logits, dim=-1), dim=-1)  # (B,)
+    return (per_example * (targets @ weights.to(logits))).mean()
 
 
 def class_weights(

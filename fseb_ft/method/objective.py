@@ -21,7 +21,8 @@ processes; ``num_train`` must be the *global* training-set size, counted once.
 
 With class weights (:meth:`FSEBObjective.set_class_weights`, ``train.class_weights``) every
 method's mean CE is the class-weighted one of :func:`fseb_ft.method.likelihood.likelihood_term`;
-the prior terms keep ``N_train``.
+the prior terms keep ``N_train``. Soft targets (label smoothing, mixup, CutMix) enter that
+likelihood alone: ``R_f`` at the context points and ``R_θ`` read no labels.
 """
 
 from __future__ import annotations
@@ -277,7 +278,9 @@ class FSEBObjective(nn.Module):
 
         Args:
             x: training inputs (B, ...).
-            y: integer labels (B,).
+            y: integer labels (B,), or soft targets (B, K) whose rows sum to one (label
+                smoothing, mixup: :class:`~fseb_ft.engine.soft_targets.SoftTargets`); only
+                the likelihood reads them, ``R_f`` and ``R_θ`` never do.
             context: context inputs x̂ (M, ...); required when ``reg_scale > 0``.
             context_features: precomputed ``h(x̂; φ0)`` (M, D) — e.g. cached once for a fixed,
                 un-augmented context pool; computed from ``prior`` when omitted. With

@@ -9,7 +9,13 @@ the YAML-to-dataclass machinery in :mod:`~fseb_ft.recipe.schema`. Nothing here i
 fseb_ft folder.
 """
 
-from fseb_ft.recipe.datasets import ContextConfig, DataConfig, DatasetSpec, ImageCacheConfig
+from fseb_ft.recipe.datasets import (
+    ContextConfig,
+    DataConfig,
+    DatasetSpec,
+    ImageCacheConfig,
+    MixupConfig,
+)
 from fseb_ft.recipe.load import (
     apply_overrides,
     dump_recipe,
@@ -40,6 +46,7 @@ __all__ = [
     "EvalConfig",
     "FSEBConfig",
     "ImageCacheConfig",
+    "MixupConfig",
     "ModelConfig",
     "OptimConfig",
     "OutputConfig",

@@ -13,10 +13,24 @@ import types
 from dataclasses import dataclass, field
 from typing import Literal
 
-from fseb_ft.recipe.options import AUGMENTATIONS, BAD_IMAGES, CACHE_RESIZE, CONTEXT_KINDS, SOURCES
+from fseb_ft.recipe.options import (
+    AUGMENTATIONS,
+    BAD_IMAGES,
+    CACHE_RESIZE,
+    CONTEXT_KINDS,
+    MIXUP_MODES,
+    SOURCES,
+)
 from fseb_ft.recipe.schema import check
 
-__all__ = ["IN_MEMORY", "ContextConfig", "DataConfig", "DatasetSpec", "ImageCacheConfig"]
+__all__ = [
+    "IN_MEMORY",
+    "ContextConfig",
+    "DataConfig",
+    "DatasetSpec",
+    "ImageCacheConfig",
+    "MixupConfig",
+]
 
 IN_MEMORY = "in-memory:"
 """The path prefix that stands in a resolved recipe for a dataset the Python API was given in
@@ -144,6 +158,39 @@ class ImageCacheConfig:
 
 
 @dataclass(frozen=True)
+class MixupConfig:
+    """Mixup and CutMix of the training batches (``data.mixup``), by ``timm.data.Mixup``: each
+    batch's images are blended (mixup) or pasted into each other (CutMix) and their targets
+    mixed in the same proportion, soft targets that only the likelihood sees (docs/method.md,
+    "Label smoothing and mixup"). Give at least one of the two alphas."""
+
+    mixup_alpha: float = 0.0
+    """α of the Beta(α, α) that mixup draws its proportion λ from (timm's recipes: 0.8);
+    0: no mixup."""
+    cutmix_alpha: float = 0.0
+    """α of CutMix's Beta(α, α) (timm's recipes: 1.0); 0: no CutMix."""
+    prob: float = 1.0
+    """Probability that a batch (an image, a pair: ``mode``) is mixed at all."""
+    switch_prob: float = 0.5
+    """With both alphas above 0: the probability of CutMix instead of mixup."""
+    mode: Literal[MIXUP_MODES] = "batch"
+    """One λ per ``batch``, per ``pair`` of images, or per image (``elem``)."""
+
+    def __post_init__(self) -> None:
+        for name in ("mixup_alpha", "cutmix_alpha"):
+            check(getattr(self, name) >= 0, name, getattr(self, name), "must be ≥ 0")
+        check(
+            self.mixup_alpha > 0 or self.cutmix_alpha > 0,
+            "mixup_alpha",
+            self.mixup_alpha,
+            f"with cutmix_alpha={self.cutmix_alpha!r}: one of them must be > 0 (data.mixup: "
+            "null turns both off)",
+        )
+        check(0 < self.prob <= 1, "prob", self.prob, "must be in (0, 1]")
+        check(0 <= self.switch_prob <= 1, "switch_prob", self.switch_prob, "must be in [0, 1]")
+
+
+@dataclass(frozen=True)
 class DataConfig:
     """Training, validation, test and OOD data, and how images are fed to the model."""
 
@@ -182,7 +229,11 @@ class DataConfig:
     ``null`` when ``test`` is given, and ``val_fraction + test_fraction`` below 1. ``null``:
     no test hold-out."""
     augment: Literal[AUGMENTATIONS] = "crop_flip"
-    """Training augmentation (albumentations)."""
+    """Training augmentation: ``none`` (resize), ``flip``, ``crop_flip`` (pad, crop, flip: the
+    CIFAR recipe) and ``randaug-lite`` (random resized crop, flip) with albumentations; ``timm``:
+    timm's training transform, ``timm.data.create_transform(is_training=True,
+    auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25)`` (random resized crop of scale
+    (0.08, 1), flip, RandAugment, random erasing), with timm's other defaults."""
     channels: Literal[1, 3] = 3
     """Image channels fed to the model; grayscale sources are repeated to 3 by default."""
     mean: tuple[float, ...] | None = None
@@ -205,6 +256,10 @@ class DataConfig:
     ``data.cache.size=256`` on the command line. ``null``: decode the original files at every
     epoch. Evaluation then resizes the cached copy, not the original, to the input size:
     docs/performance.md says how far that moves the pixels."""
+    mixup: MixupConfig | None = None
+    """Mixup / CutMix of the training batches, e.g. ``{mixup_alpha: 0.8, cutmix_alpha: 1.0}``
+    or ``data.mixup.mixup_alpha=0.2`` on the command line; ``null``: off. Validation, selection
+    and test metrics stay on the hard labels."""
 
     def __post_init__(self) -> None:
         check(0 < self.val_fraction < 1, "val_fraction", self.val_fraction, "must be in (0, 1)")

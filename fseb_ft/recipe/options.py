@@ -7,8 +7,12 @@ augmentations, OOD scores, metrics, corruptions), a test holds the registry equa
 here, so a name cannot be valid in a recipe and unknown to the code.
 """
 
-AUGMENTATIONS = ("none", "flip", "crop_flip", "randaug-lite")
+AUGMENTATIONS = ("none", "flip", "crop_flip", "randaug-lite", "timm")
 """Training augmentations (``data.augment``)."""
+
+MIXUP_MODES = ("batch", "pair", "elem")
+"""How mixup / CutMix draws its mixing (``data.mixup.mode``): one λ per batch, per pair of
+images, or per image (``timm.data.Mixup``'s ``mode``)."""
 
 CONTEXT_KINDS = ("train", "dataset", "mixture")
 """Where context points come from (``context.kind``)."""

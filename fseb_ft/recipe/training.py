@@ -102,6 +102,11 @@ class TrainConfig:
     order) or ``balanced`` (as many draws, with replacement, each class equally likely; seeded
     per epoch, so a resumed run draws as an uninterrupted one). ``balanced`` rebalances the
     classes instead of ``class_weights``, which must then be ``none``."""
+    label_smoothing: float = 0.0
+    """Train on smoothed targets: ``1 − ε + ε/K`` for the label, ``ε/K`` for every other class
+    (timm's, with ``data.mixup`` too), the loss of torch's ``cross_entropy(label_smoothing=ε)``;
+    0: off. It changes only the likelihood (docs/method.md, "Label smoothing and mixup") and is
+    known to hurt selective prediction and OOD detection: compare those columns too."""
 
     def __post_init__(self) -> None:
         check(self.epochs >= 1, "epochs", self.epochs, "must be ≥ 1")
@@ -112,6 +117,12 @@ class TrainConfig:
             "max_param_growth",
             self.max_param_growth,
             "must be > 1 or null",
+        )
+        check(
+            0 <= self.label_smoothing < 1,
+            "label_smoothing",
+            self.label_smoothing,
+            "must be in [0, 1)",
         )
         weights = self.class_weights
         if not isinstance(weights, str):

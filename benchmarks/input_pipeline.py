@@ -15,19 +15,15 @@ Every pipeline does the same work, one process, one thread (torch, OpenCV and Op
 decode, a random resized crop of scale (0.35, 1) and ratio (3/4, 4/3) to 224×224 (fseb_ft's
 ``randaug-lite`` augmentation), a horizontal flip half of the time, float32 and normalisation.
 
-- ``fseb_ft, uncached``: the training path of a run: an image folder
-  (:func:`fseb_ft.data.sources.imagefolder.load_imagefolder`) through
-  :class:`fseb_ft.data.transforms.TransformedImages` with ``train_transform(...,
-  "randaug-lite")`` (a JPEG decoded at the least scale its crops still shrink);
-- ``fseb_ft, uncached, decoded in full``: the same transform on ``data[i]``, every JPEG
-  decoded in full (fseb_ft's path before reduced decoding);
-- ``fseb_ft, cached``: the same path on the resized-image cache (``data.cache``, shorter side
-  256 px; built before timing), where fseb_ft has one;
-- ``timm create_transform (PIL)``: ``timm.data.create_transform(is_training=True, ...)`` on
-  the PIL image (``Image.open(path).convert("RGB")``), colour jitter off;
-- ``torchvision decode_image + v2``: ``torchvision.io.decode_image`` + ``transforms.v2``
-  (``RandomResizedCrop(antialias=True)``, ``RandomHorizontalFlip``, ``ToDtype``,
-  ``Normalize``).
+- ``fseb_ft, uncached``: a run's training path, an image folder through
+  :class:`fseb_ft.data.transforms.TransformedImages` with ``train_transform(..., "randaug-lite")``
+  (a JPEG decoded at the least scale its crops still shrink); ``decoded in full``: the same
+  transform on ``data[i]`` (the path before); ``fseb_ft, cached``: the same path on the
+  resized-image cache (shorter side 256 px, built before timing), where fseb_ft has one;
+- ``timm create_transform (PIL)``: ``create_transform(is_training=True)``, colour jitter off,
+  on ``Image.open(path).convert("RGB")``;
+- ``torchvision decode_image + v2``: ``io.decode_image`` + ``transforms.v2``
+  (``RandomResizedCrop(antialias=True)``, flip, ``ToDtype``, ``Normalize``).
 
 The methods take turns image by image (so a burst of load on a shared machine hits them alike)
 over the same files: ``--jpeg-images`` JPEGs, then the first ``--png-images`` PNGs, once
@@ -126,16 +122,13 @@ def real_photos(count: int) -> list[Image.Image]:
     tars = [tar for tar in TARS if tar.is_file()]
     for path in tars:
         with tarfile.open(path) as tar:
-            members = [m for m in tar.getmembers() if m.isfile() and _is_jpeg(m.name)]
+            names = (".jpg", ".jpeg")
+            members = [m for m in tar.getmembers() if m.isfile() and m.name.lower().endswith(names)]
             step = max(1, len(members) // (count // len(tars) + 1))
             chosen = members[::step][: count // len(tars) + 1]
             per_tar.append([_open(tar.extractfile(m).read()) for m in chosen])
     mixed = [photo for group in zip(*per_tar, strict=False) for photo in group]
     return (mixed * (count // max(1, len(mixed)) + 1))[:count]
-
-
-def _is_jpeg(name: str) -> bool:
-    return name.lower().endswith((".jpg", ".jpeg"))
 
 
 def _open(data: bytes) -> Image.Image:

@@ -26,7 +26,7 @@ import numpy as np
 from datasets.packaged_modules.imagefolder.imagefolder import ImageFolder
 
 from fseb_ft.data.images import LabeledImages, check_channels
-from fseb_ft.data.pixels import decode_image, fit_channels
+from fseb_ft.data.pixels import MinSize, decode_image, fit_channels
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -213,8 +213,12 @@ class FileImages(LabeledImages):
 
     def _read(self, index: int) -> np.ndarray:
         """Decode one file, naming the sample and file when that fails."""
+        return self._read_at_least(index, None)
+
+    def _read_at_least(self, index: int, min_size: MinSize | None) -> np.ndarray:
+        """Decode one file, a JPEG reduced as ``min_size`` allows."""
         where = f"image {index} of {self.identity}"
-        return decode_image({"path": str(self.path(index)), "bytes": None}, where)
+        return decode_image({"path": str(self.path(index)), "bytes": None}, where, min_size)
 
 
 _GLOB_CHARS = frozenset("*?[")

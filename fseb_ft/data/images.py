@@ -22,7 +22,13 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from fseb_ft.data.pixels import any_image_to_array, as_uint8, decode_image, fit_channels
+from fseb_ft.data.pixels import (
+    MinSize,
+    any_image_to_array,
+    as_uint8,
+    decode_image,
+    fit_channels,
+)
 
 __all__ = [
     "ArrayImages",
@@ -65,8 +71,15 @@ class LabeledImages(Dataset):
 
     def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
         """Image (H, W, channels) uint8 and integer label of sample ``index``."""
+        return self.read(index)
+
+    def read(self, index: int, min_size: MinSize | None = None) -> tuple[np.ndarray, int]:
+        """``data[index]``, except that a JPEG held encoded is decoded at a reduced scale where
+        ``min_size`` allows it (:data:`~fseb_ft.data.pixels.MinSize`), for a transform that
+        shrinks the image anyway; other images come as ``data[index]`` gives them."""
         index = self._check_index(index)
-        image = fit_channels(self._read(index), self.channels, f"image {index} of {self.identity}")
+        where = f"image {index} of {self.identity}"
+        image = fit_channels(self._read_at_least(index, min_size), self.channels, where)
         return image, int(self.labels[index])
 
     @property
@@ -77,6 +90,11 @@ class LabeledImages(Dataset):
     def _read(self, index: int) -> np.ndarray:
         """Raw image of sample ``index`` (any of (H, W), (H, W, 1|3|4)); subclasses implement."""
         raise NotImplementedError
+
+    def _read_at_least(self, index: int, min_size: MinSize | None) -> np.ndarray:
+        """:meth:`_read`, reduced as ``min_size`` allows; subclasses of encoded images override
+        it, the others read in full."""
+        return self._read(index)
 
     def encoded(self, index: int) -> tuple[str, str | bytes] | None:
         """(name, file path or bytes) of sample ``index`` while still encoded, for the check
@@ -148,8 +166,12 @@ class HFImages(LabeledImages):
 
     def _read(self, index: int) -> np.ndarray:
         """Decode one image, naming the sample and file when that fails."""
+        return self._read_at_least(index, None)
+
+    def _read_at_least(self, index: int, min_size: MinSize | None) -> np.ndarray:
+        """Decode one image, a JPEG reduced as ``min_size`` allows."""
         value = self._images[index][self.image_column]
-        return decode_image(value, f"image {index} of {self.identity}")
+        return decode_image(value, f"image {index} of {self.identity}", min_size)
 
 
 class ArrayImages(LabeledImages):
@@ -220,6 +242,10 @@ class IndexedImages(LabeledImages):
     def _read(self, index: int) -> np.ndarray:
         """The base dataset's raw image."""
         return self.base._read(int(self.indices[index]))
+
+    def _read_at_least(self, index: int, min_size: MinSize | None) -> np.ndarray:
+        """The base dataset's raw image, reduced as the base allows."""
+        return self.base._read_at_least(int(self.indices[index]), min_size)
 
     def encoded(self, index: int) -> tuple[str, str | bytes] | None:
         """The base dataset's encoded image."""

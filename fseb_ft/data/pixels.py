@@ -3,13 +3,16 @@
 PIL images, encoded ``{"bytes", "path"}`` records, numpy arrays and torch tensors all reach
 :class:`~fseb_ft.data.images.LabeledImages` as one uint8 layout. 16-bit, 32-bit and floating-point
 pixels become 8 bits in one place, :func:`as_uint8`, for training, evaluation and ``fseb-ft
-predict`` alike. Imports no other fseb_ft module.
+predict`` alike. A caller that needs less than the full resolution (a training transform that
+shrinks every image) names the least size it needs, and a JPEG is decoded at a reduced scale
+(:data:`MinSize`). Imports no other fseb_ft module.
 """
 
 from __future__ import annotations
 
 import io
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -19,6 +22,7 @@ import torch
 __all__ = [
     "EMPTY_FILE",
     "WIDE_MODES",
+    "MinSize",
     "any_image_to_array",
     "as_uint8",
     "decode_image",
@@ -34,6 +38,13 @@ _GRAY_MODES = {"1", "L", "LA"}
 WIDE_MODES = frozenset({"I", "I;16", "I;16B", "I;16L", "I;16N", "F"})
 """PIL modes of more than 8 bits per pixel, read as they are stored and brought to 8 bits by
 :func:`as_uint8` (PIL's ``convert("L")`` clips them at 255: a 16-bit image turns white)."""
+
+MinSize = Callable[[tuple[int, int]], tuple[int, int]]
+"""The least (width, height) a caller needs of an image stored at (width, height). A JPEG is then
+decoded at the smallest of libjpeg's scales 1/2, 1/4, 1/8 that is at least that size (PIL's
+``Image.draft``: the inverse DCT of fewer coefficients, a downscale in the frequency domain that
+skips most of the inverse DCT and colour conversion of a full decode); other formats in full."""
+
 # ITU-R BT.601 luma weights, the same PIL uses for convert("L").
 _LUMA = np.array([0.299, 0.587, 0.114])
 
@@ -101,8 +112,12 @@ def as_uint8(image: np.ndarray, where: str) -> np.ndarray:
     )
 
 
-def decode_image(value: Any, where: str) -> np.ndarray:
-    """Turn a PIL image, ``{"bytes", "path"}`` dict, array or nested list into an array."""
+def decode_image(value: Any, where: str, min_size: MinSize | None = None) -> np.ndarray:
+    """Turn a PIL image, ``{"bytes", "path"}`` dict, array or nested list into an array.
+
+    An encoded JPEG is decoded at a reduced scale when ``min_size`` allows it (:data:`MinSize`);
+    without ``min_size``, every image at its stored size.
+    """
     if isinstance(value, PIL.Image.Image):
         return pil_to_array(value)
     if isinstance(value, dict):
@@ -111,6 +126,8 @@ def decode_image(value: Any, where: str) -> np.ndarray:
             raise ValueError(f"{where} has neither bytes nor a path")
         try:
             with PIL.Image.open(io.BytesIO(data) if data is not None else path) as image:
+                if min_size is not None and image.format == "JPEG":
+                    image.draft(None, min_size(image.size))  # mode unchanged
                 image.load()  # PIL opens lazily; decode now so a truncated file fails here
                 return pil_to_array(image)
         except (OSError, ValueError, SyntaxError) as err:

@@ -6,7 +6,11 @@ exported model's card documents), training and the perturbed training inputs of 
 with albumentations or, for ``timm``, timm's training transform (:class:`TimmTrainTransform`),
 the training augmentation looked up by name among those registered with
 ``@augmentation("name")``. Every random stream is seeded, from (seed, epoch) where it restarts
-per epoch, so a resumed run draws what an uninterrupted one would.
+per epoch, so a resumed run draws what an uninterrupted one would. A pipeline whose first step
+shrinks every image (a resize or random resized crop to a size well below the image's) has its
+JPEGs decoded at a reduced scale that step still shrinks
+(:func:`~fseb_ft.data.decode_size.min_decode_size`); evaluation decodes in full, so its pixels
+are timm's.
 
 This module takes plain arguments; mapping a recipe onto them is the caller's job.
 """
@@ -27,6 +31,7 @@ import torch
 from albumentations.pytorch import ToTensorV2
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from fseb_ft.data.decode_size import min_decode_size
 from fseb_ft.data.images import LabeledImages
 from fseb_ft.data.inputs import EVAL_RESIZE
 
@@ -359,7 +364,8 @@ class TransformedImages(Dataset):
     """``(tensor (C, H, W) float32, int label)`` pairs: a :class:`LabeledImages` plus a transform.
 
     ``transform`` is an :class:`EvalTransform` or an albumentations pipeline ending in
-    ToTensorV2, called as ``transform(image=array)["image"]``.
+    ToTensorV2, called as ``transform(image=array)["image"]``. Images are read as small as the
+    transform allows (:func:`min_decode_size`).
     """
 
     def __init__(self, base: LabeledImages, transform: Callable[..., dict[str, Any]]) -> None:
@@ -367,6 +373,7 @@ class TransformedImages(Dataset):
         check_transform_channels(transform, base.channels, base.identity)
         self.base = base
         self.transform = transform
+        self.min_size = min_decode_size(transform)
 
     def __len__(self) -> int:
         """Number of samples of the base dataset."""
@@ -374,7 +381,7 @@ class TransformedImages(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         """Transformed image and its label (collates to an int64 tensor)."""
-        image, label = self.base[index]  # (H, W, C) uint8
+        image, label = self.base.read(index, self.min_size)  # (H, W, C) uint8
         return self.transform(image=image)["image"], label  # (C, H', W') float32
 
     def reseed(self, seed: int) -> None:

@@ -20,6 +20,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 from tqdm.auto import tqdm
 
+from fseb_ft.data.decode_size import min_decode_size
 from fseb_ft.data.images import LabeledImages
 from fseb_ft.data.inputs import InputSpec
 from fseb_ft.data.sources import load_split
@@ -100,6 +101,7 @@ class ContextPool(Dataset):
         check_transform_channels(transform, sources[0].channels, sources[0].identity)
         self.sources = sources
         self.transform = transform
+        self.min_size = min_decode_size(transform)  # perturbed pools decode JPEGs reduced
         self.pairs = _draw(sources, allocate(size, weights), seed)  # (M, 2)
         self.is_fixed = is_deterministic(transform)
         self.identity: dict[str, Any] = {
@@ -119,7 +121,7 @@ class ContextPool(Dataset):
     def __getitem__(self, index: int) -> torch.Tensor:
         """The transformed context image ``index`` (C, H, W) float32."""
         source, sample = self.pairs[index]
-        image, _ = self.sources[source][sample]  # (H, W, C) uint8; the label is not used
+        image, _ = self.sources[source].read(sample, self.min_size)  # (H, W, C) uint8; no label
         return self.transform(image=image)["image"]  # (C, H, W)
 
     def reseed(self, seed: int) -> None:

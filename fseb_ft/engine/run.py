@@ -43,6 +43,8 @@ from fseb_ft.engine.callbacks import (
     TrainState,
     ValOODScores,
 )
+from fseb_ft.engine.early_stopping import EarlyStopping
+from fseb_ft.engine.ema import WeightEMA
 from fseb_ft.engine.loop import (
     Prepared,
     Trainer,
@@ -60,7 +62,7 @@ from fseb_ft.method.context import context_sets, context_stream, resolve_prior_o
 from fseb_ft.method.likelihood import class_weights
 from fseb_ft.method.models import create_model, head_init, input_spec, planned_input_size
 from fseb_ft.method.objective import FSEBObjective
-from fseb_ft.recipe import ConfigError, DatasetSpec, Recipe, dump_recipe
+from fseb_ft.recipe import ConfigError, DatasetSpec, Recipe, TrainConfig, dump_recipe
 from fseb_ft.recipe.datasets import IN_MEMORY
 from fseb_ft.recipe.options import BINARY_TASK_METRICS
 from fseb_ft.runs.atomic import cleaned_on_failure, publish, remove_orphans, write_text
@@ -339,9 +341,9 @@ def _fit(
     callbacks: Sequence[Callback],
 ) -> TrainState:
     """Train with the built-in callbacks (:class:`ClassWeights` with ``data.class_weights``, the
-    class weights of ``train.class_weights``), then ``callbacks``, validating
-    ``data.task_metrics`` too."""
-    run_dir, objective = Path(recipe.output.dir), parts.objective
+    class weights of ``train.class_weights``; :class:`WeightEMA`, :class:`EarlyStopping`), then
+    ``callbacks``, validating ``data.task_metrics`` too."""
+    run_dir, objective, train = Path(recipe.output.dir), parts.objective, recipe.train
     builtin = [
         DivergenceStop(
             recipe.train.max_param_growth,
@@ -351,6 +353,8 @@ def _fit(
         ValOODScores(val_ood_loaders, recipe.eval.ood_scores[0]),
         ChanceWarning(),
         *([] if data.class_weights is None else [ClassWeights(data.class_weights)]),
+        *([] if train.ema_decay is None else [_ema(train, parts)]),
+        *([] if train.early_stopping is None else [EarlyStopping(train.early_stopping)]),
     ]
     trainer = Trainer(
         parts,
@@ -362,6 +366,12 @@ def _fit(
         task_metrics=data.task_metrics,
     )
     return trainer.fit()
+
+
+def _ema(train: TrainConfig, parts: Prepared) -> WeightEMA:
+    """The EMA of ``train.ema_decay``, validated (``train.ema_eval=false``) on its own."""
+    model, val_loader = parts.objective.model, parts.val_loader
+    return WeightEMA(model, train.ema_decay, evaluate=train.ema_eval, val_loader=val_loader)
 
 
 def _load_best(parts: Prepared, run_dir: Path) -> None:
@@ -389,7 +399,8 @@ def _evaluate(recipe: Recipe, splits: Splits, spec: InputSpec, parts: Prepared) 
 
 
 def _training(recipe: Recipe, state: TrainState, warned: list[str]) -> dict[str, Any]:
-    """The training record of ``results.json`` and ``run.json``."""
+    """The training record of ``results.json`` and ``run.json`` (``stopped``: why it ended
+    before ``train.epochs``, only when it did)."""
     return {
         "best_epoch": state.best_epoch,
         f"best_val_{recipe.train.select_metric}": state.best_value,
@@ -398,7 +409,7 @@ def _training(recipe: Recipe, state: TrainState, warned: list[str]) -> dict[str,
         "seconds": state.seconds,
         "history": state.history,
         "warnings": [*warned, *state.warnings],
-    }
+    } | ({} if state.stopped is None else {"stopped": state.stopped})
 
 
 def _export(recipe: Recipe, trained: _Trained, evaluated: EvalResults | None) -> None:

@@ -164,7 +164,7 @@ def test_a_run_removes_the_temporary_files_a_killed_run_left(
         raise _StopError  # everything the test needs happened before the images are read
 
     monkeypatch.setattr(run_module, "build_splits", lambda *args: SimpleNamespace(train=None))
-    monkeypatch.setattr(run_module, "_require_two_classes", lambda *args: None)
+    monkeypatch.setattr(run_module, "check_data", lambda *args: None)
     monkeypatch.setattr(run_module, "screen_splits", stop)
     recipe = recipe_from_dict(
         {

@@ -11,7 +11,7 @@ import albumentations as A
 import numpy as np
 import pytest
 
-import fseb_ft.engine.run as run_module
+import fseb_ft.engine.run_checks as run_checks
 from fseb_ft.data.images import ArrayImages, LabeledImages
 from fseb_ft.data.sources import load_spec, load_split, source
 from fseb_ft.data.sources.registry import LOADERS
@@ -96,7 +96,7 @@ def test_a_sources_hint_ends_the_error_of_training_images_of_one_class(
             (fake_ones, "Check data.train's split, label column and classes."),  # the default
         ]:
             with pytest.raises(TooFewClassesError, match=f"has 1 class .*classes. {hint}$"):
-                run_module._require_two_classes(spec, load_spec(spec))
+                run_checks.require_training_classes(spec, load_spec(spec))
     finally:
         del LOADERS["one_class"]
     assert LOADERS["imagefolder"].hint.startswith("Point data.train.path at the folder whose")

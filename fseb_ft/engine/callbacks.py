@@ -8,6 +8,7 @@ A callback subclasses :class:`Callback` and overrides the hooks it needs; the lo
         on_epoch_begin                  before the epoch's first batch
         on_batch_begin                  before each training batch's forward: may replace it
         on_step_end                     after each optimiser step (not each accumulated batch)
+        on_validation_begin             the epoch is trained, its ‖θ‖ measured; nothing predicted
         on_validation_end               the validation predictions exist, no metric yet
         on_epoch_end                    the epoch's record is complete, its checkpoint not yet
     on_train_end                        after the last checkpoint (also after a stop)
@@ -17,10 +18,13 @@ may raise to abort training. Setting ``trainer.should_stop`` ends training grace
 epoch's checkpoint is written; ``trainer.warn`` keeps a warning for the results and the model
 card. A callback with state returns it from :meth:`Callback.state_dict` (JSON-serialisable): it is
 saved in each checkpoint's ``trainer_state.json`` and given back to :meth:`Callback.load_state_dict`
-when the run resumes. The built-in callbacks every run gets (:mod:`fseb_ft.engine.run`):
-:class:`DivergenceStop`, :class:`ValOODScores`, :class:`ChanceWarning`; ``train.class_weights``
-adds :class:`ClassWeights`, ``train.label_smoothing`` and ``data.mixup``
-:class:`~fseb_ft.engine.soft_targets.SoftTargets`, a sweep :class:`PruningCallback`.
+when the run resumes; tensors (an EMA's weights) go in :meth:`Callback.checkpointed` instead. The
+built-in callbacks every run gets (:mod:`fseb_ft.engine.run`): :class:`DivergenceStop`,
+:class:`ValOODScores`, :class:`ChanceWarning`; ``train.class_weights`` adds
+:class:`ClassWeights`, ``train.label_smoothing`` and ``data.mixup``
+:class:`~fseb_ft.engine.soft_targets.SoftTargets`, ``train.ema_decay``
+:class:`~fseb_ft.engine.ema.WeightEMA`, ``train.early_stopping``
+:class:`~fseb_ft.engine.early_stopping.EarlyStopping`, a sweep :class:`PruningCallback`.
 """
 
 from __future__ import annotations
@@ -85,6 +89,9 @@ class TrainState:
     callbacks: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Each callback's :meth:`Callback.state_dict` by its ``state_key``, those with state only
     (absent from checkpoints written before callbacks had state, and from runs without any)."""
+    stopped: str | None = None
+    """Why training ended before ``train.epochs`` (a callback's words, e.g. early stopping);
+    ``None``: it did not (absent from ``trainer_state.json`` then)."""
 
 
 @dataclass
@@ -149,6 +156,11 @@ class Callback:
         """An optimiser step was taken (``trainer.state.step`` counts it). ``terms``: the last
         batch's loss terms, on the device: reading one as a number is a host sync per step."""
 
+    def on_validation_begin(self, trainer: TrainerView) -> None:
+        """The epoch is trained (its record has ``param_norm``); validation predicts next, with
+        the weights the network holds then, which the best weights are saved from (an EMA
+        swaps its own in here, and back in :meth:`on_epoch_end`)."""
+
     def on_validation_end(self, trainer: TrainerView, validation: Validation) -> None:
         """The epoch's validation predictions exist; add metrics to ``validation.metrics``."""
 
@@ -162,6 +174,13 @@ class Callback:
     def state_dict(self) -> dict[str, Any]:
         """This callback's state to save with a checkpoint (JSON-serialisable; ``{}``: none)."""
         return {}
+
+    def checkpointed(self) -> list[Any]:
+        """Objects with tensor state (``state_dict`` / ``load_state_dict``, e.g. a module) that
+        each checkpoint holds through Accelerate beside the model, and that a resumed run loads
+        before :meth:`on_train_begin`; registered in the callbacks' order, after the loop's own.
+        A run must pass the same ones to resume its checkpoints."""
+        return []
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned, when the run resumes from a checkpoint."""

@@ -251,6 +251,9 @@ class Trainer:
         self.accelerator.register_for_checkpointing(self.parts.scheduler)
         for module in self.objective.checkpointed_modules():
             self.accelerator.register_for_checkpointing(module)
+        for callback in self.callbacks:  # after the loop's own: their numbering stays
+            for thing in callback.checkpointed():
+                self.accelerator.register_for_checkpointing(thing)
         checkpoint = latest_checkpoint(self.run_dir) if self.config.resume == "auto" else None
         if checkpoint is not None:
             self.accelerator.load_state(str(checkpoint))
@@ -289,6 +292,7 @@ class Trainer:
 
     def _validate(self, record: dict[str, float]) -> dict[str, float]:
         """The validation metrics: the loop's (accuracy, NLL, …), then the callbacks'."""
+        self._emit("on_validation_begin")
         # FS-VI's predictor returns log-probabilities, which log_softmax leaves as they are.
         predictor = self.objective.predictor(self.config.seed)
         logits, labels = predict_logits(predictor, self.parts.val_loader, self.accelerator)
@@ -447,10 +451,11 @@ def _save_checkpoint(accelerator: Accelerator, run_dir: Path, state: TrainState)
 
 def _saved(state: TrainState) -> dict[str, object]:
     """``state`` as ``trainer_state.json`` holds it: without callback states when there are
-    none, so such a run writes the file it did before callbacks had state."""
+    none, nor a stop's reason without a stop, so such a run writes the file it did before."""
     saved = asdict(state)
-    if not saved["callbacks"]:
-        del saved["callbacks"]
+    for key in ("callbacks", "stopped"):
+        if not saved[key]:
+            del saved[key]
     return saved
 
 

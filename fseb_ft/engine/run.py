@@ -31,18 +31,10 @@ from fseb_ft.data.inputs import InputSpec
 from fseb_ft.data.sampling import BalancedSampler
 from fseb_ft.data.screening import screen, screen_splits
 from fseb_ft.data.sources import build_splits, load_split
-from fseb_ft.data.sources.registry import find_source
-from fseb_ft.data.splits import Splits, require_two_classes
+from fseb_ft.data.splits import Splits
 from fseb_ft.data.transforms import TransformedImages, make_loader, train_transform
 from fseb_ft.engine.allocator import keep_freed_memory
-from fseb_ft.engine.callbacks import (
-    Callback,
-    ChanceWarning,
-    ClassWeights,
-    DivergenceStop,
-    TrainState,
-    ValOODScores,
-)
+from fseb_ft.engine.callbacks import Callback, TrainState
 from fseb_ft.engine.loop import (
     Prepared,
     Trainer,
@@ -53,17 +45,14 @@ from fseb_ft.engine.loop import (
     make_accelerator,
 )
 from fseb_ft.engine.resume import check_resumable, check_same_data, flat_keys
-from fseb_ft.engine.soft_targets import soft_target_callbacks
-from fseb_ft.evaluation.groups import reported_groups
-from fseb_ft.evaluation.metrics import METRIC_REGISTRY
+from fseb_ft.engine.run_callbacks import builtin_callbacks
+from fseb_ft.engine.run_checks import check_data, class_count, reported_task_metrics
 from fseb_ft.evaluation.predictions import eval_loader, predict_splits
 from fseb_ft.method.context import context_sets, context_stream, resolve_prior_on_pool
 from fseb_ft.method.likelihood import class_weights
-from fseb_ft.method.models import create_model, head_init, input_spec, planned_input_size
+from fseb_ft.method.models import create_model, input_spec, planned_input_size
 from fseb_ft.method.objective import FSEBObjective
-from fseb_ft.recipe import ConfigError, DatasetSpec, Recipe, dump_recipe
-from fseb_ft.recipe.datasets import IN_MEMORY
-from fseb_ft.recipe.options import BINARY_TASK_METRICS
+from fseb_ft.recipe import ConfigError, Recipe, dump_recipe
 from fseb_ft.runs.atomic import cleaned_on_failure, publish, remove_orphans, write_text
 from fseb_ft.runs.report import EvalResults, write_results
 from fseb_ft.runs.rundir import (
@@ -163,9 +152,7 @@ def _train(recipe: Recipe, splits: Splits | None, callbacks: Sequence[Callback])
     check_cache_size(recipe.data.cache, planned_input_size(recipe.model), recipe.model.name)
     if splits is None:  # the data first: a mistake in it stops the run before anything is written
         splits = build_splits(recipe.data, recipe.train.seed)
-    _require_two_classes(recipe.data.train, splits.train)
-    reported_groups(splits, recipe.eval.group_by)  # eval.group_by's column, or stop here
-    _check_select_metric(recipe, recipe.model.num_classes or splits.train.num_classes)
+    check_data(recipe, splits)
     accelerator, warned = _start(recipe, run_dir)
     data = _data(recipe, splits, accelerator)
     warned += _warn(accelerator, data.warnings)
@@ -212,9 +199,9 @@ def _data(recipe: Recipe, splits: Splits, accelerator: Accelerator) -> RunData:
             cache=cache,
         )
         val_ood, dropped_ood = _val_ood_sets(recipe, accelerator.is_main_process)
-    num_classes, warnings = _num_classes(recipe, screened)
+    num_classes, warnings = class_count(recipe, screened)
     weights = class_weights(recipe.train.class_weights, screened.train.labels, num_classes)
-    metrics = _task_metrics(recipe, num_classes, accelerator.is_main_process)
+    metrics = reported_task_metrics(recipe, num_classes, accelerator.is_main_process)
     dropped |= dropped_ood
     return RunData(screened, others, val_ood, num_classes, dropped, warnings, metrics, weights)
 
@@ -339,21 +326,12 @@ def _fit(
     data: RunData,
     callbacks: Sequence[Callback],
 ) -> TrainState:
-    """Train with the built-in callbacks (:class:`ClassWeights` with ``data.class_weights``, the
-    class weights of ``train.class_weights``; ``SoftTargets`` with ``train.label_smoothing`` or
-    ``data.mixup``), then ``callbacks``, validating ``data.task_metrics`` too."""
+    """Train with the recipe's built-in callbacks (:func:`builtin_callbacks`), then
+    ``callbacks``, validating ``data.task_metrics`` too."""
     run_dir, objective = Path(recipe.output.dir), parts.objective
-    builtin = [
-        DivergenceStop(
-            recipe.train.max_param_growth,
-            # A zero head helps a pretrained backbone's random one, not a network from scratch.
-            suggest_zero_head=recipe.model.pretrained and head_init(recipe.model) != "zeros",
-        ),
-        ValOODScores(val_ood_loaders, recipe.eval.ood_scores[0]),
-        ChanceWarning(),
-        *([] if data.class_weights is None else [ClassWeights(data.class_weights)]),
-        *soft_target_callbacks(recipe.train, recipe.data, data.num_classes),
-    ]
+    builtin = builtin_callbacks(
+        recipe, parts, val_ood_loaders, data.class_weights, data.num_classes
+    )
     trainer = Trainer(
         parts,
         recipe.train,
@@ -391,7 +369,8 @@ def _evaluate(recipe: Recipe, splits: Splits, spec: InputSpec, parts: Prepared) 
 
 
 def _training(recipe: Recipe, state: TrainState, warned: list[str]) -> dict[str, Any]:
-    """The training record of ``results.json`` and ``run.json``."""
+    """The training record of ``results.json`` and ``run.json`` (``stopped``: why it ended
+    before ``train.epochs``, only when it did)."""
     return {
         "best_epoch": state.best_epoch,
         f"best_val_{recipe.train.select_metric}": state.best_value,
@@ -400,7 +379,7 @@ def _training(recipe: Recipe, state: TrainState, warned: list[str]) -> dict[str,
         "seconds": state.seconds,
         "history": state.history,
         "warnings": [*warned, *state.warnings],
-    }
+    } | ({} if state.stopped is None else {"stopped": state.stopped})
 
 
 def _export(recipe: Recipe, trained: _Trained, evaluated: EvalResults | None) -> None:
@@ -446,56 +425,6 @@ def _warn(accelerator: Accelerator, messages: list[str]) -> list[str]:
         for message in messages:
             logger.warning(message)
     return messages
-
-
-def _require_two_classes(spec: DatasetSpec, train: LabeledImages) -> None:
-    """Stop a run whose training images are of fewer than two classes, naming where they are
-    from: an image folder pointed one level too high (its only class ``train_images``)."""
-    if spec.path.startswith(IN_MEMORY):
-        require_two_classes(train, f"train= ({train.identity})", "Pass images of every class.")
-        return
-    where = ", ".join(
-        [f"{spec.source} {spec.path}".strip(), f"split {spec.split}"]
-        + ([f"classes {list(spec.classes)}"] if spec.classes is not None else [])
-    )
-    require_two_classes(train, f"data.train ({where})", find_source(spec.source).hint)
-
-
-def _num_classes(recipe: Recipe, splits: Splits) -> tuple[int, list[str]]:
-    """The head's class count K, after checking the splits' labels; and the data warnings."""
-    found = splits.train.num_classes
-    k = recipe.model.num_classes or found
-    if k < found:
-        raise ValueError(
-            f"model.num_classes={k} but the training labels go up to {found - 1}; "
-            f"set model.num_classes to at least {found} or null"
-        )
-    return k, splits.check_labels(k)
-
-
-def _check_select_metric(recipe: Recipe, num_classes: int) -> None:
-    """Stop, before anything is written, a run that selects on a two-class metric with another
-    class count (a recipe that states its count stops at load already)."""
-    select = recipe.train.select_metric
-    if select in BINARY_TASK_METRICS and num_classes != 2:
-        raise ConfigError(
-            f"train.select_metric={select!r}: defined for two classes only (label 1 the "
-            f"positive one), but this run has {num_classes}; select on another metric"
-        )
-
-
-def _task_metrics(recipe: Recipe, num_classes: int, main: bool) -> tuple[str, ...]:
-    """The metrics of ``eval.metrics`` defined for ``num_classes`` classes; the others are left
-    out, with a log line (on the main process, ``main``)."""
-    kept = tuple(n for n in recipe.eval.metrics if METRIC_REGISTRY[n].applies_to(num_classes))
-    left_out = [n for n in recipe.eval.metrics if n not in kept]
-    if left_out and main:
-        logger.warning(
-            "eval.metrics: leaving out %s, defined for two classes only; this run has %d",
-            ", ".join(left_out),
-            num_classes,
-        )
-    return kept
 
 
 def _save_best(model: nn.Module, objective: FSEBObjective, run_dir: Path) -> None:

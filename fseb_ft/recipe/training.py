@@ -107,11 +107,38 @@ class TrainConfig:
     (timm's, with ``data.mixup`` too), the loss of torch's ``cross_entropy(label_smoothing=ε)``;
     0: off. It changes only the likelihood (docs/method.md, "Label smoothing and mixup") and is
     known to hurt selective prediction and OOD detection: compare those columns too."""
+    ema_decay: float | None = None
+    """Keep an exponential moving average (EMA) of the network's weights, updated after every
+    optimiser step with this decay, e.g. ``0.999`` (timm's ``ModelEmaV3``, no decay warm-up; its
+    first update copies the weights); ``null``: no EMA. It averages the network's parameters and
+    floating-point buffers (BatchNorm's running statistics too), not φ0 nor FS-VI's σ; it is
+    saved in every checkpoint and restored on resume (docs/method.md, "EMA")."""
+    ema_eval: bool = True
+    """With ``ema_decay``: validate, select (``select_metric``), evaluate and export the EMA's
+    weights (``true``); or the trained weights (``false``), recording each epoch's EMA
+    validation accuracy and NLL as ``val_ema_accuracy`` and ``val_ema_nll`` in the history."""
+    early_stopping: int | None = None
+    """Stop after this many epochs in a row without a better validation ``select_metric`` (its
+    direction: NLL, ECE and Brier fall, the others rise), keeping the best epoch's weights;
+    ``null``: train every epoch. Why it stopped, and after which epoch, is in ``run.json``'s
+    and ``results.json``'s training record (docs/method.md, "Early stopping")."""
 
     def __post_init__(self) -> None:
         check(self.epochs >= 1, "epochs", self.epochs, "must be ≥ 1")
         check(self.grad_accum_steps >= 1, "grad_accum_steps", self.grad_accum_steps, "must be ≥ 1")
         check(self.log_every >= 1, "log_every", self.log_every, "must be ≥ 1")
+        check(
+            self.ema_decay is None or 0 < self.ema_decay < 1,
+            "ema_decay",
+            self.ema_decay,
+            "must be in (0, 1), e.g. 0.999, or null",
+        )
+        check(
+            self.early_stopping is None or self.early_stopping >= 1,
+            "early_stopping",
+            self.early_stopping,
+            "a patience in epochs, ≥ 1, or null",
+        )
         check(
             self.max_param_growth is None or self.max_param_growth > 1,
             "max_param_growth",

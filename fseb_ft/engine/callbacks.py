@@ -5,7 +5,7 @@ A callback subclasses :class:`Callback` and overrides the hooks it needs; the lo
 
     on_train_begin                      after resuming, before the first epoch
     for each epoch:
-        on_epoch_begin                  before the epoch's first batch
+        on_epoch_begin                  before the epoch's first batch, the model in train mode
         on_step_end                     after each optimiser step (not each accumulated batch)
         on_validation_end               the validation predictions exist, no metric yet
         on_epoch_end                    the epoch's record is complete, its checkpoint not yet
@@ -18,7 +18,8 @@ card. A callback with state returns it from :meth:`Callback.state_dict` (JSON-se
 saved in each checkpoint's ``trainer_state.json`` and given back to :meth:`Callback.load_state_dict`
 when the run resumes. The built-in callbacks every run gets (:mod:`fseb_ft.engine.run`):
 :class:`DivergenceStop`, :class:`ValOODScores`, :class:`ChanceWarning`; ``train.class_weights``
-adds :class:`ClassWeights`, a sweep :class:`PruningCallback`.
+adds :class:`ClassWeights`, ``model.freeze`` and ``train.linear_probe_epochs``
+:class:`~fseb_ft.engine.freezing.Freeze`, a sweep :class:`PruningCallback`.
 """
 
 from __future__ import annotations
@@ -134,7 +135,8 @@ class Callback:
         """Training starts (or resumes: ``trainer.state`` and this callback's state restored)."""
 
     def on_epoch_begin(self, trainer: TrainerView, epoch: int) -> None:
-        """Epoch ``epoch`` (0-based; ``trainer.state.epoch`` epochs are done) starts."""
+        """Epoch ``epoch`` (0-based; ``trainer.state.epoch`` epochs are done) starts; the model
+        is in train mode already, so a hook may set parts of it to eval for the epoch."""
 
     def on_step_end(self, trainer: TrainerView, terms: Mapping[str, Tensor]) -> None:
         """An optimiser step was taken (``trainer.state.step`` counts it). ``terms``: the last

@@ -43,6 +43,7 @@ from fseb_ft.engine.callbacks import (
     TrainState,
     ValOODScores,
 )
+from fseb_ft.engine.freezing import freeze_callback
 from fseb_ft.engine.loop import (
     Prepared,
     Trainer,
@@ -53,6 +54,7 @@ from fseb_ft.engine.loop import (
     make_accelerator,
 )
 from fseb_ft.engine.resume import check_resumable, check_same_data, flat_keys
+from fseb_ft.engine.speed import apply_speed_keys
 from fseb_ft.evaluation.groups import reported_groups
 from fseb_ft.evaluation.metrics import METRIC_REGISTRY
 from fseb_ft.evaluation.predictions import eval_loader, predict_splits
@@ -260,7 +262,9 @@ def _model_and_objective(
     }
     objective = FSEBObjective.from_config(model, len(data.splits.train), recipe.fseb)
     _check_processes(objective, accelerator)
-    optimizer = build_optimizer(recipe.optim, objective.trainable_parameters())
+    apply_speed_keys(objective, recipe.model, recipe.train)
+    params = objective.trainable_parameters()
+    optimizer = build_optimizer(recipe.optim, params, model, recipe.model.name)
     model, optimizer, train_loader, val_loader = accelerator.prepare(
         model, optimizer, train_loader, val_loader
     )
@@ -339,7 +343,8 @@ def _fit(
     callbacks: Sequence[Callback],
 ) -> TrainState:
     """Train with the built-in callbacks (:class:`ClassWeights` with ``data.class_weights``, the
-    class weights of ``train.class_weights``), then ``callbacks``, validating
+    class weights of ``train.class_weights``; :class:`~fseb_ft.engine.freezing.Freeze` with
+    ``model.freeze`` or ``train.linear_probe_epochs``), then ``callbacks``, validating
     ``data.task_metrics`` too."""
     run_dir, objective = Path(recipe.output.dir), parts.objective
     builtin = [
@@ -351,6 +356,7 @@ def _fit(
         ValOODScores(val_ood_loaders, recipe.eval.ood_scores[0]),
         ChanceWarning(),
         *([] if data.class_weights is None else [ClassWeights(data.class_weights)]),
+        *freeze_callback(parts.accelerator.unwrap_model(objective.model), recipe),
     ]
     trainer = Trainer(
         parts,

@@ -5,7 +5,7 @@ A callback subclasses :class:`Callback` and overrides the hooks it needs; the lo
 
     on_train_begin                      after resuming, before the first epoch
     for each epoch:
-        on_epoch_begin                  before the epoch's first batch
+        on_epoch_begin                  before the epoch's first batch, the model in train mode
         on_batch_begin                  before each training batch's forward: may replace it
         on_step_end                     after each optimiser step (not each accumulated batch)
         on_validation_begin             the epoch is trained, its ‖θ‖ measured; nothing predicted
@@ -19,12 +19,13 @@ epoch's checkpoint is written; ``trainer.warn`` keeps a warning for the results 
 card. A callback with state returns it from :meth:`Callback.state_dict` (JSON-serialisable): it is
 saved in each checkpoint's ``trainer_state.json`` and given back to :meth:`Callback.load_state_dict`
 when the run resumes; tensors (an EMA's weights) go in :meth:`Callback.checkpointed` instead. The
-built-in callbacks every run gets (:mod:`fseb_ft.engine.run`): :class:`DivergenceStop`,
-:class:`ValOODScores`, :class:`ChanceWarning`; ``train.class_weights`` adds
-:class:`ClassWeights`, ``train.label_smoothing`` and ``data.mixup``
-:class:`~fseb_ft.engine.soft_targets.SoftTargets`, ``train.ema_decay``
+built-in callbacks a run's recipe turns on are listed in :mod:`fseb_ft.engine.run_callbacks`:
+:class:`DivergenceStop`, :class:`ValOODScores`, :class:`ChanceWarning` always;
+``train.class_weights`` adds :class:`ClassWeights`, ``model.freeze`` and
+``train.linear_probe_epochs`` :class:`~fseb_ft.engine.freezing.Freeze`, ``train.label_smoothing``
+and ``data.mixup`` :class:`~fseb_ft.engine.soft_targets.SoftTargets`, ``train.ema_decay``
 :class:`~fseb_ft.engine.ema.WeightEMA`, ``train.early_stopping``
-:class:`~fseb_ft.engine.early_stopping.EarlyStopping`, a sweep :class:`PruningCallback`.
+:class:`~fseb_ft.engine.early_stopping.EarlyStopping`; a sweep adds :class:`PruningCallback`.
 """
 
 from __future__ import annotations
@@ -143,7 +144,8 @@ class Callback:
         """Training starts (or resumes: ``trainer.state`` and this callback's state restored)."""
 
     def on_epoch_begin(self, trainer: TrainerView, epoch: int) -> None:
-        """Epoch ``epoch`` (0-based; ``trainer.state.epoch`` epochs are done) starts."""
+        """Epoch ``epoch`` (0-based; ``trainer.state.epoch`` epochs are done) starts; the model
+        is in train mode already, so a hook may set parts of it to eval for the epoch."""
 
     def on_batch_begin(self, trainer: TrainerView, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         """A training batch, inputs ``x`` (B, ...) and labels ``y`` (B,), is about to be

@@ -36,6 +36,7 @@ from fseb_ft.evaluation.predictions import predict_logits
 from fseb_ft.logs import above_progress_bars
 from fseb_ft.method.context import ContextStream
 from fseb_ft.method.objective import FSEBObjective
+from fseb_ft.method.parts import layer_decay_groups
 from fseb_ft.recipe import OptimConfig, TrainConfig
 from fseb_ft.runs.atomic import cleaned_on_failure, publish
 from fseb_ft.runs.rundir import (
@@ -65,11 +66,25 @@ class NonFiniteLossError(FsebError, RuntimeError):
     """The training loss became NaN or infinite; the last good checkpoint is kept."""
 
 
-def build_optimizer(cfg: OptimConfig, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-    """SGD-momentum or AdamW; no decoupled decay because the parameter prior ``R_θ`` decays."""
+def build_optimizer(
+    cfg: OptimConfig, params: list[nn.Parameter], model: nn.Module | None = None, name: str = ""
+) -> torch.optim.Optimizer:
+    """SGD-momentum or AdamW; no decoupled decay because the parameter prior ``R_θ`` decays.
+
+    With ``optim.layer_decay``, ``model``'s parameters (``name``: its ``model.name``, for the
+    error) are in timm's layer-decay groups, each at its scaled ``lr``, and the other ``params``
+    (FS-VI's ρ) at the classifier's (:func:`fseb_ft.method.parts.layer_decay_groups`); the
+    schedule scales every group alike. Frozen parameters are in the optimiser too: they get no
+    gradient, so it leaves them (and their momentum) alone until they are unfrozen.
+    """
+    groups: list[nn.Parameter] | list[dict[str, object]] = params
+    if cfg.layer_decay is not None and model is not None:
+        own = {id(p) for p in model.parameters()}
+        extra = [p for p in params if id(p) not in own]
+        groups = layer_decay_groups(model, cfg.lr, cfg.layer_decay, extra, name)
     if cfg.name == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
-    return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=0.0)
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, weight_decay=0.0)
 
 
 def build_scheduler(
@@ -268,6 +283,8 @@ class Trainer:
     def _epoch(self, epoch: int) -> None:
         """Train, validate and select; then the callbacks' epoch end and the checkpoint."""
         started = time.perf_counter()
+        # Train mode before the hook, so that a callback may set parts of the model to eval.
+        self.objective.train()
         self._emit("on_epoch_begin", epoch)
         summary = self._train_epoch(epoch)
         self.state.epoch = epoch + 1
@@ -312,7 +329,6 @@ class Trainer:
         if loader.num_workers == 0:
             seed = epoch_seed(self.config.seed, epoch)
             seed_transform(getattr(loader.dataset, "transform", None), seed)
-        self.objective.train()
         context = self.parts.context
         ctx_iter = context.epoch(epoch) if context is not None else None
         sums: dict[str, Tensor] = {}

@@ -47,6 +47,7 @@ from fseb_ft.engine.loop import (
 from fseb_ft.engine.resume import check_resumable, check_same_data, flat_keys
 from fseb_ft.engine.run_callbacks import builtin_callbacks
 from fseb_ft.engine.run_checks import check_data, class_count, reported_task_metrics
+from fseb_ft.engine.speed import apply_speed_keys
 from fseb_ft.evaluation.predictions import eval_loader, predict_splits
 from fseb_ft.method.context import context_sets, context_stream, resolve_prior_on_pool
 from fseb_ft.method.likelihood import class_weights
@@ -248,7 +249,9 @@ def _model_and_objective(
     }
     objective = FSEBObjective.from_config(model, len(data.splits.train), recipe.fseb)
     _check_processes(objective, accelerator)
-    optimizer = build_optimizer(recipe.optim, objective.trainable_parameters())
+    apply_speed_keys(objective, recipe.model, recipe.train)
+    params = objective.trainable_parameters()
+    optimizer = build_optimizer(recipe.optim, params, model, recipe.model.name)
     model, optimizer, train_loader, val_loader = accelerator.prepare(
         model, optimizer, train_loader, val_loader
     )

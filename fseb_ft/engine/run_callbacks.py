@@ -3,7 +3,9 @@
 Every run: :class:`~fseb_ft.engine.callbacks.DivergenceStop`,
 :class:`~fseb_ft.engine.callbacks.ValOODScores`, :class:`~fseb_ft.engine.callbacks.ChanceWarning`;
 and one per training behaviour its recipe turns on: ``train.class_weights``
-(:class:`~fseb_ft.engine.callbacks.ClassWeights`), ``train.label_smoothing`` / ``data.mixup``
+(:class:`~fseb_ft.engine.callbacks.ClassWeights`), ``model.freeze`` /
+``train.linear_probe_epochs`` (:class:`~fseb_ft.engine.freezing.Freeze`),
+``train.label_smoothing`` / ``data.mixup``
 (:class:`~fseb_ft.engine.soft_targets.SoftTargets`), ``train.ema_decay``
 (:class:`~fseb_ft.engine.ema.WeightEMA`), ``train.early_stopping``
 (:class:`~fseb_ft.engine.early_stopping.EarlyStopping`). A new behaviour is one line here.
@@ -25,6 +27,7 @@ from fseb_ft.engine.callbacks import (
 )
 from fseb_ft.engine.early_stopping import EarlyStopping
 from fseb_ft.engine.ema import WeightEMA
+from fseb_ft.engine.freezing import freeze_callback
 from fseb_ft.engine.loop import Prepared
 from fseb_ft.engine.soft_targets import soft_target_callbacks
 from fseb_ft.method.models import head_init
@@ -55,6 +58,7 @@ def builtin_callbacks(
         ValOODScores(val_ood_loaders, recipe.eval.ood_scores[0]),
         ChanceWarning(),
         *([] if class_weights is None else [ClassWeights(class_weights)]),
+        *freeze_callback(parts.accelerator.unwrap_model(parts.objective.model), recipe),
         *soft_target_callbacks(train, recipe.data, num_classes),
         *([] if train.ema_decay is None else [_ema(recipe, parts)]),
         *([] if train.early_stopping is None else [EarlyStopping(train.early_stopping)]),

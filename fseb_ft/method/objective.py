@@ -169,7 +169,7 @@ class FSEBObjective(nn.Module):
         self.variational = posterior(base, self.config)
         self.feature_fn = feature_fn or _timm_feature_fn(base)
         self.prior = _frozen(copy.deepcopy(base) if prior is None else prior)
-        self._anchor_names = _anchor_names(base, self.prior, self.config.param_anchor)
+        _check_anchors(base, self.prior, self.config.param_anchor)
 
     @classmethod
     def from_config(
@@ -420,11 +420,14 @@ class FSEBObjective(nn.Module):
         return torch.stack(nlls).mean(), kl, first
 
     def _param_reg(self) -> Tensor:
+        """``R_θ`` over the parameters that require a gradient now (a frozen one is a constant
+        of the loss), each anchored at φ0's of its name (``param_anchor="init"``)."""
         params = self.model_parameters()
         if self.config.param_anchor == "zero":
             return parameter_term(params, self.config.prior_var)
         prior_params = dict(self.prior.named_parameters())
-        anchors = [prior_params[n] for n in self._anchor_names]
+        names = [n for n, p in unwrap_model(self.model).named_parameters() if p.requires_grad]
+        anchors = [prior_params[n] for n in names]
         return parameter_term(params, self.config.prior_var, anchors)
 
 
@@ -444,8 +447,9 @@ def _frozen(prior: nn.Module) -> nn.Module:
     return prior.eval()
 
 
-def _anchor_names(model: nn.Module, prior: nn.Module, anchor: str) -> list[str]:
-    """The trainable parameters' names, which ``R_θ`` anchors at φ0's (``param_anchor="init"``).
+def _check_anchors(model: nn.Module, prior: nn.Module, anchor: str) -> None:
+    """Check that φ0 has the trainable parameters' names, at which ``R_θ`` anchors them
+    (``param_anchor="init"``).
 
     Raises:
         ValueError: ``anchor="init"`` and φ0 lacks some of these names.
@@ -458,4 +462,3 @@ def _anchor_names(model: nn.Module, prior: nn.Module, anchor: str) -> list[str]:
             f"param_anchor='init' needs φ0 to have the trainable parameters' names; "
             f"missing in the prior: {missing[:5]}"
         )
-    return names

@@ -63,6 +63,17 @@ class ModelConfig:
     which made FS-EB's first steps diverge on a pretrained EfficientNet-Lite0); ``auto``,
     ``zeros`` when ``pretrained`` and ``timm`` otherwise (a network trained from scratch needs
     its random head to break symmetry with its random body)."""
+    freeze: Literal["none", "backbone"] | int = "none"
+    """Parameters held fixed in training (docs/method.md, "Freezing and LP-FT"): ``none``;
+    ``backbone``, all but the classifier's; or an integer k ≥ 1, timm's first k coarse groups of
+    the model's ``group_matcher`` (the stem is the first: 2 freezes the stem and the first
+    stage). Frozen BatchNorm layers keep their statistics (eval mode). φ0 is the whole starting
+    model either way; with a frozen backbone FS-EB regularises what the head does to φ0's
+    features. ``train.linear_probe_epochs`` trains the classifier alone first."""
+    grad_checkpointing: bool = False
+    """Recompute activations in the backward pass instead of storing them (timm's
+    ``set_grad_checkpointing``): less memory for the B + M images of an FS-EB step, about a
+    third more compute; the same loss and gradients. A model without it stops at start."""
 
     def __post_init__(self) -> None:
         check(bool(self.name), "name", self.name, "a timm name, hf-hub:… or local-dir:…")
@@ -81,6 +92,13 @@ class ModelConfig:
         for name in ("drop_rate", "drop_path_rate"):
             value = getattr(self, name)
             check(0 <= value < 1, name, value, "must be in [0, 1)")
+        check(
+            self.freeze in ("none", "backbone")
+            or (isinstance(self.freeze, int) and self.freeze >= 1),
+            "freeze",
+            self.freeze,
+            "none, backbone, or the number of first stages to freeze (≥ 1)",
+        )
 
 
 @dataclass(frozen=True)
@@ -261,6 +279,12 @@ class Recipe:
             "train.class_weights",
             weights if isinstance(weights, str) else list(weights),
             f"needs one weight per class: {k} ({source})",
+        )
+        check(
+            self.train.linear_probe_epochs == 0 or self.model.freeze != "backbone",
+            "train.linear_probe_epochs",
+            self.train.linear_probe_epochs,
+            "must be 0 with model.freeze=backbone, which trains the classifier alone throughout",
         )
         cache, size = self.data.cache, self.model.input_size
         check(

@@ -39,6 +39,12 @@ class OptimConfig:
     """Linear warm-up steps from 0 to ``lr``."""
     grad_clip_norm: float | None = None
     """Clip the global gradient norm (``null``: no clipping)."""
+    layer_decay: float | None = None
+    """Layer-wise learning-rate decay (docs/method.md, "Layer decay"), e.g. 0.75: timm's
+    ``param_groups_layer_decay`` groups the parameters by the model's ``group_matcher`` blocks,
+    and block i of L learns at ``lr · layer_decay^(L − i)``, the classifier (and FS-VI's ρ) at
+    ``lr``; the schedule scales every group alike, and the parameter prior stays a term of the
+    loss. A model without timm's ``group_matcher`` stops at start. ``null``: one ``lr`` for all."""
 
     def __post_init__(self) -> None:
         check(self.lr > 0, "lr", self.lr, "must be > 0")
@@ -51,6 +57,12 @@ class OptimConfig:
             "grad_clip_norm",
             self.grad_clip_norm,
             "must be > 0 or null",
+        )
+        check(
+            self.layer_decay is None or 0 < self.layer_decay <= 1,
+            "layer_decay",
+            self.layer_decay,
+            "must be in (0, 1] or null",
         )
 
 
@@ -122,6 +134,19 @@ class TrainConfig:
     direction: NLL, ECE and Brier fall, the others rise), keeping the best epoch's weights;
     ``null``: train every epoch. Why it stopped, and after which epoch, is in ``run.json``'s
     and ``results.json``'s training record (docs/method.md, "Early stopping")."""
+    linear_probe_epochs: int = 0
+    """LP-FT (docs/method.md, "Freezing and LP-FT"): train the classifier alone for this many
+    first epochs (the rest of the model frozen, its BatchNorm statistics fixed), then what
+    ``model.freeze`` leaves trainable. 0: no linear probe. Below ``epochs``."""
+    channels_last: bool = False
+    """Convert the model (and φ0) and each input batch to the ``channels_last`` memory layout: a
+    speed-up for convolutions on recent GPUs (tensor cores), little or none on a CPU; the
+    exported weights are the same tensors."""
+    compile: bool = False
+    """``torch.compile`` the model's forward (``nn.Module.compile``: the weights keep their
+    names); the function-space term, its float64 Cholesky included, stays outside the compiled
+    region. The first steps (and the first validation) are slow while it compiles: worth it for
+    long GPU runs, rarely on a CPU."""
 
     def __post_init__(self) -> None:
         check(self.epochs >= 1, "epochs", self.epochs, "must be ≥ 1")
@@ -165,4 +190,10 @@ class TrainConfig:
             self.sampler,
             f"balanced rebalances the classes itself; with it train.class_weights must be none, "
             f"not {weights if isinstance(weights, str) else list(weights)}",
+        )
+        check(
+            0 <= self.linear_probe_epochs < self.epochs,
+            "linear_probe_epochs",
+            self.linear_probe_epochs,
+            f"must be ≥ 0 and below train.epochs ({self.epochs})",
         )

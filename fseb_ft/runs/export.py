@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import timm
+import torch
 import yaml
 from timm.models import save_for_hf
 from torch import nn
@@ -126,8 +127,9 @@ def save_model_folder(
     # a killed export never leaves a half-written config or weights file.
     with tempfile.TemporaryDirectory(dir=run_dir, prefix=".model-export-") as tmp:
         with cleaned_on_failure(Path(tmp), what=f"the model folder {folder}"):
+            # safetensors writes contiguous tensors only (train.channels_last trains without).
             save_for_hf(
-                model,
+                model.to(memory_format=torch.contiguous_format),
                 tmp,
                 model_config=model_config,
                 data_config=data_config,

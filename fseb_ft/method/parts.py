@@ -1,0 +1,97 @@
+"""A timm model's parts, as timm groups them: the classifier, the first k stages to freeze
+(``model.freeze``), and the per-parameter learning-rate scales of layer decay
+(``optim.layer_decay``).
+
+timm's ``group_matcher`` names the parts: ``coarse=True`` gives the stem and the stages in order
+(the classifier last), ``coarse=False`` the blocks that layer decay counts. Both come through
+timm's own :func:`timm.models.group_parameters` and
+:func:`timm.optim.param_groups_layer_decay`; nothing here re-derives them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from timm.models import group_parameters
+from timm.optim import param_groups_layer_decay
+from torch import nn
+
+from fseb_ft.errors import FsebError
+
+__all__ = [
+    "ModelPartsError",
+    "frozen_names",
+    "head_names",
+    "layer_decay_groups",
+    "require_group_matcher",
+]
+
+
+class ModelPartsError(FsebError, ValueError):
+    """A recipe key needs a part of the model that it does not name (no ``group_matcher``)."""
+
+
+def require_group_matcher(model: nn.Module, key: str, name: str) -> None:
+    """Stop when ``model`` has no timm ``group_matcher``, which ``key`` needs to find its stages.
+
+    Raises:
+        ModelPartsError: one line naming ``key`` and the model ``name``.
+    """
+    if not callable(getattr(model, "group_matcher", None)):
+        raise ModelPartsError(
+            f"{key} needs the model's stages, from timm's group_matcher(), which model.name="
+            f"{name!r} ({type(model).__name__}) lacks; use a timm architecture or leave {key} off"
+        )
+
+
+def head_names(model: nn.Module) -> list[str]:
+    """The classifier's parameter names in ``model`` (``model.get_classifier()``)."""
+    head = model.get_classifier()
+    ids = {id(p) for p in head.parameters()} if isinstance(head, nn.Module) else set()
+    return [n for n, p in model.named_parameters() if id(p) in ids]
+
+
+def frozen_names(model: nn.Module, freeze: str | int, name: str = "") -> list[str]:
+    """The parameter names ``model.freeze`` holds fixed: none (``none``), all but the
+    classifier's (``backbone``), or those of timm's first ``freeze`` coarse groups, the stem
+    being the first (``2``: the stem and the first stage); the classifier is never among them.
+
+    Raises:
+        ModelPartsError: an integer ``freeze`` for a model without ``group_matcher``, or one that
+            leaves no group but the classifier's to train.
+    """
+    if freeze == "none":
+        return []
+    head = set(head_names(model))
+    if freeze == "backbone":
+        return [n for n, _ in model.named_parameters() if n not in head]
+    require_group_matcher(model, "model.freeze", name)
+    groups = group_parameters(model, model.group_matcher(coarse=True))  # ordinal → names
+    stages = [names for _, names in sorted(groups.items()) if not head.issuperset(names)]
+    if freeze >= len(stages):
+        raise ModelPartsError(
+            f"model.freeze={freeze}: model.name={name!r} has {len(stages)} stages (the stem "
+            f"first) before its classifier; use 1–{len(stages) - 1}, or backbone to freeze all"
+        )
+    return [n for names in stages[:freeze] for n in names if n not in head]
+
+
+def layer_decay_groups(
+    model: nn.Module, lr: float, decay: float, extra: Sequence[nn.Parameter] = (), name: str = ""
+) -> list[dict[str, object]]:
+    """The optimiser's parameter groups under layer decay: timm's
+    :func:`~timm.optim.param_groups_layer_decay` on ``model`` (block i of L has
+    ``lr · decay^(L − i)``, the classifier ``lr``), each group's ``lr`` set from its
+    ``lr_scale`` and its ``weight_decay`` 0 (the parameter prior is a term of the loss).
+    ``extra`` (FS-VI's ρ) joins at the classifier's scale.
+
+    Raises:
+        ModelPartsError: ``model`` has no timm ``group_matcher``.
+    """
+    require_group_matcher(model, "optim.layer_decay", name)
+    groups = param_groups_layer_decay(model, weight_decay=0.0, layer_decay=decay)
+    head = {id(p) for p in model.get_classifier().parameters()}
+    head_scale = next((g["lr_scale"] for g in groups if head & {id(p) for p in g["params"]}), 1.0)
+    if extra:
+        groups.append({"params": list(extra), "lr_scale": head_scale, "weight_decay": 0.0})
+    return [g | {"lr": lr * g["lr_scale"], "weight_decay": 0.0} for g in groups]

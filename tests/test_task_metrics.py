@@ -147,6 +147,9 @@ def test_undefined_is_nan_and_says_nothing() -> None:
         warnings.simplefilter("error")  # a validation split would warn every epoch
         got = classification_metrics(log_probs, no_class_2, TASK)
         binary = classification_metrics(log_probs[:, :2].log_softmax(-1), no_class_2 * 0, TASK)
+        sure = torch.tensor([[0.0, -9.0]] * 4)  # one class in labels and predictions (a group)
+        one_class = classification_metrics(sure, torch.zeros(4, dtype=torch.long), TASK)
+    assert one_class["balanced_accuracy"] == 1.0
     assert math.isnan(got["roc_auc"]) and math.isnan(got["average_precision"])
     assert math.isnan(got["per_class_recall"][2]) and not math.isnan(got["per_class_recall"][0])
     for name in ("roc_auc", "sensitivity_at_90_specificity", "sensitivity_at_95_specificity"):

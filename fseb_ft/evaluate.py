@@ -29,7 +29,7 @@ from fseb_ft.cli import help_text, run_entry
 from fseb_ft.engine.ensemble import evaluate_ensemble
 from fseb_ft.engine.reevaluate import evaluate_run
 from fseb_ft.logs import configure_logging
-from fseb_ft.runs.rundir import RECIPE_FILE, runs_in
+from fseb_ft.runs.rundir import RECIPE_FILE, read_class_names, runs_in
 from fseb_ft.runs.tables import markdown_table
 
 __all__ = ["expand_run_dirs", "main"]
@@ -78,7 +78,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m fseb_ft.evalu
     except FileNotFoundError as err:
         parser.exit(2, f"{prog}: error: {err}\n")
     if PartialState().is_main_process:
-        print(markdown_table(rows))
+        # The runs share their classes (an ensemble checks it): the first one names them.
+        print(markdown_table(rows, read_class_names(args.run_dirs[0])))
     return results
 
 

@@ -37,7 +37,13 @@ from fseb_ft.recipe import ConfigError, Recipe, load_recipe
 from fseb_ft.runs.atomic import DiskFullError
 from fseb_ft.runs.comparison import write_comparison
 from fseb_ft.runs.report import EvalResults
-from fseb_ft.runs.rundir import MODEL_DIR, RESULTS_JSON, RESULTS_MD, check_output_dir
+from fseb_ft.runs.rundir import (
+    MODEL_DIR,
+    RESULTS_JSON,
+    RESULTS_MD,
+    check_output_dir,
+    read_class_names,
+)
 from fseb_ft.runs.tables import markdown_table, method_title
 
 __all__ = ["RecipeMismatchError", "compare", "finetune", "main", "resolve_recipe", "run"]
@@ -79,8 +85,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "fseb-ft") -> dict[str, 
     except DiskFullError as err:
         parser.exit(1, f"{prog}: error: {err}\n")
     if PartialState().is_main_process:
-        print(markdown_table({method_title(recipe): results}))
-        print(_written(Path(recipe.output.dir)))
+        run_dir = Path(recipe.output.dir)
+        print(markdown_table({method_title(recipe): results}, read_class_names(run_dir)))
+        print(_written(run_dir))
     return results
 
 

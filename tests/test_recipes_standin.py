@@ -1,13 +1,19 @@
-"""The real-world recipes run end to end on tiny stand-ins of their Hub datasets.
+"""The real-world recipes run end to end on tiny stand-ins of their Hub datasets and Kaggle
+downloads.
 
 The Hub cannot be reached here, so each recipe's datasets are replaced by a few generated images
 with the SAME schema — column names, feature types, ClassLabel class count and split names —
 saved with ``save_to_disk``. Only ``source``/``path`` of each data spec are overridden; the
-recipe's splits, columns and ``classes`` selections are exercised as written.
+recipe's splits, columns and ``classes`` selections are exercised as written. A ``-kaggle``
+sibling recipe reads its task's Kaggle download (a ``train.csv`` beside a folder of images): its
+stand-in is such a folder, with the columns, file names, groups and metadata the recipe names,
+and only the CSV's path is overridden; the sibling must keep the Hub recipe's other settings.
 """
 
 from __future__ import annotations
 
+import csv
+import dataclasses
 import json
 from pathlib import Path
 
@@ -23,6 +29,7 @@ from fseb_ft.finetune import run
 from fseb_ft.recipe import DatasetSpec, Recipe, load_recipe
 
 RECIPES = Path(__file__).parents[1] / "recipes"
+KAGGLE_SUFFIX = "-kaggle"
 TRAIN_PER_CLASS = 4  # enough for a stratified validation split of every class
 OTHER_PER_CLASS = 2
 
@@ -75,6 +82,15 @@ EXPECTED = {
     "cassava": (5, ["cbb", "cbsd", "cgm", "cmd", "healthy"]),
     "cifar10": (10, None),
 }
+# Kaggle sibling → (K, class names: the CSV's labels as the recipe's `classes` give them).
+KAGGLE_EXPECTED = {
+    "aptos-kaggle": (5, ["0", "1", "2", "3", "4"]),
+    "melanoma-kaggle": (2, ["benign", "malignant"]),
+    "cassava-kaggle": (5, ["0", "1", "2", "3", "4"]),
+}
+KAGGLE_PER_CLASS = 10  # images per class: enough whole groups for a 20 % and a 10 % hold-out
+# Data keys besides the datasets and their hold-outs: how images are fed, the same on both.
+FEEDING = ("augment", "channels", "mean", "std", "batch_size", "num_workers", "bad_images")
 
 
 def _specs(recipe: Recipe) -> dict[str, DatasetSpec]:
@@ -185,3 +201,94 @@ def test_recipe_runs_end_to_end_on_a_standin(name: str, tmp_path: Path) -> None:
             assert 0.0 <= saved["test"]["auroc_positive"] <= 1.0
         else:
             pytest.skip("metrics.classification_metrics has no auroc_positive yet")
+
+
+def test_every_kaggle_recipe_has_a_standin_and_a_hub_sibling() -> None:
+    found = {p.stem for p in RECIPES.glob(f"*{KAGGLE_SUFFIX}.yaml")}
+    assert found == set(KAGGLE_EXPECTED)
+    assert {name.removesuffix(KAGGLE_SUFFIX) for name in found} <= set(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(KAGGLE_EXPECTED))
+def test_kaggle_recipe_keeps_the_hub_recipes_settings(name: str) -> None:
+    """Everything but where the images come from is the Hub recipe's, so the two cannot drift."""
+    kaggle = load_recipe(RECIPES / f"{name}.yaml")
+    hub = load_recipe(RECIPES / f"{name.removesuffix(KAGGLE_SUFFIX)}.yaml")
+    for section in ("model", "context", "fseb", "optim", "train", "sweep"):
+        assert getattr(kaggle, section) == getattr(hub, section), section
+    # The Hub sources keep no metadata, so only a csv sibling can group its results.
+    assert dataclasses.replace(kaggle.eval, group_by=None) == hub.eval
+    for key in FEEDING:
+        assert getattr(kaggle.data, key) == getattr(hub.data, key), f"data.{key}"
+    assert kaggle.output.dir != hub.output.dir  # one run folder each: a rerun never mixes them
+    train = kaggle.data.train
+    assert train.source == "csv" and kaggle.data.test is None and kaggle.data.test_fraction
+
+
+def _kaggle_download(root: Path, spec: DatasetSpec) -> Path:
+    """A Kaggle-style download in miniature for the csv spec ``spec``: ``train.csv`` with the
+    columns it names, one small image per row in its ``image_dir``; two images per group (of one
+    class, as a patient's lesions), metadata cycling through a few values and an empty cell."""
+    rng = np.random.default_rng(0)
+    folder = root / (spec.image_dir or "")
+    folder.mkdir(parents=True)
+    columns = [spec.image_column, spec.label_column, spec.group_column, *spec.metadata_columns]
+    rows = [[c for c in columns if c is not None]]
+    for i in range(KAGGLE_PER_CLASS * len(spec.classes)):
+        k = i % len(spec.classes)
+        image_id = f"img{i:03d}"
+        # An id without a pattern is a file name (Cassava's ids include .jpg).
+        file_name = (
+            spec.image_pattern.replace("{}", image_id) if spec.image_pattern else f"{image_id}.jpg"
+        )
+        base = np.array([37 * k % 256, 91 * k % 256, 53 * k % 256])
+        pixels = np.clip(base + rng.integers(-30, 30, size=(20, 24, 3)), 0, 255)
+        Image.fromarray(pixels.astype(np.uint8)).save(folder / file_name)
+        row = [image_id if spec.image_pattern else file_name, str(spec.classes[k])]
+        if spec.group_column is not None:
+            row.append(f"patient{k}_{i // (2 * len(spec.classes))}")
+        row += [("", "torso", "head/neck")[i % 3] for _ in spec.metadata_columns]
+        rows.append(row)
+    with (root / "train.csv").open("w", newline="") as handle:
+        csv.writer(handle).writerows(rows)
+    return root / "train.csv"
+
+
+@pytest.mark.parametrize("name", sorted(KAGGLE_EXPECTED))
+def test_kaggle_recipe_runs_end_to_end_on_a_standin(name: str, tmp_path: Path) -> None:
+    recipe_path = RECIPES / f"{name}.yaml"
+    recipe = load_recipe(recipe_path)
+    spec = recipe.data.train
+    table = _kaggle_download(tmp_path / "download", spec)
+    out = tmp_path / "run"
+    overrides = [
+        f"data.train.path={table}",
+        "model.name=test_byobnet",
+        "model.pretrained=false",
+        "model.input_size=16",
+        "train.epochs=1",
+        "data.batch_size=4",
+        "context.pool_size=8",
+        "context.batch_size=4",
+        "data.num_workers=0",
+        "train.cpu=true",
+        f"output.dir={out}",
+    ]
+    if recipe.data.cache is not None:  # the recipe's cache, in the test's folder
+        overrides.append(f"data.cache.dir={tmp_path / 'cache'}")
+    results = run(load_recipe(recipe_path, overrides))
+
+    num_classes, class_names = KAGGLE_EXPECTED[name]
+    info = json.loads((out / "run.json").read_text())
+    assert (info["num_classes"], info["class_names"]) == (num_classes, class_names)
+    splits, n = info["splits"], KAGGLE_PER_CLASS * num_classes
+    assert sum(splits[k]["size"] for k in ("train", "validation", "test")) == n
+    assert results["split"] == "test" and results["test"]["n"] == splits["test"]["size"] > 0
+    if spec.group_column is not None:  # whole patients: none is counted in two splits
+        assert sum(splits[k]["groups"] for k in ("train", "validation", "test")) == n // 2
+    for metric in recipe.eval.metrics:
+        assert metric in results["test"], metric
+    if recipe.eval.group_by is not None:
+        assert set(results["groups"]["groups"]) <= {"", "torso", "head/neck"}
+    if recipe.data.cache is not None:
+        assert list((tmp_path / "cache").glob("*.bin"))

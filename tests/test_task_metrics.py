@@ -14,10 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from PIL import Image
 from sklearn import metrics as skm
 from torch import Tensor
 
+from fseb_ft import cli
 from fseb_ft.engine.loop import _improved
 from fseb_ft.evaluation.metrics import (
     METRIC_REGISTRY,
@@ -250,6 +252,23 @@ def test_a_run_selects_on_qwk_and_reports_its_task_metrics(
     card = (out / "model" / "README.md").read_text()
     assert "![Confusion matrix on the test split" in card and "| QWK |" in card
     assert "QWK: quadratic weighted Cohen's kappa" in card and "validation qwk" in card
+
+
+def test_the_printed_per_class_table_names_the_classes(
+    folders: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run and its re-evaluation print the class names, as results.md has them."""
+    out = tmp_path / "run"
+    recipe = tiny_recipe(folders, out, epochs=1)
+    recipe["fseb"]["reg_scale"] = 0.0  # PS-MAP: no context pool, a faster run
+    recipe["eval"]["metrics"] = ["per_class_recall"]
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    for argv in ([str(path)], ["evaluate", str(out)]):
+        cli.main(argv)
+        printed = capsys.readouterr().out
+        assert "Recall (%) per class:" in printed, argv
+        assert "| cat |" in printed and "| fox |" in printed and "| 0 |" not in printed, argv
 
 
 def test_a_run_selecting_on_a_two_class_metric_with_three_stops_first(

@@ -68,6 +68,7 @@ __all__ = [
     "epochs_done",
     "latest_checkpoint",
     "read_abstention",
+    "read_class_names",
     "read_json",
     "read_method_state",
     "read_run",
@@ -246,6 +247,13 @@ def read_abstention(run_dir: Path) -> dict[str, Any] | None:
     best weights (chosen for weights that have since been replaced)."""
     path = run_dir / ABSTENTION_FILE
     return read_json(path) if _current(path, run_dir) else None
+
+
+def read_class_names(run_dir: Path) -> list[str] | None:
+    """The class names in label order that the run's ``run.json`` records; ``None`` when it
+    records none or the folder has no ``run.json``."""
+    path = run_dir / RUN_INFO_FILE
+    return RunInfo.from_json(read_json(path)).class_names if path.is_file() else None
 
 
 def read_val_logits(run_dir: Path) -> tuple[Tensor, Tensor] | None:

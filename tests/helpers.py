@@ -121,3 +121,12 @@ def kill_after_checkpoint(monkeypatch: pytest.MonkeyPatch, count: int = 1) -> li
 def snapshot(folder: Path) -> dict[str, bytes]:
     """Every file under ``folder`` (relative path → bytes): what a reader of it would see."""
     return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def skip_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Draw no run figures (half of a tiny run's time), for tests about something else;
+    tests/test_plots.py and the end-to-end runs of test_pipeline.py draw them."""
+    import fseb_ft.runs.report as report
+
+    monkeypatch.setattr(report, "write_plots", lambda *args, **kwargs: [])
+    monkeypatch.setattr(report, "write_confusion_plot", lambda *args, **kwargs: None)

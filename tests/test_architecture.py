@@ -161,13 +161,13 @@ def test_layers_rank_base_then_the_folders_in_order_then_the_commands() -> None:
     assert _layer("errors") < _layer("recipe.schema") and _layer("sweep") > _layer("engine.loop")
 
 
-def test_light_modules_load_neither_accelerate_nor_albumentations() -> None:
+def test_light_modules_load_neither_accelerate_nor_albumentations_nor_sklearn() -> None:
     # One interpreter for all: importing more modules only adds to sys.modules, so none of them
     # loads either library if, together, they load neither.
     light = ("fseb_ft.push", "fseb_ft.data.corruptions", "fseb_ft.cli")
     code = (
         f"import sys, {', '.join(light)}; "
-        "print(sorted(m for m in ('accelerate', 'albumentations') if m in sys.modules))"
+        "print(sorted(m for m in ('accelerate', 'albumentations', 'sklearn') if m in sys.modules))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT

@@ -17,7 +17,7 @@ from fseb_ft.evaluation.metrics import METRIC_REGISTRY, Metric, classification_m
 from fseb_ft.recipe import recipe_from_dict
 from fseb_ft.recipe.schema import ConfigError
 from fseb_ft.runs.tables import groups_markdown
-from tests.helpers import tiny_recipe, write_image_folder
+from tests.helpers import skip_figures, tiny_recipe, write_image_folder
 from tests.test_csv_source import write_table
 
 
@@ -120,10 +120,13 @@ def _csv_recipe(tmp_path: Path, **eval_keys: object) -> dict:
     return raw
 
 
-def test_a_run_reports_its_groups_in_results_and_card(tmp_path: Path) -> None:
+def test_a_run_reports_its_groups_in_results_and_card(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from fseb_ft.engine.reevaluate import evaluate_run
     from fseb_ft.engine.run import run
 
+    skip_figures(monkeypatch)
     raw = _csv_recipe(tmp_path, group_by="site", temperature_scaling=True)
     results = run(recipe_from_dict(raw))
     out = tmp_path / "run"

@@ -21,6 +21,7 @@ from PIL import Image
 
 from fseb_ft import cli
 from fseb_ft.recipe import load_recipe
+from tests.helpers import skip_figures
 
 ROOT = Path(__file__).parents[1]
 PAGE = ROOT / "docs" / "kaggle.md"
@@ -99,6 +100,7 @@ def test_the_walkthrough_runs_as_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.chdir(tmp_path)
+    skip_figures(monkeypatch)
     folder = tmp_path / "kaggle-cifar"
     tar = cifar_tar(tmp_path / "cifar.tar")
     recipe = RECIPE.read_text().replace(FOLDER, str(folder))

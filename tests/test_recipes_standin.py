@@ -27,6 +27,7 @@ from test_data import CIFAR10_CLASSES
 from fseb_ft.evaluation.metrics import classification_metrics
 from fseb_ft.finetune import run
 from fseb_ft.recipe import DatasetSpec, Recipe, load_recipe
+from tests.helpers import skip_figures
 
 RECIPES = Path(__file__).parents[1] / "recipes"
 KAGGLE_SUFFIX = "-kaggle"
@@ -144,7 +145,10 @@ def _standin(root: Path, hub_id: str, specs: list[DatasetSpec]) -> Path:
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_recipe_runs_end_to_end_on_a_standin(name: str, tmp_path: Path) -> None:
+def test_recipe_runs_end_to_end_on_a_standin(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    skip_figures(monkeypatch)
     recipe_path = RECIPES / f"{name}.yaml"
     recipe = load_recipe(recipe_path)
     specs = _specs(recipe)
@@ -255,7 +259,10 @@ def _kaggle_download(root: Path, spec: DatasetSpec) -> Path:
 
 
 @pytest.mark.parametrize("name", sorted(KAGGLE_EXPECTED))
-def test_kaggle_recipe_runs_end_to_end_on_a_standin(name: str, tmp_path: Path) -> None:
+def test_kaggle_recipe_runs_end_to_end_on_a_standin(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    skip_figures(monkeypatch)
     recipe_path = RECIPES / f"{name}.yaml"
     recipe = load_recipe(recipe_path)
     spec = recipe.data.train

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sklearn.model_selection import StratifiedGroupKFold
 
 from fseb_ft.data.images import LabeledImages, content_hash
 from fseb_ft.data.splits import Splits, stratified_split
@@ -113,6 +112,8 @@ def group_split(
             "at least 2 images"
         )
     k, m = _folds(fraction, min(limit, MAX_FOLDS))
+    from sklearn.model_selection import StratifiedGroupKFold  # 2 s to import: only when grouped
+
     folds = StratifiedGroupKFold(n_splits=k, shuffle=True, random_state=seed)
     with warnings.catch_warnings():
         # A class rarer than K images is simply absent from some folds.

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from sklearn.metrics import confusion_matrix
 
 from fseb_ft.runs.canvas import ArrayLike, as_probs_labels, new_figure, save_figure
 from fseb_ft.runs.tables import padded_class_names
@@ -55,6 +54,8 @@ def confusion_plot(
     p, y = as_probs_labels((probs, labels), "confusion")
     k = p.shape[1]
     truth, predicted = y.numpy(), p.argmax(dim=-1).numpy()
+    from sklearn.metrics import confusion_matrix  # 2 s to import: not on every run's start
+
     counts = confusion_matrix(truth, predicted, labels=np.arange(k))  # (K, K)
     rates = confusion_matrix(truth, predicted, labels=np.arange(k), normalize="true")  # (K, K)
     names = padded_class_names(class_names, k)

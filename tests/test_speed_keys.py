@@ -24,7 +24,7 @@ from fseb_ft.finetune import run
 from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.method.parts import ModelPartsError
 from fseb_ft.recipe import ModelConfig, TrainConfig, recipe_from_dict
-from tests.helpers import TinyNet, tiny_recipe, write_image_folder
+from tests.helpers import TinyNet, skip_figures, tiny_recipe, write_image_folder
 
 PRIOR = {"prior_var": 1.0, "prior_cov_scale": 0.01, "prior_cov_diag": 1.0}
 
@@ -116,8 +116,9 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def test_a_run_with_the_keys_exports_a_model_timm_loads(
-    folders: dict[str, Path], tmp_path: Path
+    folders: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    skip_figures(monkeypatch)
     # Without compile, which costs 20 s here even with TorchDynamo's eager backend; its weights
     # keep their names (test_compile_...), and nothing else of it reaches the export.
     recipe = tiny_recipe(folders, tmp_path / "run", epochs=1)

@@ -31,7 +31,7 @@ from fseb_ft.finetune import run
 from fseb_ft.recipe import ConfigError, options, recipe_from_dict
 from fseb_ft.runs.confusion import confusion_plot
 from fseb_ft.runs.tables import markdown_table
-from tests.helpers import tiny_recipe, write_image_folder
+from tests.helpers import skip_figures, tiny_recipe, write_image_folder
 
 TASK = list(options.TASK_METRICS)
 
@@ -255,9 +255,13 @@ def test_a_run_selects_on_qwk_and_reports_its_task_metrics(
 
 
 def test_the_printed_per_class_table_names_the_classes(
-    folders: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    folders: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A run and its re-evaluation print the class names, as results.md has them."""
+    skip_figures(monkeypatch)
     out = tmp_path / "run"
     recipe = tiny_recipe(folders, out, epochs=1)
     recipe["fseb"]["reg_scale"] = 0.0  # PS-MAP: no context pool, a faster run

@@ -24,7 +24,7 @@ from fseb_ft.evaluation.ood import ood_metrics
 from fseb_ft.evaluation.temperature import fit_temperature
 from fseb_ft.finetune import compare
 from fseb_ft.runs.rundir import COMPARISON_PLOTS, PLOTS
-from tests.helpers import N_OOD, N_TEST, tiny_recipe, write_image_folder
+from tests.helpers import N_OOD, N_TEST, skip_figures, tiny_recipe, write_image_folder
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +93,16 @@ def test_ensemble_equals_metrics_of_the_naive_average(
 
 
 def test_ensemble_temperature_is_fitted_on_the_shared_validation_split_only(
-    runs: dict[str, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+    runs: dict[str, Path],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    skip_figures(monkeypatch)
+    import fseb_ft.engine.ensemble as ensemble_module
+
+    for name in ("write_plots", "write_confusion_plot", "write_corruption_plot"):
+        monkeypatch.setattr(ensemble_module, name, lambda *args, **kwargs: None)
     ts = ["eval.temperature_scaling=true"]
     # Copies: re-evaluating a run rewrites its results, which the other tests read.
     copies = [tmp_path / name for name in ("psmap", "fseb", "other-val")]

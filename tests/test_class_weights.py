@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,13 +15,14 @@ import torch.nn.functional as nnf
 from accelerate.data_loader import get_sampler, prepare_data_loader
 from safetensors.torch import load_file
 from sklearn.utils.class_weight import compute_class_weight
+from timm.data.mixup import mixup_target
 from torch.utils.data import TensorDataset
 
 from fseb_ft.data.sampling import BalancedSampler
 from fseb_ft.data.transforms import make_loader
-from fseb_ft.engine.callbacks import Callback, TrainerView
+from fseb_ft.engine.callbacks import Callback, ClassWeights, TrainerView
 from fseb_ft.finetune import run
-from fseb_ft.method.likelihood import class_weights, likelihood_term
+from fseb_ft.method.likelihood import class_weights, example_weights, likelihood_term
 from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.recipe import ConfigError, recipe_from_dict
 from tests.helpers import TinyNet, kill_after_checkpoint, tiny_recipe, write_image_folder
@@ -61,6 +63,44 @@ def test_the_objective_weights_the_likelihood_and_not_the_priors() -> None:
     assert torch.equal(terms["param_reg"], unweighted["param_reg"])
     expected = terms["nll"] + terms["param_reg"] / 50  # N_train unchanged in the prior term
     assert terms["loss"].item() == pytest.approx(expected.item(), rel=1e-12)
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+def test_smoothing_keeps_the_class_balance_of_the_weights(epsilon: float) -> None:
+    # 99:1: mean_k w_k is dominated by the rare class, so weighting by the smoothed target
+    # t @ w would lift the majority's weight from 0.505 to about 3 and undo the balance.
+    labels = torch.tensor([0] * 99 + [1])
+    w = class_weights("balanced", labels.numpy(), 2).float()
+    t = mixup_target(labels, 2, smoothing=epsilon)  # timm's smoothed one-hot targets
+    per_example = example_weights(t, w, epsilon)  # (100,)
+    totals = [per_example[labels == k].sum().item() for k in (0, 1)]
+    assert totals == pytest.approx([50.0, 50.0], rel=1e-5)
+    assert per_example.mean().item() == pytest.approx(1.0, rel=1e-5)
+    assert torch.allclose(per_example, w[labels])  # each example weighs its label's weight
+
+
+def test_a_smoothed_mixed_pair_weighs_the_mix_of_its_two_classes_weights() -> None:
+    w = torch.tensor([0.5, 4.0, 1.0], dtype=torch.float64)
+    a, b, lam, epsilon = torch.tensor([0]), torch.tensor([1]), 0.3, 0.1
+    mix = lam * mixup_target(a, 3, smoothing=epsilon) + (1 - lam) * mixup_target(
+        b, 3, smoothing=epsilon
+    )
+    expected = lam * 0.5 + (1 - lam) * 4.0
+    assert example_weights(mix.double(), w, epsilon).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_the_objective_undoes_the_smoothing_the_class_weights_callback_names() -> None:
+    torch.manual_seed(0)
+    net = TinyNet().double()
+    objective = FSEBObjective(net, 50, reg_scale=0.0, prior_var=0.1)
+    x, y = torch.randn(9, 6, dtype=torch.float64), torch.randint(0, 3, (9,))
+    w = torch.tensor([0.25, 3.0, 1.0], dtype=torch.float64)
+    trainer = SimpleNamespace(objective=objective, accelerator=SimpleNamespace(device="cpu"))
+    ClassWeights(w, smoothing=0.2).on_train_begin(trainer)
+    t = mixup_target(y, 3, smoothing=0.2).double()
+    per_example = -(t * torch.log_softmax(net(x), -1)).sum(-1)  # (9,)
+    expected = (per_example * w.float()[y].double()).mean()
+    assert objective(x, t)["nll"].item() == pytest.approx(expected.item(), rel=1e-6)
 
 
 @pytest.mark.parametrize("seed", range(5))

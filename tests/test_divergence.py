@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from fseb_ft.engine.callbacks import TrainingDivergedError, _chance_warning, _check_divergence
+from fseb_ft.engine.loop import Trainer, param_norm
 from fseb_ft.evaluation.metrics import chance_accuracy, chance_nll
 from fseb_ft.finetune import run
+from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.recipe import recipe_from_dict
-from tests.helpers import tiny_recipe, write_image_folder
+from tests.helpers import TinyNet, tiny_recipe, write_image_folder
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +73,19 @@ def test_chance_warning_points_at_the_training_when_nothing_was_learned(
     message = _at_chance(max(counts) / sum(counts), float(chance_nll(labels)), labels)
     assert "learned nothing measurable" in message and "lower optim.lr" in message
     assert ("class balance (90% of validation is one class)" in message) == balance
+
+
+def test_the_norm_at_start_and_each_epochs_count_the_frozen_parameters_alike() -> None:
+    net = TinyNet()
+    objective = FSEBObjective(net, 10, reg_scale=0.0)
+    every = param_norm(list(net.parameters()))
+    net.body.requires_grad_(False)  # model.freeze after the start's norm was measured
+    trainer = SimpleNamespace(objective=objective)
+    assert param_norm(Trainer._network_parameters(trainer)) == every
+    assert param_norm(objective.model_parameters()) != every
+    source = inspect.getsource(Trainer)
+    assert source.count("param_norm(self._network_parameters())") == 2  # start and each epoch
+    assert "param_norm(self.objective.model_parameters())" not in source
 
 
 def test_divergence_check_stops_on_norm_growth_or_non_finite_predictions() -> None:

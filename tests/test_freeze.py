@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -15,11 +16,14 @@ import torch
 from safetensors.torch import load_file
 
 from fseb_ft.engine.callbacks import Callback, TrainerView
+from fseb_ft.engine.freezing import Freeze
 from fseb_ft.finetune import run
 from fseb_ft.method.objective import FSEBObjective
-from fseb_ft.method.parts import ModelPartsError, frozen_names
+from fseb_ft.method.parts import ModelPartsError, frozen_names, head_names, layer_decay_groups
 from fseb_ft.recipe import ConfigError, recipe_from_dict
 from tests.helpers import TinyNet, kill_after_checkpoint, tiny_recipe, write_image_folder
+
+_ONE_PROCESS = SimpleNamespace(num_processes=1, unwrap_model=lambda m: m)
 
 
 def test_frozen_names_follow_timms_groups() -> None:
@@ -35,6 +39,61 @@ def test_frozen_names_follow_timms_groups() -> None:
     assert frozen_names(TinyNet(), "backbone") == ["body.0.weight", "body.0.bias"]
     with pytest.raises(ModelPartsError, match=r"^model.freeze needs .*group_matcher"):
         frozen_names(TinyNet(), 1, "tiny")
+
+
+def _distilled_deit() -> torch.nn.Module:
+    """A tiny DeiT whose get_classifier() is a tuple: (head, head_dist)."""
+    return timm.create_model(
+        "deit_tiny_distilled_patch16_224",
+        img_size=32,
+        embed_dim=24,
+        depth=2,
+        num_heads=2,
+        num_classes=3,
+    )
+
+
+def test_a_two_headed_classifier_is_the_head_and_the_rest_freezes() -> None:
+    model = _distilled_deit()
+    assert isinstance(model.get_classifier(), tuple)
+    names = [n for n, _ in model.named_parameters()]
+    heads = [n for n in names if n.startswith(("head.", "head_dist."))]
+    assert len(heads) == 4
+    assert frozen_names(model, "backbone") == [n for n in names if n not in heads]
+    freeze = Freeze(frozen_names(model, "backbone"), head_names(model), 0)
+    trainer = SimpleNamespace(objective=SimpleNamespace(model=model), accelerator=_ONE_PROCESS)
+    freeze.on_epoch_begin(trainer, 0)
+    model(torch.randn(2, 3, 32, 32)).sum().backward()  # the heads still get gradients
+    assert {n for n, p in model.named_parameters() if p.grad is not None} == set(heads)
+    scales = {
+        id(p): g["lr_scale"] for g in layer_decay_groups(model, 0.1, 0.5) for p in g["params"]
+    }
+    assert {scales[id(p)] for n, p in model.named_parameters() if n in heads} == {1.0}
+
+
+def test_a_model_without_classifier_parameters_stops_with_one_line() -> None:
+    model = TinyNet()
+    model.head = torch.nn.Identity()
+    with pytest.raises(ModelPartsError, match=r"^model.freeze needs the model's classifier"):
+        frozen_names(model, "backbone", "tiny")
+
+
+def test_the_end_of_training_restores_the_models_own_requires_grad_flags() -> None:
+    model = TinyNet()
+    model.body[0].bias.requires_grad_(False)  # fixed by design, not by model.freeze
+    trainer = SimpleNamespace(objective=SimpleNamespace(model=model), accelerator=_ONE_PROCESS)
+    freeze = Freeze(["body.0.weight", "body.0.bias"], ["head.weight", "head.bias"], 0)
+    freeze.on_train_begin(trainer)
+    freeze.on_epoch_begin(trainer, 0)
+    assert not model.body[0].weight.requires_grad
+    freeze.on_train_end(trainer)
+    flags = {n: p.requires_grad for n, p in model.named_parameters()}
+    assert flags == {
+        "body.0.weight": True,
+        "body.0.bias": False,
+        "head.weight": True,
+        "head.bias": True,
+    }
 
 
 def test_parameter_prior_anchors_each_trainable_parameter_at_its_own_start() -> None:
@@ -58,6 +117,17 @@ def test_parameter_prior_anchors_each_trainable_parameter_at_its_own_start() -> 
         (
             {"train": {"linear_probe_epochs": 1}, "model": {"freeze": "backbone"}},
             r"linear_probe_epochs=1: must be 0 with model.freeze=backbone",
+        ),
+        (
+            {"fseb": {"method": "fsvi", "fsvi_variance": "all"}, "model": {"freeze": 1}},
+            r"^fseb.fsvi_variance='all': needs model.freeze=none and train.linear_probe_epochs=0",
+        ),
+        (
+            {
+                "fseb": {"method": "fsvi", "fsvi_variance": "all"},
+                "train": {"epochs": 2, "linear_probe_epochs": 1},
+            },
+            r"^fseb.fsvi_variance='all': needs model.freeze=none",
         ),
     ],
 )

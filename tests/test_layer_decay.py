@@ -49,20 +49,28 @@ def test_groups_equal_timms_layer_decay(name: str) -> None:
     assert len(set(ratio)) == len(set(ratio_after)) == 1 and ratio != ratio_after
 
 
-def test_off_is_one_group_and_fsvi_rho_learns_at_the_classifiers_rate() -> None:
+def test_off_is_one_group_and_each_fsvi_rho_learns_at_its_parameters_rate() -> None:
     model = timm.create_model("test_byobnet", num_classes=3)
     plain = build_optimizer(OptimConfig(lr=0.1), list(model.parameters()), model, "x")
     assert len(plain.param_groups) == 1 and plain.param_groups[0]["lr"] == 0.1
 
-    objective = FSEBObjective(model, 10, method="fsvi")
+    objective = FSEBObjective(model, 10, method="fsvi", fsvi_variance="all")
+    q = objective.variational
+    rho = dict(zip(q.names, q.rho, strict=True))
     params = objective.trainable_parameters()
-    optimizer = build_optimizer(OptimConfig(lr=0.1, layer_decay=0.5), params, model, "x")
-    rho = {id(p) for p in objective.variational.parameters()}
-    assert rho
-    rho_groups = [g for g in optimizer.param_groups if rho & {id(p) for p in g["params"]}]
-    assert len(rho_groups) == 1 and rho_groups[0]["lr"] == pytest.approx(0.1)
+    optimizer = build_optimizer(OptimConfig(lr=0.1, layer_decay=0.5), params, model, "x", rho)
+    lr = {id(p): g["lr"] for g in optimizer.param_groups for p in g["params"]}
+    named = dict(model.named_parameters())
+    assert {lr[id(r)] for r in rho.values()} != {0.1}  # not all at the classifier's rate
+    assert all(lr[id(r)] == lr[id(named[n])] for n, r in rho.items())
     held = sum(len(g["params"]) for g in optimizer.param_groups)
     assert held == len(params)
+
+
+def test_layer_decay_without_a_model_stops_rather_than_being_dropped() -> None:
+    model = TinyNet()
+    with pytest.raises(ModelPartsError, match=r"^optim.layer_decay needs"):
+        build_optimizer(OptimConfig(layer_decay=0.75), list(model.parameters()), None)
 
 
 def test_a_model_without_group_matcher_stops_with_one_line() -> None:

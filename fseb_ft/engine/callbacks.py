@@ -352,14 +352,16 @@ class ClassWeights(Callback):
     run sets them again before its first epoch.
     """
 
-    def __init__(self, weights: Tensor) -> None:
+    def __init__(self, weights: Tensor, smoothing: float = 0.0) -> None:
         """``weights``: (K,), scaled to mean 1 over the training images
-        (:func:`fseb_ft.method.likelihood.class_weights`)."""
-        self.weights = weights
+        (:func:`fseb_ft.method.likelihood.class_weights`); ``smoothing``:
+        ``train.label_smoothing``, which an example's weight undoes."""
+        self.weights, self.smoothing = weights, smoothing
 
     def on_train_begin(self, trainer: TrainerView) -> None:
         device = trainer.accelerator.device
-        trainer.objective.set_class_weights(self.weights.to(device, torch.float32))
+        weights = self.weights.to(device, torch.float32)
+        trainer.objective.set_class_weights(weights, self.smoothing)
 
     def on_train_end(self, trainer: TrainerView) -> None:
         trainer.objective.set_class_weights(None)

@@ -67,21 +67,24 @@ class NonFiniteLossError(FsebError, RuntimeError):
 
 
 def build_optimizer(
-    cfg: OptimConfig, params: list[nn.Parameter], model: nn.Module | None = None, name: str = ""
+    cfg: OptimConfig,
+    params: list[nn.Parameter],
+    model: nn.Module,
+    name: str = "",
+    rho: Mapping[str, nn.Parameter] | None = None,
 ) -> torch.optim.Optimizer:
     """SGD-momentum or AdamW; no decoupled decay because the parameter prior ``R_θ`` decays.
 
     With ``optim.layer_decay``, ``model``'s parameters (``name``: its ``model.name``, for the
-    error) are in timm's layer-decay groups, each at its scaled ``lr``, and the other ``params``
-    (FS-VI's ρ) at the classifier's (:func:`fseb_ft.method.parts.layer_decay_groups`); the
-    schedule scales every group alike. Frozen parameters are in the optimiser too: they get no
-    gradient, so it leaves them (and their momentum) alone until they are unfrozen.
+    error) are in timm's layer-decay groups, each at its scaled ``lr``, and FS-VI's ``rho`` (by
+    the name of the parameter each belongs to; all of them must be among ``params``) in their
+    parameters' groups (:func:`fseb_ft.method.parts.layer_decay_groups`); the schedule scales
+    every group alike. Frozen parameters are in the optimiser too: they get no gradient, so it
+    leaves them (and their momentum) alone until they are unfrozen.
     """
     groups: list[nn.Parameter] | list[dict[str, object]] = params
-    if cfg.layer_decay is not None and model is not None:
-        own = {id(p) for p in model.parameters()}
-        extra = [p for p in params if id(p) not in own]
-        groups = layer_decay_groups(model, cfg.lr, cfg.layer_decay, extra, name)
+    if cfg.layer_decay is not None:
+        groups = layer_decay_groups(model, cfg.lr, cfg.layer_decay, rho, name)
     if cfg.name == "sgd":
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, weight_decay=0.0)
@@ -278,7 +281,11 @@ class Trainer:
                 if callback.state_key in self.state.callbacks:
                     callback.load_state_dict(self.state.callbacks[callback.state_key])
         if self.state.initial_param_norm is None:
-            self.state.initial_param_norm = param_norm(self.objective.model_parameters())
+            self.state.initial_param_norm = param_norm(self._network_parameters())
+
+    def _network_parameters(self) -> list[nn.Parameter]:
+        """The network's parameters, frozen or not: the divergence check's fixed set for ‖θ‖."""
+        return list(self.objective.model.parameters())
 
     def _epoch(self, epoch: int) -> None:
         """Train, validate and select; then the callbacks' epoch end and the checkpoint."""
@@ -289,7 +296,7 @@ class Trainer:
         summary = self._train_epoch(epoch)
         self.state.epoch = epoch + 1
         record = {"epoch": self.state.epoch, "step": self.state.step, **summary}
-        record["param_norm"] = param_norm(self.objective.model_parameters())
+        record["param_norm"] = param_norm(self._network_parameters())
         val = self._validate(record)
         record.update({f"val_{k}": v for k, v in val.items()})
         select = self.config.select_metric

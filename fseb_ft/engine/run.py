@@ -251,7 +251,9 @@ def _model_and_objective(
     _check_processes(objective, accelerator)
     apply_speed_keys(objective, recipe.model, recipe.train)
     params = objective.trainable_parameters()
-    optimizer = build_optimizer(recipe.optim, params, model, recipe.model.name)
+    q = objective.variational  # FS-VI's ρ join their parameters' layer-decay groups
+    rho = None if q is None else dict(zip(q.names, q.rho, strict=True))
+    optimizer = build_optimizer(recipe.optim, params, model, recipe.model.name, rho)
     model, optimizer, train_loader, val_loader = accelerator.prepare(
         model, optimizer, train_loader, val_loader
     )

@@ -57,7 +57,7 @@ def builtin_callbacks(
         ),
         ValOODScores(val_ood_loaders, recipe.eval.ood_scores[0]),
         ChanceWarning(),
-        *([] if class_weights is None else [ClassWeights(class_weights)]),
+        *([] if class_weights is None else [ClassWeights(class_weights, train.label_smoothing)]),
         *freeze_callback(parts.accelerator.unwrap_model(parts.objective.model), recipe),
         *soft_target_callbacks(train, recipe.data, num_classes),
         *([] if train.ema_decay is None else [_ema(recipe, parts)]),

@@ -12,8 +12,12 @@ keeps its total weight N against the prior terms, which the objective divides by
 
 With soft targets ``t_i`` (B, K) (label smoothing, mixup, CutMix: docs/method.md, "Label
 smoothing and mixup") the cross-entropy is ``−Σ_k t_ik log p(k | x_i; θ)`` and the weight of an
-example is its target's mix of the class weights, ``Σ_k t_ik w_k``: a one-hot target gives back
-``w_{y_i}``, a mixed pair the mix of its two classes' weights in the images' proportion.
+example is the class weights' mix by its *unsmoothed* target ``m_i``: ``w_{y_i}`` for a label, the
+mix ``λ w_a + (1 − λ) w_b`` of its two classes' weights for a mixed pair. timm's smoothing by ε is
+affine, ``t = (1 − ε) m + ε/K``, so ``m = (t − ε/K) / (1 − ε)`` and the weight is
+``(Σ_k t_ik w_k − ε · mean_k w_k) / (1 − ε)``. Weighting by ``Σ_k t_ik w_k`` itself would move each
+weight towards ``mean_k w_k``, which the rare classes dominate: on a 99:1 split with ε = 0.1 the
+majority's weight would grow sixfold, undoing the balance.
 """
 
 from __future__ import annotations
@@ -28,16 +32,19 @@ from torch import Tensor
 
 from fseb_ft.recipe import ConfigError
 
-__all__ = ["class_weights", "likelihood_term"]
+__all__ = ["class_weights", "example_weights", "likelihood_term"]
 
 
-def likelihood_term(logits: Tensor, y: Tensor, weights: Tensor | None = None) -> Tensor:
+def likelihood_term(
+    logits: Tensor, y: Tensor, weights: Tensor | None = None, smoothing: float = 0.0
+) -> Tensor:
     """The mean cross-entropy of ``logits`` (B, K) at the targets ``y``, each example's
     multiplied by its weight (``weights``: (K,) per class; ``None``: unweighted).
 
     ``y`` is either integer labels (B,), each example weighted by its class's weight
-    ``weights[y]``, or soft targets (B, K) whose rows sum to one, each example weighted by
-    ``Σ_k y_k · weights_k`` (timm's ``SoftTargetCrossEntropy`` when unweighted).
+    ``weights[y]``, or soft targets (B, K) whose rows sum to one, smoothed by ``smoothing`` (ε),
+    each example weighted by :func:`example_weights` (timm's ``SoftTargetCrossEntropy`` when
+    unweighted).
     Computed at least in float32 (autocast may hand over bf16 logits), never narrower than the
     logits. The mean is over the B examples, not over ``Σ_i w_{y_i}`` as
     ``cross_entropy(weight=w)`` takes it: that ratio would change the likelihood's weight from
@@ -46,20 +53,32 @@ def likelihood_term(logits: Tensor, y: Tensor, weights: Tensor | None = None) ->
     """
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if y.dim() == 2:
-        return _soft_target_term(logits, y.to(logits.dtype), weights)
+        return _soft_target_term(logits, y.to(logits.dtype), weights, smoothing)
     if weights is None:
         return nnf.cross_entropy(logits, y)
     log_probs = nnf.log_softmax(logits, dim=-1) * weights.to(logits)  # (B, K)
     return nnf.nll_loss(log_probs, y)
 
 
-def _soft_target_term(logits: Tensor, targets: Tensor, weights: Tensor | None) -> Tensor:
+def _soft_target_term(
+    logits: Tensor, targets: Tensor, weights: Tensor | None, smoothing: float
+) -> Tensor:
     """The mean soft-target cross-entropy of ``logits`` (B, K) at ``targets`` (B, K), each
-    example weighted by ``targets @ weights`` when ``weights`` (K,) are given."""
+    example weighted by :func:`example_weights` when ``weights`` (K,) are given."""
     if weights is None:
         return SoftTargetCrossEntropy()(logits, targets)
     per_example = torch.sum(-targets * nnf.log_softmax(logits, dim=-1), dim=-1)  # (B,)
-    return (per_example * (targets @ weights.to(logits))).mean()
+    return (per_example * example_weights(targets, weights.to(logits), smoothing)).mean()
+
+
+def example_weights(targets: Tensor, weights: Tensor, smoothing: float = 0.0) -> Tensor:
+    """Each example's weight (B,): the class ``weights`` (K,) mixed by its unsmoothed target,
+    ``m = (t − ε/K) / (1 − ε)`` of its ``targets`` row ``t`` (B, K) smoothed by ``smoothing`` = ε
+    < 1: ``w_y`` for a smoothed label, ``λ w_a + (1 − λ) w_b`` for a smoothed mixed pair."""
+    mixed = targets @ weights  # (B,) = (1 − ε) m·w + ε mean(w)
+    if smoothing == 0:
+        return mixed
+    return (mixed - smoothing * weights.mean()) / (1 - smoothing)
 
 
 def class_weights(

@@ -165,6 +165,7 @@ class FSEBObjective(nn.Module):
         self.prior_cov_scale = self.config.prior_cov_scale
         self.prior_cov_diag = self.config.prior_cov_diag
         self.class_weights: Tensor | None = None  # set by set_class_weights
+        self.target_smoothing = 0.0  # set by set_class_weights
         base = unwrap_model(model)
         self.variational = posterior(base, self.config)
         self.feature_fn = feature_fn or _timm_feature_fn(base)
@@ -189,13 +190,15 @@ class FSEBObjective(nn.Module):
         ``fseb.prior_std`` by :func:`fseb_ft.method.regularizer.resolve_prior`)."""
         self.prior_cov_scale, self.prior_cov_diag = scale, diag
 
-    def set_class_weights(self, weights: Tensor | None) -> None:
+    def set_class_weights(self, weights: Tensor | None, smoothing: float = 0.0) -> None:
         """Weight each example's log-likelihood by its class's weight from now on: ``weights``
         (K,), best on the model's device and scaled to mean 1 over the training images
-        (:func:`fseb_ft.method.likelihood.class_weights`); ``None``: unweighted. The training
-        loop's :class:`~fseb_ft.engine.callbacks.ClassWeights` sets them from
-        ``train.class_weights``."""
-        self.class_weights = weights
+        (:func:`fseb_ft.method.likelihood.class_weights`); ``None``: unweighted. ``smoothing``:
+        the label smoothing ε of the soft targets to come, which the weight of an example undoes
+        (:func:`fseb_ft.method.likelihood.example_weights`). The training loop's
+        :class:`~fseb_ft.engine.callbacks.ClassWeights` sets them from ``train.class_weights``
+        and ``train.label_smoothing``."""
+        self.class_weights, self.target_smoothing = weights, smoothing
 
     def replace_model(self, model: nn.Module, device: torch.device | str | None = None) -> None:
         """Train ``model`` from now on: the same network wrapped, e.g. by ``accelerator.prepare``.
@@ -351,7 +354,7 @@ class FSEBObjective(nn.Module):
             logits = call(x) if want_nll or joint_reg else None  # (B, K)
             ctx_logits = call(context) if use_fs else None  # (M, K)
         if want_nll:
-            nll = likelihood_term(logits, y, self.class_weights)
+            nll = likelihood_term(logits, y, self.class_weights, self.target_smoothing)
         else:
             nll = x.new_zeros((), dtype=torch.float32)
         if use_fs:
@@ -412,7 +415,7 @@ class FSEBObjective(nn.Module):
             draw = self.variational.sample(means)
             logits = functional_call(base, draw, (x,))  # (B, K)
             first = logits if first is None else first
-            nlls.append(likelihood_term(logits, y, self.class_weights))
+            nlls.append(likelihood_term(logits, y, self.class_weights, self.target_smoothing))
         mean, cov = context_moments(
             base, self.variational, context, self.config.fsvi_variance, self.feature_fn
         )  # (M, K), (K, M, M)

@@ -10,7 +10,7 @@ timm's own :func:`timm.models.group_parameters` and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 
 from timm.models import group_parameters
 from timm.optim import param_groups_layer_decay
@@ -44,11 +44,27 @@ def require_group_matcher(model: nn.Module, key: str, name: str) -> None:
         )
 
 
-def head_names(model: nn.Module) -> list[str]:
-    """The classifier's parameter names in ``model`` (``model.get_classifier()``)."""
-    head = model.get_classifier()
-    ids = {id(p) for p in head.parameters()} if isinstance(head, nn.Module) else set()
-    return [n for n, p in model.named_parameters() if id(p) in ids]
+def head_names(model: nn.Module, key: str = "model.freeze", name: str = "") -> list[str]:
+    """The classifier's parameter names in ``model``: those of every module
+    ``model.get_classifier()`` returns (a distilled DeiT returns two, its head and its
+    distillation head).
+
+    Raises:
+        ModelPartsError: ``model`` has no ``get_classifier()``, or no parameters in what it
+            returns; one line naming ``key`` (the recipe key that needs the classifier) and the
+            model ``name``.
+    """
+    get = getattr(model, "get_classifier", None)
+    head = get() if callable(get) else None
+    modules = head if isinstance(head, tuple | list) else (head,)
+    ids = {id(p) for m in modules if isinstance(m, nn.Module) for p in m.parameters()}
+    names = [n for n, p in model.named_parameters() if id(p) in ids]
+    if not names:
+        raise ModelPartsError(
+            f"{key} needs the model's classifier, from timm's get_classifier(), which gives no "
+            f"parameters for model.name={name!r} ({type(model).__name__}); leave {key} off"
+        )
+    return names
 
 
 def frozen_names(model: nn.Module, freeze: str | int, name: str = "") -> list[str]:
@@ -62,7 +78,7 @@ def frozen_names(model: nn.Module, freeze: str | int, name: str = "") -> list[st
     """
     if freeze == "none":
         return []
-    head = set(head_names(model))
+    head = set(head_names(model, "model.freeze", name))
     if freeze == "backbone":
         return [n for n, _ in model.named_parameters() if n not in head]
     require_group_matcher(model, "model.freeze", name)
@@ -77,21 +93,28 @@ def frozen_names(model: nn.Module, freeze: str | int, name: str = "") -> list[st
 
 
 def layer_decay_groups(
-    model: nn.Module, lr: float, decay: float, extra: Sequence[nn.Parameter] = (), name: str = ""
+    model: nn.Module,
+    lr: float,
+    decay: float,
+    extra: Mapping[str, nn.Parameter] | None = None,
+    name: str = "",
 ) -> list[dict[str, object]]:
     """The optimiser's parameter groups under layer decay: timm's
     :func:`~timm.optim.param_groups_layer_decay` on ``model`` (block i of L has
     ``lr · decay^(L − i)``, the classifier ``lr``), each group's ``lr`` set from its
     ``lr_scale`` and its ``weight_decay`` 0 (the parameter prior is a term of the loss).
-    ``extra`` (FS-VI's ρ) joins at the classifier's scale.
+    ``extra`` (FS-VI's ρ, by the name of the network parameter each belongs to) joins its
+    parameter's group, so σ learns at the rate of the mean it perturbs.
 
     Raises:
         ModelPartsError: ``model`` has no timm ``group_matcher``.
     """
     require_group_matcher(model, "optim.layer_decay", name)
     groups = param_groups_layer_decay(model, weight_decay=0.0, layer_decay=decay)
-    head = {id(p) for p in model.get_classifier().parameters()}
-    head_scale = next((g["lr_scale"] for g in groups if head & {id(p) for p in g["params"]}), 1.0)
-    if extra:
-        groups.append({"params": list(extra), "lr_scale": head_scale, "weight_decay": 0.0})
+    names = {id(p): n for n, p in model.named_parameters()}
+    extra = extra or {}
+    for group in groups:
+        group["params"] = list(group["params"]) + [
+            extra[names[id(p)]] for p in group["params"] if names[id(p)] in extra
+        ]
     return [g | {"lr": lr * g["lr_scale"], "weight_decay": 0.0} for g in groups]

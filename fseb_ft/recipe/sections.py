@@ -154,7 +154,9 @@ class FSEBConfig:
     """FS-VI: the parameters with a variance σ² (the others are point estimates): ``head``, the
     linear classifier (covariance in closed form from the features, about FS-EB's cost); ``all``,
     every trainable parameter (exact per-point Jacobians: O(M² · P · K) per step, for small
-    networks; the FashionMNIST CNN takes tens of seconds a step on a CPU, docs/method.md)."""
+    networks; the FashionMNIST CNN takes tens of seconds a step on a CPU, docs/method.md), and
+    not with ``model.freeze`` or ``train.linear_probe_epochs`` (the σ of a frozen parameter
+    would still train and perturb it)."""
     fsvi_init_std: float = 1e-3
     """FS-VI: σ of every variance-carrying parameter at the start; σ = τ softplus(ρ / τ),
     τ = 1e-4, so SGD moves σ itself (docs/method.md, "FS-VI")."""
@@ -285,6 +287,14 @@ class Recipe:
             "train.linear_probe_epochs",
             self.train.linear_probe_epochs,
             "must be 0 with model.freeze=backbone, which trains the classifier alone throughout",
+        )
+        fsvi_all = self.fseb.method == "fsvi" and self.fseb.fsvi_variance == "all"
+        check(
+            not fsvi_all or (self.model.freeze == "none" and self.train.linear_probe_epochs == 0),
+            "fseb.fsvi_variance",
+            self.fseb.fsvi_variance,
+            "needs model.freeze=none and train.linear_probe_epochs=0 (the σ of a frozen "
+            "parameter would still train and perturb it); use fseb.fsvi_variance=head",
         )
         cache, size = self.data.cache, self.model.input_size
         check(

@@ -9,7 +9,7 @@ import timm
 import torch
 from timm.optim import create_optimizer_v2
 
-from fseb_ft.engine.loop import build_optimizer, build_scheduler
+from fseb_ft.engine.optimizers import build_optimizer, build_scheduler
 from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.method.parts import ModelPartsError
 from fseb_ft.recipe import ConfigError, OptimConfig

@@ -1,9 +1,10 @@
 """Freezing and LP-FT (``model.freeze``, ``train.linear_probe_epochs``) as a training callback.
 
-The optimiser holds every parameter from the start (:func:`fseb_ft.engine.loop.build_optimizer`);
-each epoch begins by setting which ones require a gradient. A frozen parameter gets none, so the
-optimiser skips it and its momentum, and it stays bit-identical. Which parameters are frozen is a
-function of the epoch alone, so a run resumed mid-LP-FT freezes as the uninterrupted one did.
+The optimiser holds every parameter from the start
+(:func:`fseb_ft.engine.optimizers.build_optimizer`); each epoch begins by setting which ones
+require a gradient. A frozen parameter gets none, so the optimiser skips it and its momentum, and
+it stays bit-identical. Which parameters are frozen is a function of the epoch alone, so a run
+resumed mid-LP-FT freezes as the uninterrupted one did.
 """
 
 from __future__ import annotations

@@ -39,11 +39,10 @@ from fseb_ft.engine.loop import (
     Prepared,
     Trainer,
     applied_precision,
-    build_optimizer,
-    build_scheduler,
     launch_warnings,
     make_accelerator,
 )
+from fseb_ft.engine.optimizers import build_optimizer, build_scheduler
 from fseb_ft.engine.resume import check_resumable, check_same_data, flat_keys
 from fseb_ft.engine.run_callbacks import builtin_callbacks
 from fseb_ft.engine.run_checks import check_data, class_count, reported_task_metrics

@@ -18,10 +18,11 @@ import yaml
 from PIL import Image
 
 import fseb_ft.data.image_cache as image_cache
-from fseb_ft import cli
+from fseb_ft import api, cli
 from fseb_ft.data.files import FileImages
 from fseb_ft.data.image_cache import CachedImages, cache_images, resize_shorter
 from fseb_ft.data.images import IndexedImages
+from fseb_ft.data.inputs import InputSpec
 from fseb_ft.data.screening import BadImagesError, screen
 from fseb_ft.data.sources import build_splits
 from fseb_ft.data.transforms import (
@@ -33,6 +34,8 @@ from fseb_ft.data.transforms import (
 from fseb_ft.engine.reevaluate import evaluate_run
 from fseb_ft.finetune import run
 from fseb_ft.recipe import ConfigError, ImageCacheConfig, recipe_from_dict
+from fseb_ft.runs.loading import validation_split
+from fseb_ft.runs.rundir import RunInfo
 from tests.helpers import tiny_recipe, write_image_folder
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
@@ -300,6 +303,20 @@ def test_a_run_and_its_evaluation_read_the_cache_without_decoding(
     original = json.loads((tmp_path / "run" / "results.json").read_text())
     assert len(decodes) == 16 and original["test"]["n"] == again["test"]["n"] == 4
     assert original["test"]["nll"] != pytest.approx(again["test"]["nll"], rel=1e-9)
+    # A threshold chosen on the validation split: the cached one the run validated on.
+    chosen = api.predict_images(tmp_path / "run", tmp_path / "data", coverage=0.5, progress=False)
+    assert chosen.meta["abstention"]["validation"]["n"] == 3 and len(decodes) == 16
+
+
+def test_the_validation_split_of_a_cached_run_is_rebuilt_from_the_cache(tmp_path: Path) -> None:
+    recipe = recipe_from_dict(_tiny(tmp_path, (20, 24), cache=16))
+    splits = build_splits(recipe.data, recipe.train.seed)
+    recorded = screen({"data.val": splits.val}, "stop", False, recipe.data.cache)[0]["data.val"]
+    info = RunInfo(num_classes=2, input=InputSpec((16, 16), MEAN, STD), data={
+        "val": recorded.identity})  # fmt: skip
+    val = validation_split(recipe, info)
+    assert val.identity == recorded.identity and val.identity.endswith("|cached:16px:bilinear")
+    assert [image.shape for image in _pixels(val)] == [(16, 19, 3)] * len(val)
 
 
 def _written(tmp_path: Path, recipe: dict[str, Any]) -> Path:

@@ -264,7 +264,9 @@ def test_a_cache_smaller_than_the_input_stops_before_it_is_built(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     recipe = _tiny(tmp_path, 16, cache=12)
-    too_small = r"^data.cache.size=12: must be ≥ model.input_size \(16\)"
+    too_small = (
+        r"^data.cache.size=12: must be ≥ 16, the input size of model.name='test_byobnet' \(16×16\)"
+    )
     with pytest.raises(ConfigError, match=too_small):
         recipe_from_dict(recipe)
     # Without model.input_size, the input is timm's config of the model (160 px here).

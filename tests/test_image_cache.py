@@ -21,7 +21,7 @@ import fseb_ft.data.image_cache as image_cache
 from fseb_ft import api, cli
 from fseb_ft.data.files import FileImages
 from fseb_ft.data.image_cache import CachedImages, cache_images, resize_shorter
-from fseb_ft.data.images import IndexedImages
+from fseb_ft.data.images import IndexedImages, content_hash
 from fseb_ft.data.inputs import InputSpec
 from fseb_ft.data.screening import BadImagesError, screen
 from fseb_ft.data.sources import build_splits
@@ -295,8 +295,16 @@ def test_a_run_and_its_evaluation_read_the_cache_without_decoding(
     cli.main(["cache", str(_written(tmp_path, recipe))])
     assert len(decodes) == 16
     results = run(recipe_from_dict(recipe))
-    data = json.loads((tmp_path / "run" / "run.json").read_text())["data"]
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    data = info["data"]
     assert all(data[key].endswith("|cached:16px:bilinear") for key in ("train", "val", "test"))
+    # The splits' fingerprints name the hold-outs as built, the same as an uncached run's.
+    built = build_splits(recipe_from_dict(recipe).data, 0)
+    named = {"train": built.train, "validation": built.val, "test": built.test}
+    assert {name: record["fingerprint"] for name, record in info["splits"].items()} == {
+        name: content_hash(np.frombuffer(split.identity.encode(), dtype=np.uint8))
+        for name, split in named.items()
+    }
     again = evaluate_run(tmp_path / "run", cpu=True)
     assert len(decodes) == 16  # the run and the evaluation found every image cached
     assert again["test"]["nll"] == pytest.approx(results["test"]["nll"], abs=1e-6)

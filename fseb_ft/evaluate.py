@@ -57,11 +57,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m fseb_ft.evalu
     bad = [o for o in args.set_overrides if not o.startswith("eval.") or "=" not in o]
     if bad:
         parser.error(f"--set takes eval.KEY=VALUE (evaluation settings only), got {bad}")
-    bad = [o for o in overrides if not o.startswith(("eval.", "data.cache"))]
+    bad = [o for o in overrides if not _evaluation_override(o)]
     if bad:
         parser.error(
-            "overrides take eval.KEY=VALUE (evaluation settings only), or data.cache=null to "
-            f"read the original images instead of the resized-image cache, got {bad}"
+            "overrides take eval.KEY=VALUE (evaluation settings only), data.cache=null to read "
+            "the original images instead of the resized-image cache, or data.cache.dir=DIR for "
+            f"a moved cache folder, got {bad}"
         )
     args.overrides = [*args.set_overrides, *overrides]
     configure_logging()
@@ -81,6 +82,15 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m fseb_ft.evalu
         # The runs share their classes (an ensemble checks it): the first one names them.
         print(markdown_table(rows, read_class_names(args.run_dirs[0])))
     return results
+
+
+def _evaluation_override(override: str) -> bool:
+    """Whether ``override`` changes only how a run is evaluated, not the pixels it was trained
+    and validated on: ``eval.*``, ``data.cache=null`` (the originals, the preprocessing the model
+    card documents) or ``data.cache.dir=`` (the same entries, moved: they are keyed by the
+    images, size and filter, not the folder). Another cache size or filter would evaluate on
+    other pixels than the run's."""
+    return override.startswith(("eval.", "data.cache.dir=")) or override == "data.cache=null"
 
 
 def expand_run_dirs(paths: Sequence[str | Path]) -> list[Path]:

@@ -272,9 +272,11 @@ def test_the_recipe_refuses_a_weight_list_of_other_length_than_the_training_clas
 ) -> None:
     raw = tiny_recipe(folders, tmp_path / "run")
     raw["train"]["class_weights"] = [1.0, 2.0]
+    raw["data"]["cache"] = {"size": 16, "dir": str(tmp_path / "cache")}
     with pytest.raises(ConfigError, match=r"needs one weight per class, 3 \(the classes of data"):
         run(recipe_from_dict(raw))
     assert not (tmp_path / "run" / "run.json").exists()  # stopped before anything was written
+    assert not (tmp_path / "cache").exists()  # and before the screen built the cache
 
 
 class LoaderSampler(Callback):

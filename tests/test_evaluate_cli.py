@@ -36,6 +36,21 @@ def test_only_evaluation_settings_can_be_overridden(capsys: pytest.CaptureFixtur
     with pytest.raises(SystemExit):
         evaluate_main(["eval.batch_size=8"])
     assert "the following arguments are required: RUN_DIR" in capsys.readouterr().err
+    # Another cache size or filter would evaluate on other pixels than the run trained on.
+    for other in ("data.cache.size=512", "data.cache.resize=box", "data.cache={size: 64}"):
+        with pytest.raises(SystemExit):
+            evaluate_main(["run_a", other])
+        err = capsys.readouterr().err
+        assert f"or data.cache.dir=DIR for a moved cache folder, got ['{other}']" in err
+
+
+def test_the_cache_can_be_left_or_moved(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen = []
+    monkeypatch.setattr(evaluate, "evaluate_run", lambda *a: seen.append(a) or {"test": {}})
+    evaluate_main(["run_a", "data.cache=null", "data.cache.dir=/elsewhere"])
+    assert seen == [(Path("run_a"), False, ["data.cache=null", "data.cache.dir=/elsewhere"])]
 
 
 def test_a_read_only_run_is_evaluated_and_printed_and_left_as_it_was(

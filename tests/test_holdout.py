@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fseb_ft.data.holdout import HoldOutError, group_split, hold_out
+from fseb_ft.data.holdout import HoldOutError, group_split, hold_out, split_records
 from fseb_ft.data.images import ArrayImages, IndexedImages
+from fseb_ft.data.screening import screen_splits
 from fseb_ft.data.sources import build_splits, hold_outs, load_spec
 from fseb_ft.data.splits import Splits, stratified_split
 from fseb_ft.errors import FsebError
-from fseb_ft.recipe import DataConfig, DatasetSpec, recipe_from_dict
+from fseb_ft.recipe import DataConfig, DatasetSpec, ImageCacheConfig, recipe_from_dict
 from fseb_ft.recipe.schema import ConfigError
 from tests.helpers import tiny_recipe
 
@@ -240,3 +241,14 @@ def test_a_run_reports_on_its_test_hold_out_and_re_evaluates_it(
     assert rebuilt.identities() == {k: v for k, v in info["data"].items() if k != "val_ood"}
     recipe = load_recipe(out / "recipe.yaml")
     assert validation_split(recipe, RunInfo.from_json(info)).identity == info["data"]["val"]
+
+
+def test_a_hold_outs_fingerprint_is_the_same_with_or_without_the_cache(
+    table: Path, tmp_path: Path
+) -> None:
+    built = build_splits(DataConfig(train=csv_spec(table), test_fraction=0.2), 0)
+    cache = ImageCacheConfig(size=8, dir=str(tmp_path / "cache"))
+    plain = screen_splits(built, [], "stop", progress=False)[0]
+    cached = screen_splits(built, [], "stop", progress=False, cache=cache)[0]
+    assert cached.val.identity.endswith("|cached:8px:bilinear")  # the cache served it
+    assert split_records(cached, built) == split_records(plain, built)

@@ -18,10 +18,11 @@ import yaml
 from PIL import Image
 
 import fseb_ft.data.image_cache as image_cache
-from fseb_ft import cli
+from fseb_ft import api, cli
 from fseb_ft.data.files import FileImages
 from fseb_ft.data.image_cache import CachedImages, cache_images, resize_shorter
-from fseb_ft.data.images import IndexedImages
+from fseb_ft.data.images import IndexedImages, content_hash
+from fseb_ft.data.inputs import InputSpec
 from fseb_ft.data.screening import BadImagesError, screen
 from fseb_ft.data.sources import build_splits
 from fseb_ft.data.transforms import (
@@ -33,6 +34,8 @@ from fseb_ft.data.transforms import (
 from fseb_ft.engine.reevaluate import evaluate_run
 from fseb_ft.finetune import run
 from fseb_ft.recipe import ConfigError, ImageCacheConfig, recipe_from_dict
+from fseb_ft.runs.loading import validation_split
+from fseb_ft.runs.rundir import RunInfo
 from tests.helpers import tiny_recipe, write_image_folder
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
@@ -261,7 +264,9 @@ def test_a_cache_smaller_than_the_input_stops_before_it_is_built(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     recipe = _tiny(tmp_path, 16, cache=12)
-    too_small = r"^data.cache.size=12: must be ≥ model.input_size \(16\)"
+    too_small = (
+        r"^data.cache.size=12: must be ≥ 16, the input size of model.name='test_byobnet' \(16×16\)"
+    )
     with pytest.raises(ConfigError, match=too_small):
         recipe_from_dict(recipe)
     # Without model.input_size, the input is timm's config of the model (160 px here).
@@ -290,8 +295,16 @@ def test_a_run_and_its_evaluation_read_the_cache_without_decoding(
     cli.main(["cache", str(_written(tmp_path, recipe))])
     assert len(decodes) == 16
     results = run(recipe_from_dict(recipe))
-    data = json.loads((tmp_path / "run" / "run.json").read_text())["data"]
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    data = info["data"]
     assert all(data[key].endswith("|cached:16px:bilinear") for key in ("train", "val", "test"))
+    # The splits' fingerprints name the hold-outs as built, the same as an uncached run's.
+    built = build_splits(recipe_from_dict(recipe).data, 0)
+    named = {"train": built.train, "validation": built.val, "test": built.test}
+    assert {name: record["fingerprint"] for name, record in info["splits"].items()} == {
+        name: content_hash(np.frombuffer(split.identity.encode(), dtype=np.uint8))
+        for name, split in named.items()
+    }
     again = evaluate_run(tmp_path / "run", cpu=True)
     assert len(decodes) == 16  # the run and the evaluation found every image cached
     assert again["test"]["nll"] == pytest.approx(results["test"]["nll"], abs=1e-6)
@@ -300,6 +313,20 @@ def test_a_run_and_its_evaluation_read_the_cache_without_decoding(
     original = json.loads((tmp_path / "run" / "results.json").read_text())
     assert len(decodes) == 16 and original["test"]["n"] == again["test"]["n"] == 4
     assert original["test"]["nll"] != pytest.approx(again["test"]["nll"], rel=1e-9)
+    # A threshold chosen on the validation split: the cached one the run validated on.
+    chosen = api.predict_images(tmp_path / "run", tmp_path / "data", coverage=0.5, progress=False)
+    assert chosen.meta["abstention"]["validation"]["n"] == 3 and len(decodes) == 16
+
+
+def test_the_validation_split_of_a_cached_run_is_rebuilt_from_the_cache(tmp_path: Path) -> None:
+    recipe = recipe_from_dict(_tiny(tmp_path, (20, 24), cache=16))
+    splits = build_splits(recipe.data, recipe.train.seed)
+    recorded = screen({"data.val": splits.val}, "stop", False, recipe.data.cache)[0]["data.val"]
+    info = RunInfo(num_classes=2, input=InputSpec((16, 16), MEAN, STD), data={
+        "val": recorded.identity})  # fmt: skip
+    val = validation_split(recipe, info)
+    assert val.identity == recorded.identity and val.identity.endswith("|cached:16px:bilinear")
+    assert [image.shape for image in _pixels(val)] == [(16, 19, 3)] * len(val)
 
 
 def _written(tmp_path: Path, recipe: dict[str, Any]) -> Path:

@@ -129,21 +129,27 @@ def group_split(
     return keep, held
 
 
-def split_records(splits: Splits) -> dict[str, Any]:
+def split_records(splits: Splits, built: Splits) -> dict[str, Any]:
     """What ``run.json`` records of the train, validation and test splits (``None``: no test):
-    ``size``, ``groups`` (the number of distinct groups, when the images have groups) and
-    ``fingerprint`` (16 hex digits of the split's identity: its source's content fingerprint
-    and its indices)."""
-    named = {"train": splits.train, "validation": splits.val, "test": splits.test}
-    return {name: None if data is None else _record(data) for name, data in named.items()}
+    ``size`` and ``groups`` (the number of distinct groups, when the images have groups) of the
+    screened ``splits`` trained and reported on, and ``fingerprint`` (16 hex digits of the
+    identity of the split as ``built``, before the screen: its source's content fingerprint and
+    hold-out indices). The fingerprint names the hold-out, so it is the same with or without
+    ``data.cache`` or images ``data.bad_images: skip`` left out; ``size`` shows the latter."""
+    records: dict[str, Any] = {}
+    for name, key in (("train", "train"), ("validation", "val"), ("test", "test")):
+        data, source = getattr(splits, key), getattr(built, key)
+        records[name] = None if data is None else _record(data, source)
+    return records
 
 
-def _record(data: LabeledImages) -> dict[str, Any]:
-    """``size``, ``groups`` (when known) and ``fingerprint`` of one split."""
+def _record(data: LabeledImages, built: LabeledImages) -> dict[str, Any]:
+    """``size``, ``groups`` (when known) of the screened split ``data`` and ``fingerprint`` of
+    the split as ``built``."""
     record: dict[str, Any] = {"size": len(data)}
     if data.groups is not None:
         record["groups"] = len(np.unique(data.groups))
-    record["fingerprint"] = content_hash(np.frombuffer(data.identity.encode(), dtype=np.uint8))
+    record["fingerprint"] = content_hash(np.frombuffer(built.identity.encode(), dtype=np.uint8))
     return record
 
 

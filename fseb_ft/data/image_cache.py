@@ -24,7 +24,9 @@ done about it (``data.bad_images``) is the screen's business.
 temporary file and renamed into place; the index marks a complete entry. A build that is killed
 leaves no entry, and its temporary file is removed by the next build of the same entry.
 
-Of fseb_ft this imports :mod:`fseb_ft.data.images`, :mod:`fseb_ft.data.pixels` and the recipe.
+Of fseb_ft this imports :mod:`fseb_ft.data.images`, :mod:`fseb_ft.data.pixels` and the recipe
+(whose :func:`~fseb_ft.recipe.datasets.check_cache_size` is the one rule of the cache's size,
+re-exported here for the commands that check it before a build).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import os
 import socket
 import time
 import zipfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +50,8 @@ from tqdm.auto import tqdm
 
 from fseb_ft.data.images import IndexedImages, LabeledImages
 from fseb_ft.data.pixels import decode_image, fit_channels
-from fseb_ft.recipe import ConfigError, ImageCacheConfig
+from fseb_ft.recipe import ImageCacheConfig
+from fseb_ft.recipe.datasets import check_cache_size
 
 __all__ = [
     "PARALLEL_FROM",
@@ -89,25 +92,6 @@ def user_cache_dir(name: str) -> Path:
 def cache_dir(config: ImageCacheConfig) -> Path:
     """The folder of ``config``'s entries: ``data.cache.dir``, else :func:`user_cache_dir`."""
     return Path(config.dir).expanduser() if config.dir else user_cache_dir("images")
-
-
-def check_cache_size(
-    config: ImageCacheConfig | None, input_size: Sequence[int] | None, model: str
-) -> None:
-    """Refuse a cache smaller than the model's input (``input_size``, (H, W); ``None``: not
-    known yet).
-
-    Raises:
-        ConfigError: ``data.cache.size`` is below the larger side of the input.
-    """
-    if config is None or input_size is None or config.size >= max(input_size):
-        return
-    height, width = input_size
-    raise ConfigError(
-        f"data.cache.size={config.size}: must be ≥ {max(input_size)}, the input size of "
-        f"model.name={model!r} ({height}×{width}); a smaller cache would be upscaled again "
-        "for training"
-    )
 
 
 def resize_shorter(image: np.ndarray, size: int, resize: str) -> np.ndarray:

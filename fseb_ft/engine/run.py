@@ -128,6 +128,8 @@ class RunData:
     """What the labels make doubtful (a class without images, …)."""
     task_metrics: tuple[str, ...]
     """The metrics of ``eval.metrics`` defined for ``num_classes`` classes."""
+    built: Splits
+    """The splits as built, before the screen: what ``run.json``'s split fingerprints name."""
     class_weights: Tensor | None = None
     """The per-class likelihood weights (K,) of ``train.class_weights``; ``None``: unweighted."""
 
@@ -203,7 +205,9 @@ def _data(recipe: Recipe, splits: Splits, accelerator: Accelerator) -> RunData:
     weights = class_weights(recipe.train.class_weights, screened.train.labels, num_classes)
     metrics = reported_task_metrics(recipe, num_classes, accelerator.is_main_process)
     dropped |= dropped_ood
-    return RunData(screened, others, val_ood, num_classes, dropped, warnings, metrics, weights)
+    return RunData(
+        screened, others, val_ood, num_classes, dropped, warnings, metrics, splits, weights
+    )
 
 
 def _val_ood_sets(
@@ -303,7 +307,7 @@ def _record_start(
         input=spec,
         num_train=len(data.splits.train),
         data=data.splits.identities() | _identities("val_ood", data.val_ood),
-        splits=split_records(data.splits),
+        splits=split_records(data.splits, data.built),
         context=None if parts.context is None else parts.context.pool.identity,
         num_processes=accelerator.num_processes,
         device=accelerator.device.type,

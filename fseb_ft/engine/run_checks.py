@@ -1,6 +1,6 @@
 """A run's checks of its loaded data against its recipe, made before anything is written: two
 training classes, ``eval.group_by``'s column, the class count of ``model.num_classes`` and of the
-two-class metrics a recipe selects or reports."""
+two-class metrics a recipe selects or reports, the length of a ``train.class_weights`` list."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from fseb_ft.data.sources.registry import find_source
 from fseb_ft.data.splits import Splits, require_two_classes
 from fseb_ft.evaluation.groups import reported_groups
 from fseb_ft.evaluation.metrics import METRIC_REGISTRY
+from fseb_ft.method.likelihood import check_class_weights
 from fseb_ft.recipe import ConfigError, DatasetSpec, Recipe
 from fseb_ft.recipe.datasets import IN_MEMORY
 from fseb_ft.recipe.options import BINARY_TASK_METRICS
@@ -28,10 +29,13 @@ logger = logging.getLogger(__name__)
 
 def check_data(recipe: Recipe, splits: Splits) -> None:
     """What the loaded data must satisfy before anything is written: two training classes,
-    ``eval.group_by``'s column, the class count of a two-class ``train.select_metric``."""
+    ``eval.group_by``'s column, the class count of a two-class ``train.select_metric`` and of a
+    ``train.class_weights`` list (before the screen and the cache's build)."""
     require_training_classes(recipe.data.train, splits.train)
     reported_groups(splits, recipe.eval.group_by)
-    check_select_metric(recipe, recipe.model.num_classes or splits.train.num_classes)
+    num_classes = recipe.model.num_classes or splits.train.num_classes
+    check_select_metric(recipe, num_classes)
+    check_class_weights(recipe.train.class_weights, num_classes)
 
 
 def require_training_classes(spec: DatasetSpec, train: LabeledImages) -> None:

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from fseb_ft.recipe import ConfigError
 
-__all__ = ["class_weights", "example_weights", "likelihood_term"]
+__all__ = ["check_class_weights", "class_weights", "example_weights", "likelihood_term"]
 
 
 def likelihood_term(
@@ -81,6 +81,19 @@ def example_weights(targets: Tensor, weights: Tensor, smoothing: float = 0.0) ->
     return (mixed - smoothing * weights.mean()) / (1 - smoothing)
 
 
+def check_class_weights(choice: str | Sequence[float], num_classes: int) -> None:
+    """Refuse a ``train.class_weights`` list whose length is not ``num_classes`` (K).
+
+    Raises:
+        ConfigError: the list has another length; the message names the key and K.
+    """
+    if not isinstance(choice, str) and len(choice) != num_classes:
+        raise ConfigError(
+            f"train.class_weights={list(choice)}: needs one weight per class, "
+            f"{num_classes} (the classes of data.train)"
+        )
+
+
 def class_weights(
     choice: str | Sequence[float], labels: np.ndarray, num_classes: int
 ) -> Tensor | None:
@@ -105,12 +118,8 @@ def class_weights(
         raw = np.ones(num_classes)
         raw[present] = compute_class_weight("balanced", classes=present, y=labels)
     else:
+        check_class_weights(choice, num_classes)
         raw = np.asarray(choice, dtype=np.float64)
-        if len(raw) != num_classes:
-            raise ConfigError(
-                f"train.class_weights={list(choice)}: needs one weight per class, "
-                f"{num_classes} (the classes of data.train)"
-            )
     if np.all(raw == raw[0]):
         return None
     return torch.from_numpy(raw / raw[labels].mean())  # (K,)

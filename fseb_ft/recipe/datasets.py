@@ -10,6 +10,7 @@ re-exports them.
 from __future__ import annotations
 
 import types
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -21,7 +22,7 @@ from fseb_ft.recipe.options import (
     MIXUP_MODES,
     SOURCES,
 )
-from fseb_ft.recipe.schema import check
+from fseb_ft.recipe.schema import ConfigError, check
 
 __all__ = [
     "IN_MEMORY",
@@ -30,6 +31,7 @@ __all__ = [
     "DatasetSpec",
     "ImageCacheConfig",
     "MixupConfig",
+    "check_cache_size",
 ]
 
 IN_MEMORY = "in-memory:"
@@ -155,6 +157,26 @@ class ImageCacheConfig:
     def __post_init__(self) -> None:
         check(self.size >= 8, "size", self.size, "must be ≥ 8 (pixels of the shorter side)")
         check(self.dir is None or bool(self.dir), "dir", self.dir, "a folder or null")
+
+
+def check_cache_size(
+    config: ImageCacheConfig | None, input_size: Sequence[int] | None, model: str
+) -> None:
+    """Refuse a cache smaller than the model's input (``input_size``, (H, W); ``None``: not
+    known yet): the one rule, checked when a recipe states ``model.input_size`` and again once
+    the input size is known (before the cache's build, or when the model loads).
+
+    Raises:
+        ConfigError: ``data.cache.size`` is below the larger side of the input.
+    """
+    if config is None or input_size is None or config.size >= max(input_size):
+        return
+    height, width = input_size
+    raise ConfigError(
+        f"data.cache.size={config.size}: must be ≥ {max(input_size)}, the input size of "
+        f"model.name={model!r} ({height}×{width}); a smaller cache would be upscaled again "
+        "for training"
+    )
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from fseb_ft.recipe.datasets import ContextConfig, DataConfig
+from fseb_ft.recipe.datasets import ContextConfig, DataConfig, check_cache_size
 from fseb_ft.recipe.options import (
     BINARY_TASK_METRICS,
     FORWARD_MODES,
@@ -296,14 +296,8 @@ class Recipe:
             "needs model.freeze=none and train.linear_probe_epochs=0 (the σ of a frozen "
             "parameter would still train and perturb it); use fseb.fsvi_variance=head",
         )
-        cache, size = self.data.cache, self.model.input_size
-        check(
-            cache is None or size is None or cache.size >= size,
-            "data.cache.size",
-            None if cache is None else cache.size,
-            f"must be ≥ model.input_size ({size}): the cached images would be smaller than "
-            "what the model takes",
-        )
+        size = self.model.input_size
+        check_cache_size(self.data.cache, None if size is None else (size, size), self.model.name)
         self._check_binary_metrics()
 
     def _check_binary_metrics(self) -> None:

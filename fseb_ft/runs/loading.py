@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from fseb_ft.data.files import find_images, read_image
 from fseb_ft.data.images import LabeledImages
 from fseb_ft.data.inputs import InputSpec
+from fseb_ft.data.screening import screen
 from fseb_ft.data.sources import hold_outs, load_split
 from fseb_ft.data.transforms import eval_transform, make_loader
 from fseb_ft.errors import FsebError
@@ -331,7 +332,9 @@ def logits_and_read_errors(
 def validation_split(recipe: Recipe, info: RunInfo | None) -> LabeledImages:
     """The run's validation split, rebuilt from its recipe as
     :func:`~fseb_ft.data.sources.build_splits` built it (``data.val``, or the seeded stratified
-    ``data.val_fraction`` of ``data.train``, after its ``data.test_fraction``).
+    ``data.val_fraction`` of ``data.train``, after its ``data.test_fraction``), then screened as
+    training screened it: served from the resized-image cache with ``data.cache`` (the pixels the
+    run validated on) and without the images ``data.bad_images: skip`` left out.
 
     Raises:
         FsebError: the run was trained on in-memory data (``fseb_ft.finetune``), which the
@@ -349,6 +352,7 @@ def validation_split(recipe: Recipe, info: RunInfo | None) -> LabeledImages:
     else:
         full = load_split("data.train", cfg.train, cfg.channels, seed)
         val = hold_outs(full, cfg, seed)[1]
+    val = screen({"data.val": val}, cfg.bad_images, progress=False, cache=cfg.cache)[0]["data.val"]
     recorded = ((info.data if info else None) or {}).get("val")
     if recorded is not None and recorded != val.identity:
         raise FsebError(

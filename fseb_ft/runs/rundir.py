@@ -158,8 +158,8 @@ class RunInfo:
     splits: dict[str, Any] | None = None
     """The ``train``, ``validation`` and ``test`` splits as trained and reported on (``test``
     ``null`` without one): ``size``, ``groups`` (distinct groups, when the images have a
-    ``group_column``) and ``fingerprint``
-    (:func:`fseb_ft.data.holdout.split_records`); ``None`` in runs from before it."""
+    ``group_column``) and ``fingerprint`` of the hold-out as built, before the screen and the
+    cache (:func:`fseb_ft.data.holdout.split_records`); ``None`` in runs from before it."""
     context: dict[str, Any] | None = None
     """The context pool's provenance (kind, fingerprint, …); ``None`` for PS-MAP."""
     num_processes: int | None = None

@@ -21,6 +21,8 @@ from fseb_ft.data.splits import TooFewClassesError
 from fseb_ft.engine.callbacks import Callback, TrainerView
 from fseb_ft.recipe import ConfigError, load_recipe
 
+pytestmark = pytest.mark.no_figures  # about training, not its figures
+
 REPO = Path(__file__).parents[1]
 CLASSES = ["cat", "dog", "fox"]
 TINY = {  # keeps every run to a second or two on a CPU

@@ -18,6 +18,8 @@ from fseb_ft.recipe import recipe_from_dict
 from fseb_ft.runs.rundir import latest_checkpoint
 from tests.helpers import tiny_recipe, write_image_folder
 
+pytestmark = pytest.mark.no_figures  # about training, not its figures
+
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:

@@ -18,6 +18,8 @@ from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.recipe import recipe_from_dict
 from tests.helpers import TinyNet, tiny_recipe, write_image_folder
 
+pytestmark = pytest.mark.no_figures  # about training, not its figures
+
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:

@@ -18,6 +18,8 @@ from fseb_ft.finetune import run
 from fseb_ft.recipe import ConfigError, recipe_from_dict
 from tests.helpers import kill_after_checkpoint, tiny_recipe, write_image_folder
 
+pytestmark = pytest.mark.no_figures  # about training, not its figures
+
 
 def _stopped_after(metric: str, values: list[float], patience: int) -> int | None:
     """The epoch after which early stopping stops a run whose validation ``metric`` takes

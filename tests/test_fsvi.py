@@ -31,6 +31,8 @@ from fseb_ft.runs.loading import run_predictor
 from fseb_ft.runs.rundir import MODEL_DIR, read_method_state, write_method_state
 from tests.helpers import TinyNet
 
+pytestmark = pytest.mark.no_figures  # about training, not its figures
+
 M, K, D_IN, HIDDEN = 6, 3, 4, 5
 S, DIAG = 0.3, 0.7
 

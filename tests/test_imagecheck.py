@@ -22,6 +22,8 @@ from fseb_ft.recipe import recipe_from_dict
 from tests.helpers import tiny_recipe, write_image_folder
 from tests.test_cli_errors import QUICKSTART, _fails
 
+pytestmark = pytest.mark.no_figures  # about training, not its figures
+
 
 def _jpeg(side: int = 16, seed: int = 0) -> bytes:
     pixels = np.random.default_rng(seed).integers(0, 256, (side, side, 3), dtype=np.uint8)

@@ -27,6 +27,8 @@ from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.recipe import ConfigError, MixupConfig, apply_overrides, recipe_from_dict
 from tests.helpers import TinyNet, kill_after_checkpoint, tiny_recipe, write_image_folder
 
+pytestmark = pytest.mark.no_figures  # about training, not its figures
+
 K = 4
 
 

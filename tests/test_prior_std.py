@@ -18,6 +18,8 @@ from fseb_ft.method.regularizer import prior_std_of, resolve_prior
 from fseb_ft.recipe import ConfigError, FSEBConfig, recipe_from_dict
 from tests.helpers import tiny_recipe, write_image_folder
 
+pytestmark = pytest.mark.no_figures  # about training, not its figures
+
 
 @pytest.mark.parametrize(
     ("scale", "diag", "m"),

@@ -22,6 +22,8 @@ from fseb_ft.runs.rundir import (
     write_method_state,
 )
 
+pytestmark = pytest.mark.no_figures  # about training, not its figures
+
 RUN_JSON = {
     "num_classes": 3,
     "class_names": ["cat", "dog", "fox"],

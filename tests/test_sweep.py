@@ -36,6 +36,8 @@ from fseb_ft.recipe import (
 from fseb_ft.sweep import main
 from tests.helpers import kill_after_checkpoint, tiny_recipe, write_image_folder
 
+pytestmark = pytest.mark.no_figures  # about training, not its figures
+
 SPACE = {"optim.lr": {"low": 0.01, "high": 0.1, "log": True}}
 
 

@@ -14,6 +14,8 @@ from fseb_ft.engine.callbacks import _val_ood_auroc
 from fseb_ft.evaluation.metrics import higher_is_better
 from fseb_ft.recipe import ConfigError, recipe_from_dict
 
+pytestmark = pytest.mark.no_figures  # about training, not its figures
+
 DIGITS_0_4 = {"source": "sklearn_digits", "split": "test", "classes": [0, 1, 2, 3, 4]}
 
 

@@ -21,7 +21,7 @@ from fseb_ft.data.splits import TooFewClassesError
 from fseb_ft.engine.callbacks import Callback, TrainerView
 from fseb_ft.recipe import ConfigError, load_recipe
 
-pytestmark = pytest.mark.no_figures  # about training, not its figures
+pytestmark = pytest.mark.no_figures  # figures are test_plots.py's and test_pipeline.py's to check
 
 REPO = Path(__file__).parents[1]
 CLASSES = ["cat", "dog", "fox"]

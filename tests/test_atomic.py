@@ -30,6 +30,8 @@ from fseb_ft.runs.atomic import (
 from fseb_ft.runs.report import write_results
 from fseb_ft.runs.rundir import latest_checkpoint
 
+pytestmark = pytest.mark.no_figures  # figures are test_plots.py's and test_pipeline.py's to check
+
 # What each writer raises when the disk fills up (torch's text is from a real full tmpfs).
 DISK_FULL = {
     "torch": RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"),

@@ -27,7 +27,7 @@ from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.recipe import ConfigError, recipe_from_dict
 from tests.helpers import TinyNet, kill_after_checkpoint, tiny_recipe, write_image_folder
 
-pytestmark = pytest.mark.no_figures  # about training, not its figures
+pytestmark = pytest.mark.no_figures  # figures are test_plots.py's and test_pipeline.py's to check
 
 LABELS = np.array([0] * 12 + [1] * 3 + [2] * 5)  # 20 training labels, 60 / 15 / 25 %
 

@@ -15,6 +15,8 @@ from fseb_ft import finetune as finetune_module
 from fseb_ft.evaluation.predictions import Predictions
 from fseb_ft.runs.report import EvalResults
 
+pytestmark = pytest.mark.no_figures  # figures are test_plots.py's and test_pipeline.py's to check
+
 QUICKSTART = Path(__file__).parents[1] / "recipes" / "quickstart.yaml"
 
 

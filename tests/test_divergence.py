@@ -18,7 +18,7 @@ from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.recipe import recipe_from_dict
 from tests.helpers import TinyNet, tiny_recipe, write_image_folder
 
-pytestmark = pytest.mark.no_figures  # about training, not its figures
+pytestmark = pytest.mark.no_figures  # figures are test_plots.py's and test_pipeline.py's to check
 
 
 @pytest.fixture(scope="module")

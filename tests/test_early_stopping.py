@@ -18,7 +18,7 @@ from fseb_ft.finetune import run
 from fseb_ft.recipe import ConfigError, recipe_from_dict
 from tests.helpers import kill_after_checkpoint, tiny_recipe, write_image_folder
 
-pytestmark = pytest.mark.no_figures  # about training, not its figures
+pytestmark = pytest.mark.no_figures  # figures are test_plots.py's and test_pipeline.py's to check
 
 
 def _stopped_after(metric: str, values: list[float], patience: int) -> int | None:

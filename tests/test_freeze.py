@@ -23,7 +23,7 @@ from fseb_ft.method.parts import ModelPartsError, frozen_names, head_names, laye
 from fseb_ft.recipe import ConfigError, recipe_from_dict
 from tests.helpers import TinyNet, kill_after_checkpoint, tiny_recipe, write_image_folder
 
-pytestmark = pytest.mark.no_figures  # about training, not its figures
+pytestmark = pytest.mark.no_figures  # figures are test_plots.py's and test_pipeline.py's to check
 
 _ONE_PROCESS = SimpleNamespace(num_processes=1, unwrap_model=lambda m: m)
 

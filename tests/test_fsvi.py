@@ -31,7 +31,7 @@ from fseb_ft.runs.loading import run_predictor
 from fseb_ft.runs.rundir import MODEL_DIR, read_method_state, write_method_state
 from tests.helpers import TinyNet
 
-pytestmark = pytest.mark.no_figures  # about training, not its figures
+pytestmark = pytest.mark.no_figures  # figures are test_plots.py's and test_pipeline.py's to check
 
 M, K, D_IN, HIDDEN = 6, 3, 4, 5
 S, DIAG = 0.3, 0.7

@@ -22,7 +22,7 @@ from fseb_ft.recipe import recipe_from_dict
 from tests.helpers import tiny_recipe, write_image_folder
 from tests.test_cli_errors import QUICKSTART, _fails
 
-pytestmark = pytest.mark.no_figures  # about training, not its figures
+pytestmark = pytest.mark.no_figures  # figures are test_plots.py's and test_pipeline.py's to check
 
 
 def _jpeg(side: int = 16, seed: int = 0) -> bytes:

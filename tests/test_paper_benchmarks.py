@@ -10,6 +10,8 @@ import pytest
 from benchmarks import paper_cifar10, paper_fmnist
 from fseb_ft.recipe import load_recipe
 
+pytestmark = pytest.mark.no_figures  # figures are test_plots.py's and test_pipeline.py's to check
+
 
 @pytest.mark.parametrize("protocol", ["far", "near"])
 def test_cifar10_protocols_build_valid_recipes(protocol: str, tmp_path: Path) -> None:

@@ -11,6 +11,8 @@ import pytest
 from benchmarks import paper_rows
 from benchmarks.paper_rows import Ours, Pairing
 
+pytestmark = pytest.mark.no_figures  # figures are test_plots.py's and test_pipeline.py's to check
+
 ROOT = Path(__file__).parents[1]
 PAPER_TABLES = ROOT.parent / "shared" / "paper-tables.md"
 

@@ -18,7 +18,7 @@ from fseb_ft.method.regularizer import prior_std_of, resolve_prior
 from fseb_ft.recipe import ConfigError, FSEBConfig, recipe_from_dict
 from tests.helpers import tiny_recipe, write_image_folder
 
-pytestmark = pytest.mark.no_figures  # about training, not its figures
+pytestmark = pytest.mark.no_figures  # figures are test_plots.py's and test_pipeline.py's to check
 
 
 @pytest.mark.parametrize(

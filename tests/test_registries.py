@@ -20,6 +20,8 @@ from fseb_ft.data.transforms import AUGMENTATIONS, augmentation, train_transform
 from fseb_ft.recipe import DatasetSpec, options, recipe_from_dict
 from fseb_ft.recipe.schema import ConfigError
 
+pytestmark = pytest.mark.no_figures  # figures are test_plots.py's and test_pipeline.py's to check
+
 
 @pytest.fixture
 def fake_source() -> Iterator[list[tuple[DatasetSpec, int, int]]]:

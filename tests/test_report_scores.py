@@ -14,6 +14,8 @@ from fseb_ft.evaluation.temperature import (
 from fseb_ft.runs.report import eval_results
 from fseb_ft.runs.tables import markdown_table
 
+pytestmark = pytest.mark.no_figures  # figures are test_plots.py's and test_pipeline.py's to check
+
 
 def _predictions(with_logits: bool = True, with_val: bool = False) -> Predictions:
     g = torch.Generator().manual_seed(0)

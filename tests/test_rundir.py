@@ -22,7 +22,7 @@ from fseb_ft.runs.rundir import (
     write_method_state,
 )
 
-pytestmark = pytest.mark.no_figures  # about training, not its figures
+pytestmark = pytest.mark.no_figures  # figures are test_plots.py's and test_pipeline.py's to check
 
 RUN_JSON = {
     "num_classes": 3,

@@ -36,7 +36,7 @@ from fseb_ft.recipe import (
 from fseb_ft.sweep import main
 from tests.helpers import kill_after_checkpoint, tiny_recipe, write_image_folder
 
-pytestmark = pytest.mark.no_figures  # about training, not its figures
+pytestmark = pytest.mark.no_figures  # figures are test_plots.py's and test_pipeline.py's to check
 
 SPACE = {"optim.lr": {"low": 0.01, "high": 0.1, "log": True}}
 

@@ -14,7 +14,7 @@ from fseb_ft.engine.callbacks import _val_ood_auroc
 from fseb_ft.evaluation.metrics import higher_is_better
 from fseb_ft.recipe import ConfigError, recipe_from_dict
 
-pytestmark = pytest.mark.no_figures  # about training, not its figures
+pytestmark = pytest.mark.no_figures  # figures are test_plots.py's and test_pipeline.py's to check
 
 DIGITS_0_4 = {"source": "sklearn_digits", "split": "test", "classes": [0, 1, 2, 3, 4]}
 

@@ -16,8 +16,9 @@ from torch.utils.data import Dataset, Subset
 
 import fseb_ft
 import fseb_ft.api
-from fseb_ft.data.images import HFImages, TorchImages, as_labeled_images
+from fseb_ft.data.images import HFImages
 from fseb_ft.data.splits import TooFewClassesError
+from fseb_ft.data.user_datasets import TorchImages, as_labeled_images
 from fseb_ft.engine.callbacks import Callback, TrainerView
 from fseb_ft.recipe import ConfigError, load_recipe
 

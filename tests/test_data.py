@@ -21,7 +21,7 @@ import torch
 from PIL import Image
 
 from fseb_ft.data import sources as fdata
-from fseb_ft.data.images import ArrayImages, HFImages, IndexedImages, as_labeled_images
+from fseb_ft.data.images import ArrayImages, HFImages, IndexedImages
 from fseb_ft.data.inputs import EVAL_RESIZE
 from fseb_ft.data.sources import hub as hub_source
 from fseb_ft.data.sources import load_spec
@@ -45,6 +45,7 @@ from fseb_ft.data.transforms import (
     make_loader,
     train_transform,
 )
+from fseb_ft.data.user_datasets import as_labeled_images
 from fseb_ft.errors import FsebError
 from fseb_ft.recipe import DatasetSpec, recipe_from_dict
 from fseb_ft.recipe.schema import ConfigError

@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fseb_ft.data.images import as_labeled_images
 from fseb_ft.data.sources import hold_outs
 from fseb_ft.data.splits import Splits
+from fseb_ft.data.user_datasets import as_labeled_images
 from fseb_ft.recipe import (
     ConfigError,
     Recipe,
@@ -68,10 +68,11 @@ def in_memory_splits(
     image_column: str | None = None,
     label_column: str | None = None,
 ) -> Splits:
-    """The datasets given to :func:`fseb_ft.finetune.finetune` as the run's splits, each wrapped
-    by :func:`~fseb_ft.data.images.as_labeled_images` with ``data.channels``; without ``val``, a
-    stratified, seeded ``data.val_fraction`` of ``train`` held out, and without ``test`` its
-    ``data.test_fraction`` when set (:func:`~fseb_ft.data.sources.hold_outs`)."""
+    """The datasets given to :func:`fseb_ft.finetune.finetune` as the run's splits, each
+    wrapped by :func:`~fseb_ft.data.user_datasets.as_labeled_images` with ``data.channels``;
+    without ``val``, a stratified, seeded ``data.val_fraction`` of ``train`` held out, and
+    without ``test`` its ``data.test_fraction`` when set
+    (:func:`~fseb_ft.data.sources.hold_outs`)."""
     wrap = {
         "class_names": class_names,
         "channels": recipe.data.channels,

@@ -62,6 +62,17 @@ def write_image_folder(
             Image.fromarray(pixels).save(root / split / name / f"{i:03d}.png")
 
 
+def image_folders(
+    root: Path, train: dict[str, int], test: dict[str, int], owls: int
+) -> dict[str, Path]:
+    """``{"ind": root/"ind", "ood": root/"ood"}`` for :func:`tiny_recipe`: class folders of
+    ``train`` and ``test`` images (class → count) and an OOD test folder of ``owls`` images."""
+    write_image_folder(root / "ind", "train", train)
+    write_image_folder(root / "ind", "test", test)
+    write_image_folder(root / "ood", "test", {"owl": owls})
+    return {"ind": root / "ind", "ood": root / "ood"}
+
+
 def tiny_recipe(folders: dict[str, Path], out: Path, epochs: int = 2) -> dict[str, Any]:
     """A recipe (as a mapping) that trains ``test_byobnet`` at 16 px on the image folders
     ``folders["ind"]`` (``train``, ``test``) and ``folders["ood"]`` (``test``) into ``out``."""

@@ -16,18 +16,19 @@ from fseb_ft.evaluation.metrics import chance_accuracy, chance_nll
 from fseb_ft.finetune import run
 from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.recipe import recipe_from_dict
-from tests.helpers import TinyNet, tiny_recipe, write_image_folder
+from tests.helpers import TinyNet, image_folders, tiny_recipe
 
 pytestmark = pytest.mark.no_figures  # figures are test_plots.py's and test_pipeline.py's to check
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("data")
-    write_image_folder(root / "ind", "train", {"cat": 12, "dog": 12, "fox": 12})
-    write_image_folder(root / "ind", "test", {"cat": 5, "dog": 4, "fox": 4})
-    write_image_folder(root / "ood", "test", {"owl": 5})
-    return {"ind": root / "ind", "ood": root / "ood"}
+    return image_folders(
+        tmp_path_factory.mktemp("data"),
+        {"cat": 12, "dog": 12, "fox": 12},
+        {"cat": 5, "dog": 4, "fox": 4},
+        owls=5,
+    )
 
 
 def test_chance_accuracy_is_the_majority_class_rate() -> None:

@@ -16,18 +16,24 @@ from fseb_ft.engine.ema import WeightEMA
 from fseb_ft.finetune import run
 from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.recipe import ConfigError, recipe_from_dict
-from tests.helpers import TinyNet, kill_after_checkpoint, tiny_recipe, write_image_folder
+from tests.helpers import (
+    TinyNet,
+    image_folders,
+    kill_after_checkpoint,
+    tiny_recipe,
+)
 
 pytestmark = pytest.mark.no_figures  # figures are test_plots.py's and test_pipeline.py's to check
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("data")
-    write_image_folder(root / "ind", "train", {"cat": 12, "dog": 12, "fox": 12})
-    write_image_folder(root / "ind", "test", {"cat": 5, "dog": 4, "fox": 4})
-    write_image_folder(root / "ood", "test", {"owl": 3})
-    return {"ind": root / "ind", "ood": root / "ood"}
+    return image_folders(
+        tmp_path_factory.mktemp("data"),
+        {"cat": 12, "dog": 12, "fox": 12},
+        {"cat": 5, "dog": 4, "fox": 4},
+        owls=3,
+    )
 
 
 def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -21,7 +21,12 @@ from fseb_ft.finetune import run
 from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.method.parts import ModelPartsError, frozen_names, head_names, layer_decay_groups
 from fseb_ft.recipe import ConfigError, recipe_from_dict
-from tests.helpers import TinyNet, kill_after_checkpoint, tiny_recipe, write_image_folder
+from tests.helpers import (
+    TinyNet,
+    image_folders,
+    kill_after_checkpoint,
+    tiny_recipe,
+)
 
 pytestmark = pytest.mark.no_figures  # figures are test_plots.py's and test_pipeline.py's to check
 
@@ -172,11 +177,9 @@ class Snapshots(Callback):
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("data")
-    write_image_folder(root / "ind", "train", {"cat": 8, "dog": 8})
-    write_image_folder(root / "ind", "test", {"cat": 3, "dog": 3})
-    write_image_folder(root / "ood", "test", {"owl": 3})
-    return {"ind": root / "ind", "ood": root / "ood"}
+    return image_folders(
+        tmp_path_factory.mktemp("data"), {"cat": 8, "dog": 8}, {"cat": 3, "dog": 3}, owls=3
+    )
 
 
 def _lpft(folders: dict[str, Path], out: Path) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from fseb_ft.finetune import run
 from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.method.parts import ModelPartsError
 from fseb_ft.recipe import ModelConfig, TrainConfig, recipe_from_dict
-from tests.helpers import TinyNet, skip_figures, tiny_recipe, write_image_folder
+from tests.helpers import TinyNet, image_folders, skip_figures, tiny_recipe
 
 PRIOR = {"prior_var": 1.0, "prior_cov_scale": 0.01, "prior_cov_diag": 1.0}
 
@@ -108,11 +108,9 @@ def test_compile_gives_the_same_loss_and_leaves_the_fs_term_outside() -> None:
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("data")
-    write_image_folder(root / "ind", "train", {"cat": 8, "dog": 8})
-    write_image_folder(root / "ind", "test", {"cat": 3, "dog": 3})
-    write_image_folder(root / "ood", "test", {"owl": 3})
-    return {"ind": root / "ind", "ood": root / "ood"}
+    return image_folders(
+        tmp_path_factory.mktemp("data"), {"cat": 8, "dog": 8}, {"cat": 3, "dog": 3}, owls=3
+    )
 
 
 def test_a_run_with_the_keys_exports_a_model_timm_loads(

@@ -31,7 +31,7 @@ from fseb_ft.finetune import run
 from fseb_ft.recipe import ConfigError, options, recipe_from_dict
 from fseb_ft.runs.confusion import confusion_plot
 from fseb_ft.runs.tables import markdown_table
-from tests.helpers import skip_figures, tiny_recipe, write_image_folder
+from tests.helpers import image_folders, skip_figures, tiny_recipe
 
 TASK = list(options.TASK_METRICS)
 
@@ -212,11 +212,12 @@ def test_a_nan_validation_value_never_beats_a_number() -> None:
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("data")
-    write_image_folder(root / "ind", "train", {"cat": 12, "dog": 12, "fox": 12})
-    write_image_folder(root / "ind", "test", {"cat": 5, "dog": 4, "fox": 4})
-    write_image_folder(root / "ood", "test", {"owl": 3})
-    return {"ind": root / "ind", "ood": root / "ood"}
+    return image_folders(
+        tmp_path_factory.mktemp("data"),
+        {"cat": 12, "dog": 12, "fox": 12},
+        {"cat": 5, "dog": 4, "fox": 4},
+        owls=3,
+    )
 
 
 def test_a_run_selects_on_qwk_and_reports_its_task_metrics(

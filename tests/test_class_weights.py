@@ -25,7 +25,12 @@ from fseb_ft.finetune import run
 from fseb_ft.method.likelihood import class_weights, example_weights, likelihood_term
 from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.recipe import ConfigError, recipe_from_dict
-from tests.helpers import TinyNet, kill_after_checkpoint, tiny_recipe, write_image_folder
+from tests.helpers import (
+    TinyNet,
+    image_folders,
+    kill_after_checkpoint,
+    tiny_recipe,
+)
 
 pytestmark = pytest.mark.no_figures  # figures are test_plots.py's and test_pipeline.py's to check
 
@@ -229,11 +234,12 @@ def test_accelerate_shares_out_one_epochs_balanced_draws_between_processes() -> 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("imbalanced")
-    write_image_folder(root / "ind", "train", {"cat": 20, "dog": 8, "fox": 4})
-    write_image_folder(root / "ind", "test", {"cat": 4, "dog": 2, "fox": 2})
-    write_image_folder(root / "ood", "test", {"owl": 3})
-    return {"ind": root / "ind", "ood": root / "ood"}
+    return image_folders(
+        tmp_path_factory.mktemp("imbalanced"),
+        {"cat": 20, "dog": 8, "fox": 4},
+        {"cat": 4, "dog": 2, "fox": 2},
+        owls=3,
+    )
 
 
 class SeenWeights(Callback):

@@ -25,7 +25,12 @@ from fseb_ft.finetune import run
 from fseb_ft.method.likelihood import likelihood_term
 from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.recipe import ConfigError, MixupConfig, apply_overrides, recipe_from_dict
-from tests.helpers import TinyNet, kill_after_checkpoint, tiny_recipe, write_image_folder
+from tests.helpers import (
+    TinyNet,
+    image_folders,
+    kill_after_checkpoint,
+    tiny_recipe,
+)
 
 pytestmark = pytest.mark.no_figures  # figures are test_plots.py's and test_pipeline.py's to check
 
@@ -211,8 +216,6 @@ def test_mixup_is_off_by_default_and_one_key_turns_it_on() -> None:
     assert on.data.mixup == MixupConfig(cutmix_alpha=1.0)
 
 
-# --------------------------------------------------------------------------- augment: timm
-
 MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
 
 
@@ -261,16 +264,14 @@ def test_timms_transform_refuses_statistics_of_other_channels() -> None:
         TransformedImages(gray, train_transform((8, 8), MEAN, STD, "timm"))
 
 
-# --------------------------------------------------------------------------- runs
-
-
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("mixup")
-    write_image_folder(root / "ind", "train", {"cat": 10, "dog": 8, "fox": 6})
-    write_image_folder(root / "ind", "test", {"cat": 2, "dog": 2, "fox": 2})
-    write_image_folder(root / "ood", "test", {"owl": 3})
-    return {"ind": root / "ind", "ood": root / "ood"}
+    return image_folders(
+        tmp_path_factory.mktemp("mixup"),
+        {"cat": 10, "dog": 8, "fox": 6},
+        {"cat": 2, "dog": 2, "fox": 2},
+        owls=3,
+    )
 
 
 class SeenTargets(Callback):

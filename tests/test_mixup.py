@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as nnf
+from PIL import Image
 from safetensors.torch import load_file
 from timm.data import Mixup
 from timm.data.mixup import mixup_target
@@ -256,6 +257,18 @@ def test_timms_transform_is_seeded_and_leaves_the_global_streams_alone() -> None
     assert len({tuple(t.flatten().tolist()) for t in first}) > 1  # it does augment
     seed_transform(transform, 6)
     assert not all(torch.equal(a, b) for a, b in zip(first, draws(), strict=True))
+
+
+def test_every_randaugment_op_works_at_the_policys_largest_magnitude() -> None:
+    transform = train_transform((12, 12), MEAN, STD, "timm", seed=0)
+    (rand,) = [s for s in transform.transform.transforms if type(s).__name__ == "RandAugment"]
+    image = Image.fromarray(np.random.default_rng(2).integers(0, 256, (12, 12, 3), np.uint8))
+    for op in rand.ops:
+        top = op.magnitude_max or 10  # timm's bound on a sampled magnitude
+        op.prob, op.magnitude, op.magnitude_std = 1.0, top, 0.0
+        assert op(image).size == image.size, op.name  # Pillow ≥ 13 raised on 0 posterize bits
+        if op.name == "PosterizeIncreasing":
+            assert op.level_fn(top, op.hparams)[0] >= 1  # never a black image
 
 
 def test_timms_transform_refuses_statistics_of_other_channels() -> None:

@@ -172,9 +172,11 @@ def _timm(
     return TimmTrainTransform((height, width), mean, std)
 
 
-TIMM_AUTO_AUGMENT = "rand-m9-mstd0.5-inc1"
+TIMM_AUTO_AUGMENT = "rand-m9-mstd0.5-inc1-mmax9"
 """The RandAugment policy of ``augment: timm``: two ops of magnitude 9 (σ 0.5), the increasing
-variants (timm's ImageNet recipes)."""
+variants (timm's ImageNet recipes), the sampled magnitude clipped at 9 rather than timm's 10:
+at 10, ``PosterizeIncreasing`` keeps 0 bits, which Pillow ≥ 13 refuses (an error at a random
+step of a run) and older Pillow turns into a black image."""
 TIMM_RE_PROB = 0.25
 """The random-erasing probability of ``augment: timm`` (timm's ImageNet recipes)."""
 

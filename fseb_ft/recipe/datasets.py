@@ -254,8 +254,9 @@ class DataConfig:
     """Training augmentation: ``none`` (resize), ``flip``, ``crop_flip`` (pad, crop, flip: the
     CIFAR recipe) and ``randaug-lite`` (random resized crop, flip) with albumentations; ``timm``:
     timm's training transform, ``timm.data.create_transform(is_training=True,
-    auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25)`` (random resized crop of scale
-    (0.08, 1), flip, RandAugment, random erasing), with timm's other defaults."""
+    auto_augment="rand-m9-mstd0.5-inc1-mmax9", re_prob=0.25)`` (random resized crop of scale
+    (0.08, 1), flip, RandAugment, random erasing), with timm's other defaults; the magnitude
+    is clipped at 9, not 10, where timm's posterize keeps 0 bits (Pillow ≥ 13 refuses it)."""
     channels: Literal[1, 3] = 3
     """Image channels fed to the model; grayscale sources are repeated to 3 by default."""
     mean: tuple[float, ...] | None = None

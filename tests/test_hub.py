@@ -251,6 +251,12 @@ def test_card_has_hub_metadata_results_plots_recipe_and_usage(tiny_run) -> None:
     assert card.data.license == "other" and "**License: not known**" in text
     assert {"image-classification", "timm", "fseb-ft"} <= set(card.data.tags)
     assert card.data.base_model is None  # trained from initialisation, not from a Hub model
+    # The model-index of the results (tests/test_model_index.py): the folders by their names.
+    found = {(r.dataset_name, r.metric_name): r for r in card.data.eval_results}
+    accuracy = found["ind", "Acc. (%)"]
+    assert accuracy.metric_value == round(100 * tiny_run.results["test"]["accuracy"], 2)
+    assert (accuracy.dataset_type, accuracy.dataset_split) == ("ind", "test")
+    assert found["owls", "OOD AUROC (%), predictive entropy"].dataset_type == "ood"
     row = markdown_table({"FS-EB · test_byobnet": tiny_run.results}).splitlines()[2]
     assert row in text  # the numbers of results.json, as the results table prints them
     assert "![Reliability diagram (test split)](reliability.png)" in text

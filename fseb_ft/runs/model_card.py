@@ -1,5 +1,6 @@
-"""The model card (``README.md`` of a run's model folder): Hub metadata, provenance, method,
-results table, plots and a usage example, from the run's recipe, ``run.json`` and results.
+"""The model card (``README.md`` of a run's model folder): Hub metadata (with the results'
+``model-index``: :mod:`fseb_ft.runs.model_index`), provenance, method, results table, plots and a
+usage example, from the run's recipe, ``run.json`` and results.
 
 Text only: writing the folder is :mod:`fseb_ft.runs.export`'s job, uploading it
 :mod:`fseb_ft.runs.upload`'s. The card is published, so it names local paths by their last
@@ -18,6 +19,7 @@ from fseb_ft.data.splits import TEST_SPLIT, VALIDATION_SPLIT
 from fseb_ft.evaluation.abstention import AbstentionRule
 from fseb_ft.evaluation.metrics import METRIC_REGISTRY
 from fseb_ft.recipe import Recipe, dump_recipe
+from fseb_ft.runs.model_index import card_data
 from fseb_ft.runs.published import LOCAL_DIR, PLACEHOLDER, model_label, placeholders, scrub
 from fseb_ft.runs.rundir import (
     CONFUSION_PLOT,
@@ -91,19 +93,18 @@ def model_card(
     """
     method = recipe.fseb.method_name
     title = method_title(recipe)
-    front: dict[str, Any] = {
+    name = repo_id.split("/")[-1] if repo_id else title
+    datasets = sorted({s.path for s in _data_specs(recipe) if s.source == "hub"})
+    front = {
         "library_name": "timm",
         "license": source["license"],
         "tags": [*_CARD_TAGS, method.lower()],
         "pipeline_tag": "image-classification",
+        "base_model": source.get("hub_id") or None,
+        "datasets": datasets or None,
     }
-    if source.get("hub_id"):
-        front["base_model"] = source["hub_id"]
-    datasets = [s.path for s in _data_specs(recipe) if s.source == "hub"]
-    if datasets:
-        front["datasets"] = sorted(set(datasets))
-    meta = yaml.safe_dump(front, sort_keys=False, allow_unicode=True)
-    parts = [f"---\n{meta}---\n", f"# {repo_id.split('/')[-1] if repo_id else title}\n"]
+    meta = card_data(recipe, results, model_name=name, front=front).to_yaml()
+    parts = [f"---\n{meta}\n---\n", f"# {name}\n"]
     if warnings_markdown(results):
         parts.append(warnings_markdown(results))
     if recipe.output.license is None and source["license"] == UNKNOWN_LICENSE:

@@ -1,0 +1,165 @@
+"""The model card's front matter: its Hub metadata and the ``model-index`` of the run's results,
+built with ``huggingface_hub``'s card classes (``ModelCardData`` and one ``EvalResult`` per
+number), so the Hub reads the metrics, the datasets they were measured on and the split.
+
+Every value is the one the card's results table prints, at its scale and rounding: percentages
+where the table's title says ``(%)``, and the metric's name is that title.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from pathlib import PureWindowsPath
+from typing import Any
+
+from huggingface_hub import EvalResult, ModelCardData
+
+from fseb_ft.data.splits import VALIDATION_SPLIT
+from fseb_ft.evaluation.metrics import METRIC_REGISTRY
+from fseb_ft.evaluation.ood import OOD_SCORE_REGISTRY
+from fseb_ft.recipe import Recipe
+from fseb_ft.recipe.datasets import DatasetSpec
+from fseb_ft.runs.published import folder_name
+from fseb_ft.runs.rundir import results_split
+
+__all__ = ["TASK_TYPE", "TS_METRIC_SUFFIX", "card_data", "dataset_type", "eval_results"]
+
+TASK_TYPE = "image-classification"
+"""The model-index task of every result (the Hub's task id)."""
+TS_METRIC_SUFFIX = ", temperature-scaled"
+"""Ends the metric name of a "+ TS" row's value (``eval.temperature_scaling``)."""
+_METRICS = ("accuracy", "nll", "ece", "sel_pred_auc")
+"""The in-distribution metrics every model-index has (when the results hold them); the task
+metrics of ``eval.metrics`` follow."""
+_OOD_METRIC = ("auroc", "OOD AUROC (%)")
+"""(metric type, name) of each OOD set's AUROC, per OOD score (the metric's ``config``)."""
+
+
+def card_data(
+    recipe: Recipe,
+    results: Mapping[str, Any],
+    *,
+    model_name: str,
+    front: Mapping[str, Any],
+) -> ModelCardData:
+    """The card's metadata: ``front`` (``library_name``, ``license``, ``tags``, …) and, when
+    ``results`` hold any, the model-index of :func:`eval_results` under ``model_name``."""
+    found = eval_results(recipe, results)
+    if not found:
+        return ModelCardData(**front)
+    return ModelCardData(**front, model_name=model_name, eval_results=found)
+
+
+def eval_results(recipe: Recipe, results: Mapping[str, Any]) -> list[EvalResult]:
+    """The run's results as the model-index's ``EvalResult`` list.
+
+    On the reported split (test, or validation without one): accuracy, NLL, ECE, Sel. Pred. and
+    the task metrics of ``eval.metrics`` (per-class ones stay in the card's table); per OOD set,
+    the AUROC of each OOD score, on that set's dataset. Each again from the temperature-scaled
+    results when the run has them, named with :data:`TS_METRIC_SUFFIX`. Missing or non-finite
+    values (the table's "–") are left out.
+    """
+    blocks = [(results, "")]
+    if results.get("temperature_scaled"):
+        blocks.append((results["temperature_scaled"], TS_METRIC_SUFFIX))
+    reported = _reported_spec(recipe, results)
+    split = results_split(results)
+    found = [
+        EvalResult(**_dataset(reported, split), **metric)
+        for block, suffix in blocks
+        for metric in _test_metrics(block.get("test") or {}, suffix)
+    ]
+    in_distribution = _identifier(_dataset(reported, split))
+    for name, spec in recipe.data.ood.items():
+        dataset = _ood_dataset(name, spec, in_distribution)
+        for block, suffix in blocks:
+            scores = (block.get("ood") or {}).get(name) or {}
+            found += [EvalResult(**dataset, **m) for m in _ood_metrics(scores, suffix)]
+    return found
+
+
+def dataset_type(spec: DatasetSpec) -> str:
+    """A dataset as the model-index names it: its Hub id (source ``hub``), else its local name:
+    the folder (a ``csv`` label file's folder), file or source (``sklearn_digits``), never a
+    path."""
+    if spec.source == "hub":
+        return spec.path
+    if spec.source == "sklearn_digits":
+        return spec.source
+    if spec.source == "csv":
+        return PureWindowsPath(spec.path).parent.name or folder_name(spec.path)
+    return folder_name(spec.path)
+
+
+def _reported_spec(recipe: Recipe, results: Mapping[str, Any]) -> DatasetSpec:
+    """The spec of the split the in-distribution results come from: ``data.test`` (or
+    ``data.val`` without a test split), else ``data.train``, which that split was held out of."""
+    data = recipe.data
+    given = data.val if results_split(results) == VALIDATION_SPLIT else data.test
+    return given or data.train
+
+
+def _dataset(spec: DatasetSpec, split: str | None) -> dict[str, Any]:
+    name = dataset_type(spec)
+    return {
+        "task_type": TASK_TYPE,
+        "dataset_type": name,
+        "dataset_name": name,
+        "dataset_config": spec.config,
+        "dataset_split": split,
+        "dataset_revision": spec.revision,
+    }
+
+
+def _identifier(dataset: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What the model-index groups results by (``EvalResult.unique_identifier``)."""
+    keys = ("task_type", "dataset_type", "dataset_config", "dataset_split", "dataset_revision")
+    return tuple(dataset[key] for key in keys)
+
+
+def _ood_dataset(name: str, spec: DatasetSpec, in_distribution: tuple[Any, ...]) -> dict[str, Any]:
+    """The OOD set ``name``'s dataset (a ``csv`` file is one split, so none is named). One drawn
+    from the reported split's own dataset (other classes of it, as the quickstart's digits 5–9)
+    gets its name as the config too: the Hub groups results by dataset, and would otherwise file
+    its AUROC under the in-distribution set."""
+    dataset = _dataset(spec, None if spec.source == "csv" else spec.split)
+    dataset["dataset_name"] = name
+    if _identifier(dataset) == in_distribution:
+        config = spec.config
+        dataset["dataset_config"] = name if config is None else f"{config}/{name}"
+    return dataset
+
+
+def _test_metrics(test: Mapping[str, Any], suffix: str) -> Iterator[dict[str, Any]]:
+    metrics = [METRIC_REGISTRY[name] for name in _METRICS]
+    metrics += [m for m in METRIC_REGISTRY.values() if m.task and not m.per_class]
+    for metric in metrics:
+        value = _shown(test.get(metric.name), metric.scale)
+        if value is not None:
+            yield {
+                "metric_type": metric.name,
+                "metric_name": metric.title + suffix,
+                "metric_value": value,
+            }
+
+
+def _ood_metrics(scores: Mapping[str, Any], suffix: str) -> Iterator[dict[str, Any]]:
+    kind, title = _OOD_METRIC
+    for score, registered in OOD_SCORE_REGISTRY.items():
+        value = _shown(scores.get(f"{score}_{kind}"), 100.0)
+        if value is not None:
+            yield {
+                "metric_type": kind,
+                "metric_name": f"{title}, {registered.title}{suffix}",
+                "metric_config": score,
+                "metric_value": value,
+            }
+
+
+def _shown(value: Any, scale: float) -> float | None:
+    """``value`` as the results table shows it (times ``scale``, 2 decimals; 4 unscaled),
+    ``None`` where the table shows "–"."""
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return round(value * scale, 2) if scale != 1.0 else round(value, 4)

@@ -168,13 +168,15 @@ def report(name: str, timing: dict, memory: dict) -> tuple[str, dict[str, float]
             row = timing[f"{variant}/{method}"]
             ratio = row["ms"] / timing[f"eager/{method}"]["ms"]
             ratios[f"{name}/{variant}/{method}"] = round(ratio, 3)
+            diff = float(f"{row['loss_rel_diff']:.1e}")
+            ratios[f"{name}/{variant}/{method}/loss_rel_diff"] = diff
             cells += [f"{row['ms']:.0f}", f"**{ratio:.2f}**"]
         mem = [memory.get(f"{variant}/{m}") for m in METHODS]
         mem_cells = ["—" if v is None else f"{v:.0f}" for v in mem]
         first = timing[f"{variant}/FS-EB"]["first_s"]
-        lines.append(
-            f"| {name} | {variant} | " + " | ".join(cells + mem_cells) + f" | {first:.1f} |"
-        )
+        diff = max(timing[f"{variant}/{m}"]["loss_rel_diff"] for m in METHODS)
+        cells += [*mem_cells, f"{first:.1f}", f"{diff:.1e}"]
+        lines.append(f"| {name} | {variant} | " + " | ".join(cells) + " |")
     for method in METHODS:
         ratios[f"{name}/grad_ckpt/{method}/memory"] = round(
             memory[f"grad_ckpt/{method}"] / memory[f"eager/{method}"], 3

@@ -99,7 +99,7 @@ def test_temperature_scaling_and_ood_scores_end_to_end(
 
     ts = results["temperature_scaled"]
     # A validation split predicted perfectly leaves T at 1, with the fitted value and a note.
-    assert set(ts) - {"fitted_temperature", "note"} == {"temperature", "test", "ood"}
+    assert set(ts) - {"fitted_temperature", "note"} == {"temperature", "test", "ood", "intervals"}
     assert ("note" in ts) == ("fitted_temperature" in ts) == (ts["temperature"] == 1.0)
     assert ts["test"]["n"] == N_TEST and ts["ood"]["owls"]["n"] == N_OOD
     # Dividing the logits by T > 0 never changes the arg-max.
@@ -112,8 +112,17 @@ def test_temperature_scaling_and_ood_scores_end_to_end(
     assert list(saved)[:4] == ["split", "test", "ood", "temperature_scaled"]
     assert saved["split"] == "test"
     assert saved["temperature_scaled"]["temperature"] == ts["temperature"]
+    # Every scalar test and OOD metric has its bootstrap interval (eval.bootstrap, on by default).
+    for res in (saved, saved["temperature_scaled"]):
+        found = res["intervals"]
+        assert found["resamples"] == 1000 and found["method"] == "percentile"
+        assert set(found["test"]) == {k for k in res["test"] if k != "n"}
+        assert set(found["ood"]["owls"]) == set(res["ood"]["owls"]) - {"n"}
+        low, high = found["test"]["nll"]
+        assert low <= res["test"]["nll"] <= high
     table = (out / "results.md").read_text()
     assert "| PS-MAP · test_byobnet + TS |" in table and "owls energy AUROC (%)" in table
+    assert "95% bootstrap intervals (percentile, 1000 resamples" in table
     model_json = json.loads((out / "model" / "fseb.json").read_text())
     assert model_json["temperature"] == ts["temperature"]
     card = (out / "model" / "README.md").read_text()

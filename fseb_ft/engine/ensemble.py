@@ -17,6 +17,7 @@ from accelerate import Accelerator
 from torch import Tensor
 
 from fseb_ft.engine.reevaluate import SavedRun, predict_run, read_saved_run
+from fseb_ft.evaluation.bootstrap import Bootstrap
 from fseb_ft.evaluation.metrics import ensemble_log_probs
 from fseb_ft.evaluation.predictions import Predictions
 from fseb_ft.runs.atomic import write_text
@@ -83,7 +84,9 @@ def evaluate_ensemble(
     members = _evaluate_members(runs, accelerator)
     ensemble = _ensemble_predictions(runs, [m.predictions for m in members.values()])
     cfg = runs[0].recipe.eval
-    results = EvalResults.from_predictions(ensemble, cfg.ood_scores, cfg.metrics).extended(
+    bootstrap = Bootstrap.of(runs[0].recipe)
+    results = EvalResults.from_predictions(ensemble, cfg.ood_scores, cfg.metrics, bootstrap)
+    results = results.extended(
         members={label: m.results for label, m in members.items()},
         runs=[str(d) for d in run_dirs],  # as given; compared resolved
     )

@@ -17,6 +17,7 @@ from accelerate import Accelerator
 from fseb_ft.data.image_cache import check_cache_size
 from fseb_ft.data.screening import screen_splits
 from fseb_ft.data.sources import build_splits
+from fseb_ft.evaluation.bootstrap import Bootstrap
 from fseb_ft.evaluation.predictions import Predictions, predict_splits
 from fseb_ft.recipe import Recipe
 from fseb_ft.runs.atomic import is_not_writable
@@ -86,7 +87,10 @@ def evaluate_run_with_predictions(
     run_dir, recipe, info = run
     accelerator = Accelerator(cpu=cpu, mixed_precision=recipe.train.mixed_precision)
     evaluated = EvalResults.from_predictions(
-        predict_run(run, accelerator), recipe.eval.ood_scores, recipe.eval.metrics
+        predict_run(run, accelerator),
+        recipe.eval.ood_scores,
+        recipe.eval.metrics,
+        Bootstrap.of(recipe),
     )
     previous = run_dir / RESULTS_JSON
     if previous.exists():

@@ -47,6 +47,7 @@ from fseb_ft.engine.resume import check_resumable, check_same_data, flat_keys
 from fseb_ft.engine.run_callbacks import builtin_callbacks
 from fseb_ft.engine.run_checks import check_data, class_count, reported_task_metrics
 from fseb_ft.engine.speed import apply_speed_keys
+from fseb_ft.evaluation.bootstrap import Bootstrap
 from fseb_ft.evaluation.predictions import eval_loader, predict_splits
 from fseb_ft.method.context import context_sets, context_stream, resolve_prior_on_pool
 from fseb_ft.method.likelihood import class_weights
@@ -373,7 +374,9 @@ def _evaluate(recipe: Recipe, splits: Splits, spec: InputSpec, parts: Prepared) 
         parts.accelerator,
         **_loader_kw(recipe),
     )
-    return EvalResults.from_predictions(predictions, recipe.eval.ood_scores, recipe.eval.metrics)
+    return EvalResults.from_predictions(
+        predictions, recipe.eval.ood_scores, recipe.eval.metrics, Bootstrap.of(recipe)
+    )
 
 
 def _training(recipe: Recipe, state: TrainState, warned: list[str]) -> dict[str, Any]:

@@ -82,9 +82,31 @@ class EvalConfig:
     ``metadata_columns`` of that split's ``csv`` dataset (list a ``group_column`` there too to
     group by it). A metric a group cannot define (AUROC on one class) is ``null``, its reason
     under ``undefined``. ``null``: no per-group results."""
+    bootstrap: int = 1000
+    """Resamples of the bootstrap intervals: every scalar test metric (the validation split's
+    without a test split), OOD AUROC, AUPR and FPR95 gets a percentile interval over its
+    images, resampled with ``train.seed`` (the OOD metrics resample the test and the OOD images
+    each), in ``results.json`` (``intervals``), ``results.md`` and the model card (the "+ TS"
+    row's too); ``--compare`` adds the paired difference's (docs/method.md, "Bootstrap
+    intervals"). The model is held fixed: an interval does not include seed-to-seed variation.
+    ``0``: no intervals."""
+    bootstrap_confidence: float = 0.95
+    """Confidence level of the bootstrap intervals, in (0, 1)."""
 
     def __post_init__(self) -> None:
         check(self.batch_size >= 1, "batch_size", self.batch_size, "must be ≥ 1")
+        check(
+            self.bootstrap == 0 or self.bootstrap >= 100,
+            "bootstrap",
+            self.bootstrap,
+            "must be 0 (no intervals) or ≥ 100 resamples",
+        )
+        check(
+            0 < self.bootstrap_confidence < 1,
+            "bootstrap_confidence",
+            self.bootstrap_confidence,
+            "must be in (0, 1)",
+        )
         check(len(self.ood_scores) > 0, "ood_scores", self.ood_scores, "must name ≥ 1 score")
         object.__setattr__(self, "ood_scores", tuple(dict.fromkeys(self.ood_scores)))
         object.__setattr__(self, "metrics", tuple(dict.fromkeys(self.metrics)))

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
+from fseb_ft.evaluation.bootstrap import Bootstrap, prediction_intervals
 from fseb_ft.evaluation.groups import Groups, group_metrics
 from fseb_ft.evaluation.metrics import classification_metrics
 from fseb_ft.evaluation.ood import ood_metrics
@@ -71,8 +72,8 @@ class EvalResults:
 
     results: dict[str, Any]
     """JSON-ready: ``split``, ``test``, ``ood``, ``corruptions``, ``groups``,
-    ``temperature_scaled`` (:func:`eval_results`), then what the evaluation's maker adds with
-    :meth:`extended` (``training``; an ensemble's ``members`` and ``runs``)."""
+    ``temperature_scaled``, ``intervals`` (:func:`eval_results`), then what the evaluation's
+    maker adds with :meth:`extended` (``training``; an ensemble's ``members`` and ``runs``)."""
     predictions: Predictions = dataclasses.field(repr=False)
     """The test (or validation), OOD and corruption predictions behind ``results``."""
 
@@ -82,9 +83,10 @@ class EvalResults:
         predictions: Predictions,
         ood_scores: Sequence[str] = ("entropy",),
         task_metrics: Sequence[str] = (),
+        bootstrap: Bootstrap | None = None,
     ) -> EvalResults:
         """The metrics of ``predictions`` (:func:`eval_results`), with them."""
-        return cls(eval_results(predictions, ood_scores, task_metrics), predictions)
+        return cls(eval_results(predictions, ood_scores, task_metrics, bootstrap), predictions)
 
     def extended(self, **entries: Any) -> EvalResults:
         """These results with ``entries`` after the record's own keys (``results.json``'s order)."""
@@ -274,19 +276,26 @@ def eval_results(
     predictions: Predictions,
     ood_scores: Sequence[str] = ("entropy",),
     task_metrics: Sequence[str] = (),
+    bootstrap: Bootstrap | None = None,
 ) -> dict[str, Any]:
     """The results record of ``predictions``: their metrics (:func:`evaluate_predictions`).
 
     Predictions with validation logits (``eval.temperature_scaling``) also get
     ``temperature_scaled`` (:func:`temperature_scaled_results`), predictions with groups
-    (``eval.group_by``) ``groups`` (:func:`group_results`), in both. ``RESULTS_SPLIT`` (first)
-    names the split the in-distribution metrics come from (``predictions.split``).
+    (``eval.group_by``) ``groups`` (:func:`group_results`), and with ``bootstrap`` resamples
+    ``intervals`` (:func:`~fseb_ft.evaluation.bootstrap.prediction_intervals`, after the
+    others), in both. ``RESULTS_SPLIT`` (first) names the split the in-distribution metrics
+    come from (``predictions.split``).
     """
-    results = {RESULTS_SPLIT: predictions.split} | _metrics(predictions, ood_scores, task_metrics)
+    found = _metrics(predictions, ood_scores, task_metrics, bootstrap)
+    intervals = found.pop("intervals", None)
+    results = {RESULTS_SPLIT: predictions.split} | found
     if predictions.val is not None:
         results["temperature_scaled"] = temperature_scaled_results(
-            predictions, ood_scores, task_metrics
+            predictions, ood_scores, task_metrics, bootstrap
         )
+    if intervals is not None:
+        results["intervals"] = intervals
     return results
 
 
@@ -294,6 +303,7 @@ def temperature_scaled_results(
     predictions: Predictions,
     ood_scores: Sequence[str] = ("entropy",),
     task_metrics: Sequence[str] = (),
+    bootstrap: Bootstrap | None = None,
 ) -> dict[str, Any]:
     """``{"temperature": T, "test": ..., "ood": ...}``: ``T`` fitted on ``predictions.val`` by
     NLL (:func:`~fseb_ft.evaluation.temperature.fit_temperature`), then the metrics of
@@ -307,7 +317,7 @@ def temperature_scaled_results(
     fitted = float(fit_temperature(*predictions.val))
     temperature = fitted if temperature_identified(fitted) else 1.0
     scaled = predictions.scaled(temperature)
-    metrics = _metrics(scaled, ood_scores, task_metrics)
+    metrics = _metrics(scaled, ood_scores, task_metrics, bootstrap)
     if temperature == fitted:
         return {"temperature": temperature, **metrics}
     note = (
@@ -319,10 +329,14 @@ def temperature_scaled_results(
 
 
 def _metrics(
-    predictions: Predictions, ood_scores: Sequence[str], task_metrics: Sequence[str]
+    predictions: Predictions,
+    ood_scores: Sequence[str],
+    task_metrics: Sequence[str],
+    bootstrap: Bootstrap | None = None,
 ) -> dict[str, Any]:
-    """:func:`evaluate_predictions` of every set ``predictions`` holds, and the test metrics
-    per group (``groups``: :func:`group_results`) when they carry groups."""
+    """:func:`evaluate_predictions` of every set ``predictions`` holds, the test metrics per
+    group (``groups``: :func:`group_results`) when they carry groups, and with ``bootstrap``
+    resamples the ``intervals`` of every scalar test and OOD metric."""
     out = evaluate_predictions(
         predictions.test,
         predictions.ood,
@@ -335,6 +349,9 @@ def _metrics(
     )
     if predictions.groups is not None:
         out["groups"] = group_results(predictions.test, predictions.groups, list(out["test"]))
+    if bootstrap is not None and bootstrap.resamples:
+        names = [k for k, v in out["test"].items() if k != "n" and isinstance(v, float)]
+        out["intervals"] = prediction_intervals(predictions, names, ood_scores, bootstrap)
     return out
 
 

@@ -26,6 +26,8 @@ __all__ = [
     "corruption_markdown",
     "corruption_summary",
     "groups_markdown",
+    "interval_text",
+    "intervals_markdown",
     "markdown_table",
     "method_title",
     "ood_score_titles",
@@ -233,6 +235,8 @@ def markdown_table(
     result with a ``temperature_scaled`` block gets a second row, "<method> + TS", below its own;
     one whose temperature was left at 1 also gets a note under the table saying why.
     Rows of results on the validation split (no test split) end in "(validation split)".
+    Results with bootstrap ``intervals`` (``eval.bootstrap``) get a second table of them, with
+    the same rows and columns (:func:`intervals_markdown`).
     """
     notes = _ts_notes(results)
     results = _with_ts_rows(results)
@@ -261,7 +265,51 @@ def markdown_table(
             for score in ood_scores:
                 row += [_num(scores.get(f"{score}_{key}"), 100.0) for key, _ in _OOD_COLUMNS]
         lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines) + "\n" + notes + _per_class_markdown(results, class_names)
+    table = "\n".join(lines) + "\n" + notes
+    cells = [(m.name, m.scale) for m in columns]
+    cells += [
+        (f"{n}/{s}_{key}", 100.0) for n in ood_names for s in ood_scores for key, _ in _OOD_COLUMNS
+    ]
+    return (
+        table
+        + intervals_markdown(results, header, cells)
+        + _per_class_markdown(results, class_names)
+    )
+
+
+def intervals_markdown(
+    results: Mapping[str, Mapping[str, Any]],
+    header: Sequence[str],
+    cells: Sequence[tuple[str, float]],
+) -> str:
+    """The table of the rows of ``results`` that have bootstrap ``intervals``: under
+    ``header``, ``[low, high]`` of each of ``cells`` (a test metric's name, or ``set/key`` of an
+    OOD metric, and its scale); empty when no row has them."""
+    rows = {method: res["intervals"] for method, res in results.items() if res.get("intervals")}
+    if not rows:
+        return ""
+    how = next(iter(rows.values()))
+    lines = [
+        f"\n{how['confidence']:.0%} bootstrap intervals ({how['method']}, {how['resamples']} "
+        "resamples of the evaluated images, the model held fixed: not seed-to-seed variation):\n",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for method, found in rows.items():
+        row = [method]
+        for key, scale in cells:
+            ood_set, _, name = key.rpartition("/")
+            pair = (found.get("ood", {}).get(ood_set, {}) if ood_set else found["test"]).get(name)
+            row.append(interval_text(pair, scale))
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def interval_text(pair: Sequence[float | None] | None, scale: float) -> str:
+    """``[low, high]`` in a table's units; "–" where there is none."""
+    if not pair or any(v is None or not math.isfinite(v) for v in pair):
+        return "–"
+    return f"[{_num(pair[0], scale)}, {_num(pair[1], scale)}]"
 
 
 def _per_class_markdown(

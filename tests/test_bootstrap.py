@@ -1,0 +1,96 @@
+"""Bootstrap intervals (eval.bootstrap): scipy's percentile interval, the same resamples for
+every metric and for both runs of a paired difference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from fseb_ft.evaluation.bootstrap import (
+    Bootstrap,
+    _detection_statistic,
+    _metric_statistics,
+    metric_intervals,
+    ood_intervals,
+    paired_difference_intervals,
+)
+from fseb_ft.evaluation.metrics import classification_metrics
+from fseb_ft.evaluation.ood import ood_metrics, ood_score
+from fseb_ft.recipe import ConfigError
+from fseb_ft.recipe.reporting import EvalConfig
+
+N, K = 40, 2
+DRAWN = Bootstrap(resamples=100, confidence=0.9, seed=3)
+
+
+def _case(seed: int = 0, k: int = K) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    # Rounded logits: tied confidences, as a real model's saturated ones are.
+    logits = (torch.randn(N, k, generator=g) * 2).round(decimals=1)
+    return torch.log_softmax(logits, -1), torch.randint(0, k, (N,), generator=g)
+
+
+def test_every_batched_metric_equals_the_registered_one_on_a_resample() -> None:
+    log_probs, labels = _case(k=2)
+    drawn = torch.randint(0, N, (N,), generator=torch.Generator().manual_seed(1))
+    expected = classification_metrics(log_probs[drawn], labels[drawn])
+    counts = np.bincount(drawn.numpy(), minlength=N).astype(float)[:, None]  # (N, 1)
+    found = _metric_statistics(log_probs, labels, list(expected))
+    for name, stat in zip(expected, found, strict=True):
+        assert stat(counts)[0] == pytest.approx(float(expected[name]), abs=1e-12), name
+    probs_out = torch.log_softmax(torch.randn(30, 2, generator=torch.Generator()), -1).exp()
+    s_in, s_out = ood_score("entropy", log_probs.exp()), ood_score("entropy", probs_out)
+    found = _detection_statistic(s_in, s_out)(counts, np.ones((30, 1)))[:, 0]
+    reference = ood_metrics(log_probs[drawn].exp(), probs_out)
+    assert found == pytest.approx([float(v) for v in reference.values()], abs=1e-12)
+
+
+def test_intervals_equal_scipys_percentile_bootstrap_of_the_registered_metrics() -> None:
+    log_probs, labels = _case()
+    names = ["accuracy", "nll", "ece", "aurc", "auroc_positive"]
+    found = metric_intervals(log_probs, labels, names, DRAWN)
+    point = classification_metrics(log_probs, labels)
+
+    def registered(i: np.ndarray) -> np.ndarray:  # one resample's indices, the slow way
+        got = classification_metrics(log_probs[torch.from_numpy(i)], labels[torch.from_numpy(i)])
+        return np.array([float(got[n]) for n in names])
+
+    reference = stats.bootstrap(
+        (np.arange(N),),
+        registered,
+        n_resamples=DRAWN.resamples,
+        confidence_level=DRAWN.confidence,
+        method="percentile",
+        vectorized=False,
+        rng=np.random.default_rng(DRAWN.seed),
+    ).confidence_interval
+    for j, name in enumerate(names):
+        assert found[name] == pytest.approx([reference.low[j], reference.high[j]], abs=1e-12)
+        assert found[name][0] <= float(point[name]) <= found[name][1], name
+    assert metric_intervals(log_probs, labels, names, DRAWN) == found  # same seed, same interval
+
+
+def test_a_paired_difference_uses_the_same_resamples_for_both_runs() -> None:
+    a, b = _case(0), _case(1)
+    b = (b[0], a[1])  # another model on the same images
+    names = ["accuracy", "nll"]
+    same = paired_difference_intervals(a, a, names, DRAWN)
+    assert same == {"accuracy": [0.0, 0.0], "nll": [0.0, 0.0]}
+    diff = paired_difference_intervals(a, b, names, DRAWN)
+    alone = metric_intervals(*a, names, DRAWN)
+    assert diff != same and diff["nll"][0] < diff["nll"][1]
+    assert alone["nll"][0] < alone["nll"][1]
+    s_in, s_out = {"entropy": torch.rand(N, dtype=torch.float64)}, {"entropy": torch.rand(25)}
+    zero = ood_intervals(s_in, s_out, DRAWN, minus=(s_in, s_out))
+    assert set(zero) == {"entropy_auroc", "entropy_aupr", "entropy_fpr95"}
+    assert all(pair == [0.0, 0.0] for pair in zero.values())
+
+
+def test_bootstrap_keys_are_checked() -> None:
+    assert EvalConfig().bootstrap == 1000 and EvalConfig(bootstrap=0).bootstrap == 0
+    with pytest.raises(ConfigError, match=r"bootstrap=10: must be 0"):
+        EvalConfig(bootstrap=10)
+    with pytest.raises(ConfigError, match=r"bootstrap_confidence=1.0"):
+        EvalConfig(bootstrap_confidence=1.0)

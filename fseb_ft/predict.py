@@ -3,6 +3,7 @@ command and :func:`predict_images` (``fseb_ft.predict_images``).
 
     fseb-ft predict MODEL IMAGES... [--out predictions.csv] [--coverage 0.9 | --max-risk 0.02 |
                     --threshold 0.8] [--keep] [--top-k 3] [--ood-score energy] [--device cuda]
+                    [--conformal 0.9 [--conformal-method lac|aps|raps] [--class-conditional]]
     fseb-ft predict runs/quickstart/fseb photos/ --coverage 0.9 --out predictions.csv
     fseb-ft predict runs/quickstart/fseb photos/ --max-risk 0.02 --keep  # and from now on
     fseb-ft predict RUN --dataset "{source: idx, path: data/mnist, split: t10k}" --out p.jsonl
@@ -28,6 +29,10 @@ The predictions go to ``--out`` (CSV, or JSON Lines for ``.jsonl``) and what pro
 model, temperature, threshold, validation coverage and risk, files left out — to
 ``<out stem>.meta.json`` beside it, both written atomically. A file that cannot be read is left
 out of the predictions and named in a note and in the meta file.
+
+``--conformal C`` adds each image's conformal prediction set (``set``, ``set_size``): the classes
+that, over images exchangeable with the run's validation split, hold the true one with probability
+at least C (:mod:`fseb_ft.evaluation.conformal`, calibrated from the cached validation logits).
 """
 
 from __future__ import annotations
@@ -45,10 +50,19 @@ import yaml
 from fseb_ft.cli import help_text, run_entry
 from fseb_ft.errors import FsebError
 from fseb_ft.evaluation.abstention import AbstentionRule, out_of_range
+from fseb_ft.evaluation.conformal import ConformalCalibration
 from fseb_ft.evaluation.temperature import TEMPERATURE_RANGE, temperature_identified
 from fseb_ft.logs import configure_logging
 from fseb_ft.recipe import DatasetSpec
 from fseb_ft.recipe.options import OOD_SCORES
+from fseb_ft.runs.conformal_sets import (
+    add_conformal_arguments,
+    add_set_columns,
+    calibrate_on_run,
+    check_conformal,
+    conformal_lines,
+    conformal_record,
+)
 from fseb_ft.runs.loading import (
     LoadedModel,
     first_line,
@@ -101,6 +115,9 @@ def predict_images(
     num_workers: int = 0,
     progress: bool = True,
     keep: bool = False,
+    conformal: float | None = None,
+    conformal_method: str = "lac",
+    class_conditional: bool = False,
 ) -> ImagePredictions:
     """Predict ``images`` (or a ``dataset``) with ``model``, abstaining below a threshold.
 
@@ -128,11 +145,16 @@ def predict_images(
             ``fseb.json``): later calls and the model's card use it. Without it nothing the
             run does changes (its validation logits may be cached, a folder that cannot be
             written to is only read).
+        conformal: add each image's conformal prediction set for this target coverage in
+            (0, 1], calibrated on the run's validation split.
+        conformal_method: its score, ``lac``, ``aps`` or ``raps``.
+        class_conditional: one quantile per class: the coverage holds for each class.
 
     Returns:
         The rows and the meta record (:class:`ImagePredictions`).
     """
     _check_arguments(coverage, max_risk, threshold, top_k, ood, temperature)
+    check_conformal(conformal, conformal_method)
     fmt = output_format(out, fmt)
     images = [images] if isinstance(images, str | Path) else list(images)
     loaded = _loaded(model, keep)
@@ -147,13 +169,19 @@ def predict_images(
     rule = choose_rule(
         loaded, call.temperature, coverage, max_risk, threshold, call.device, call.loader_kw
     )
-    rows, unreadable = _rows(loaded, call, rule, inputs, names, labels)
+    sets = None
+    if conformal is not None:
+        sets = calibrate_on_run(loaded, call.temperature, conformal, conformal_method,
+                                class_conditional, call.device, call.loader_kw)  # fmt: skip
+    rows, unreadable = _rows(loaded, call, rule, inputs, names, labels, sets)
     # A temperature the caller chose is not the fit's, so its range says nothing of it.
     warnings = _temperature_warnings(call.temperature) if temperature is None else []
     meta = _meta(loaded, call, rule, warnings, rows, unreadable, skipped)
     if labels is not None:
         meta["accuracy_accepted"] = accuracy([r for r in rows if not r["abstain"]])
         meta["accuracy_all"] = accuracy(rows)
+    if sets is not None:
+        meta["conformal"] = conformal_record(sets, rows)
     if keep and loaded.run_dir is not None and rule.chosen_on != "kept":
         meta["kept_in"] = str(keep_rule(loaded.run_dir, rule))
     if out is not None:
@@ -220,8 +248,10 @@ def _rows(
     inputs: Any,
     names: Sequence[str],
     labels: Sequence[int] | None,
+    sets: ConformalCalibration | None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """The rows of the readable images, and ``"name: why"`` for each unreadable one.
+    """The rows of the readable images (with their conformal ``sets``), and ``"name: why"`` for
+    each unreadable one.
 
     Raises:
         ValueError: none of the images could be read.
@@ -240,6 +270,8 @@ def _rows(
         logits[readable], call.temperature, rule.log_odds_threshold, call.ood,
         loaded.class_names, call.top_k,
     )  # fmt: skip
+    if sets is not None:
+        add_set_columns(rows, logits[readable], call.temperature, sets, loaded.class_names)
     return rows, unreadable
 
 
@@ -307,7 +339,8 @@ def main(
         coverage=args.coverage, max_risk=args.max_risk, threshold=args.threshold,
         top_k=args.top_k, ood=args.ood_score, temperature=args.temperature, device=args.device,
         batch_size=args.batch_size, num_workers=args.num_workers, progress=not args.no_progress,
-        keep=args.keep,
+        keep=args.keep, conformal=args.conformal, conformal_method=args.conformal_method,
+        class_conditional=args.class_conditional,
     )  # fmt: skip
     if args.out is None:  # the rows are the answer: to stdout, so `> file` keeps them alone
         sys.stdout.write(format_rows(result.rows, args.format or "csv"))
@@ -356,6 +389,7 @@ def summary(meta: Mapping[str, Any], out: str | Path | None) -> str:
             + ("n/a" if acc is None else f"{acc:.4f}")
             + " on the accepted"
         )
+    lines += conformal_lines(meta)
     lines += [f"warning: {text}" for text in meta.get("warnings", [])]
     for key, what in (
         ("unreadable", "unreadable image(s) left out"),
@@ -426,6 +460,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         help="store the threshold in the run (abstention.json, fseb.json, model card): later "
         "predict calls and the model card use it; without --keep the run is left as it was",
     )  # fmt: skip
+    add_conformal_arguments(parser, _fraction("coverage"))
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="also show the libraries' INFO lines"
     )

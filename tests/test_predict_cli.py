@@ -26,6 +26,7 @@ from fseb_ft import api, cli
 from fseb_ft.data.sources import build_splits
 from fseb_ft.data.sources.sklearn_digits import load_sklearn_digits
 from fseb_ft.data.transforms import eval_transform
+from fseb_ft.evaluation.conformal import calibrate
 from fseb_ft.evaluation.predictions import eval_loader
 from fseb_ft.evaluation.selective import top_class_log_odds
 from fseb_ft.finetune import run
@@ -416,3 +417,30 @@ def test_mistakes_end_in_one_line(
     monkeypatch.setattr(predictor.timm, "create_model", offline)
     message = _fails(["hf-hub:someone/model", str(images)], capsys)
     assert "could not load hf-hub:someone/model from the Hugging Face Hub (OSError: We " in message
+
+
+def test_conformal_sets_are_calibrated_on_the_cached_validation_logits(
+    run_dir: Path, images: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, spec = tmp_path / "sets.csv", "{source: sklearn_digits, split: test, classes: [0, 1, 2]}"
+    printed = _predict([str(run_dir), "--dataset", spec, "--conformal", "0.9", "--out", str(out),
+                        "--conformal-method", "aps", "--threshold", "0"], capsys)  # fmt: skip
+    meta, rows = read_json(tmp_path / "sets.meta.json"), _read_csv(out)
+    record = meta["conformal"]
+    logits, labels = read_val_logits(run_dir)  # what --coverage caches: no second pass
+    probs = torch.softmax(logits.double() / meta["temperature"], -1)
+    cal = calibrate(probs, labels, 0.9, "aps")
+    assert record["quantiles"] == pytest.approx(cal.quantiles.tolist())
+    assert (record["method"], record["validation_images"]) == ("aps", len(labels))
+    assert all(int(r["set_size"]) == len(r["set"].split("|")) >= 1 for r in rows)
+    covered = sum(r["label"] in r["set"].split("|") for r in rows) / len(rows)
+    assert record["empirical_coverage"] == pytest.approx(covered)
+    assert record["mean_set_size"] == pytest.approx(np.mean([int(r["set_size"]) for r in rows]))
+    assert "conformal sets: APS, target coverage 0.9 (marginal" in printed
+    assert f"conformal coverage on the labelled dataset: {covered:.4f}" in printed
+    jsonl = api.predict_images(run_dir, [images / "00.png"], conformal=0.9, class_conditional=True,
+                               progress=False)  # fmt: skip
+    assert isinstance(jsonl.rows[0]["set"], list) and jsonl.meta["conformal"]["class_conditional"]
+    folder = shutil.copytree(run_dir / "model", tmp_path / "exported")
+    message = _fails([str(folder), str(images), "--conformal", "0.9"], capsys)
+    assert "--conformal calibrates on a run's validation split, and model folder" in message

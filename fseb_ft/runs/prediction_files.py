@@ -3,7 +3,9 @@ beside it (``<out stem>.meta.json``), both written atomically.
 
 A row holds the image, its label (datasets), the predicted class and probability, the top-class
 log-odds the abstention threshold applies to, the ``abstain`` flag, the predictive entropy, an
-OOD score (:mod:`fseb_ft.evaluation.ood`) and the top-k classes with their probabilities.
+OOD score (:mod:`fseb_ft.evaluation.ood`) and the top-k classes with their probabilities; with
+``--conformal``, the conformal prediction ``set`` (a list in JSON Lines, its class names joined
+by ``|`` in CSV) and ``set_size``.
 """
 
 from __future__ import annotations
@@ -117,7 +119,11 @@ def format_rows(rows: list[dict[str, Any]], fmt: str) -> str:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
     writer.writeheader()
-    writer.writerows(rows)
+    # A list (a conformal set) is one CSV cell: its items joined by "|".
+    writer.writerows(
+        {key: "|".join(value) if isinstance(value, list) else value for key, value in row.items()}
+        for row in rows
+    )
     return buffer.getvalue()
 
 

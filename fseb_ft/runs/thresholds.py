@@ -38,7 +38,13 @@ from fseb_ft.runs.rundir import (
     write_val_logits,
 )
 
-__all__ = ["DEFAULT_COVERAGE", "choose_rule", "keep_rule", "validation_confidence"]
+__all__ = [
+    "DEFAULT_COVERAGE",
+    "choose_rule",
+    "keep_rule",
+    "validation_confidence",
+    "validation_logits",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -100,30 +106,38 @@ def validation_confidence(
     loader_kw: dict[str, Any],
 ) -> tuple[Tensor, Tensor]:
     """Confidences (top-class log-odds, (N_v,)) and correctness (N_v,) on the validation split
-    of ``loaded``'s run (``loaded.run_dir`` is set).
+    of ``loaded``'s run (``loaded.run_dir`` is set), from :func:`validation_logits`."""
+    logits, labels = validation_logits(loaded, device, loader_kw)
+    return top_class_log_odds(logits, temperature or 1.0), logits.argmax(dim=-1) == labels
 
-    The logits come from the run's :data:`~fseb_ft.runs.rundir.VAL_LOGITS` when they are as new
+
+def validation_logits(
+    loaded: LoadedModel, device: torch.device, loader_kw: dict[str, Any]
+) -> tuple[Tensor, Tensor]:
+    """Logits (N_v, K) and labels (N_v,) of the validation split of ``loaded``'s run
+    (``loaded.run_dir`` is set).
+
+    They come from the run's :data:`~fseb_ft.runs.rundir.VAL_LOGITS` when they are as new
     as its weights; otherwise they are predicted (the whole validation split) and cached there
     when the folder can be written to.
     """
     run_dir = loaded.run_dir
     cached = read_val_logits(run_dir)
     if cached is not None:
-        logits, labels = cached  # (N_v, K), (N_v,)
-    else:
-        val = validation_split(loaded.recipe, loaded.info)
-        logits, errors = logits_and_read_errors(
-            loaded.model, ImageInputs(None, val, loaded), loaded, device, "validation", **loader_kw
-        )
-        bad = [e for e in errors if e]
-        if bad:
-            raise ValueError(f"{len(bad)} validation image(s) cannot be read: {bad[0]}")
-        labels = torch.as_tensor(val.labels, dtype=torch.long)  # (N_v,)
-        try:
-            write_val_logits(run_dir, logits, labels)
-        except OSError as err:  # a cache: a read-only run folder (or a full disk) is only read
-            logger.info("validation logits not cached in %s: %s", run_dir, _reason(err))
-    return top_class_log_odds(logits, temperature or 1.0), logits.argmax(dim=-1) == labels
+        return cached  # (N_v, K), (N_v,)
+    val = validation_split(loaded.recipe, loaded.info)
+    logits, errors = logits_and_read_errors(
+        loaded.model, ImageInputs(None, val, loaded), loaded, device, "validation", **loader_kw
+    )
+    bad = [e for e in errors if e]
+    if bad:
+        raise ValueError(f"{len(bad)} validation image(s) cannot be read: {bad[0]}")
+    labels = torch.as_tensor(val.labels, dtype=torch.long)  # (N_v,)
+    try:
+        write_val_logits(run_dir, logits, labels)
+    except OSError as err:  # a cache: a read-only run folder (or a full disk) is only read
+        logger.info("validation logits not cached in %s: %s", run_dir, _reason(err))
+    return logits, labels
 
 
 def keep_rule(run_dir: Path, rule: AbstentionRule) -> Path:

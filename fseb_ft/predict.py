@@ -1,11 +1,13 @@
 """Use a fine-tuned model on new images: predictions with abstention, the ``fseb-ft predict``
 command and :func:`predict_images` (``fseb_ft.predict_images``).
 
-    fseb-ft predict MODEL IMAGES... [--out predictions.csv] [--coverage 0.9 | --max-risk 0.02 |
-                    --threshold 0.8] [--keep] [--top-k 3] [--ood-score energy] [--device cuda]
+    fseb-ft predict MODEL IMAGES... [--out predictions.csv] [--coverage 0.9 | --max-risk 0.02
+                    [--confidence 0.95] | --threshold 0.8] [--keep] [--top-k 3] [--ood-score energy]
+                    [--device cuda]
                     [--conformal 0.9 [--conformal-method lac|aps|raps] [--class-conditional]]
     fseb-ft predict runs/quickstart/fseb photos/ --coverage 0.9 --out predictions.csv
     fseb-ft predict runs/quickstart/fseb photos/ --max-risk 0.02 --keep  # and from now on
+    fseb-ft predict runs/quickstart/fseb photos/ --max-risk 0.02 --confidence 0.95  # certified
     fseb-ft predict RUN --dataset "{source: idx, path: data/mnist, split: t10k}" --out p.jsonl
 
 MODEL is a run folder (``output.dir``; the OUTPUT of ``--compare`` means its ``fseb`` run), a
@@ -18,6 +20,10 @@ OOD score (:mod:`fseb_ft.evaluation.ood`) and an ``abstain`` flag: the model abs
 confidence, the maximum class probability after the run's temperature scaling, is below a threshold
 ``τ``. ``--coverage`` and ``--max-risk`` choose ``τ`` on the run's validation split, rebuilt from
 its recipe as training built it (:mod:`fseb_ft.evaluation.selective`); ``--threshold`` sets it.
+``--max-risk R --confidence C`` takes the lowest ``τ`` whose risk among accepted images is at most
+``R`` with probability at least ``C`` over the validation draw (Learn-then-Test with
+Clopper–Pearson bounds, :mod:`fseb_ft.evaluation.certified`); without ``--confidence`` the
+empirical validation risk is at most ``R``.
 Without any of them the model's kept threshold is used, else a run chooses one for coverage 0.9,
 else nothing abstains. Choosing is a query: it changes nothing the run does. Only ``--keep`` stores
 the threshold with the run (``abstention.json``, the model folder's ``fseb.json`` and card), so that
@@ -107,6 +113,7 @@ def predict_images(
     coverage: float | None = None,
     max_risk: float | None = None,
     threshold: float | None = None,
+    confidence: float | None = None,
     top_k: int = 3,
     ood: str | None = None,
     temperature: float | None = None,
@@ -134,6 +141,9 @@ def predict_images(
             in [0, 1).
         threshold: ``τ`` itself, in [0, 1] (a run still reports its validation coverage and
             risk).
+        confidence: with ``max_risk`` only, in [0.5, 1): certify the risk with this
+            probability over the validation draw (:mod:`fseb_ft.evaluation.certified`);
+            ``None``: the empirical rule.
         top_k: how many classes each row ranks.
         ood: the OOD score reported (:data:`~fseb_ft.recipe.options.OOD_SCORES`); default: the
             run's.
@@ -153,7 +163,7 @@ def predict_images(
     Returns:
         The rows and the meta record (:class:`ImagePredictions`).
     """
-    _check_arguments(coverage, max_risk, threshold, top_k, ood, temperature)
+    _check_arguments(coverage, max_risk, threshold, top_k, ood, temperature, confidence)
     check_conformal(conformal, conformal_method)
     fmt = output_format(out, fmt)
     images = [images] if isinstance(images, str | Path) else list(images)
@@ -167,8 +177,9 @@ def predict_images(
     )
     inputs, names, labels, skipped = gather_inputs(loaded, images, dataset)
     rule = choose_rule(
-        loaded, call.temperature, coverage, max_risk, threshold, call.device, call.loader_kw
-    )
+        loaded, call.temperature, coverage, max_risk, threshold, call.device, call.loader_kw,
+        level=confidence,
+    )  # fmt: skip
     sets = None
     if conformal is not None:
         sets = calibrate_on_run(loaded, call.temperature, conformal, conformal_method,
@@ -282,6 +293,7 @@ def _check_arguments(
     top_k: int,
     ood: str | None,
     temperature: float | None,
+    confidence: float | None = None,
 ) -> None:
     """Refuse what :func:`predict_images` cannot do before anything loads.
 
@@ -296,7 +308,10 @@ def _check_arguments(
         raise ValueError(f"ood score must be one of {list(OOD_SCORES)}, got {ood!r}")
     if temperature is not None and not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    for name, value in (("coverage", coverage), ("max_risk", max_risk), ("threshold", threshold)):
+    if confidence is not None and max_risk is None:
+        raise ValueError("confidence certifies a max_risk: give max_risk too")
+    for name, value in (("coverage", coverage), ("max_risk", max_risk), ("threshold", threshold),
+                        ("confidence", confidence)):  # fmt: skip
         if value is not None and (problem := out_of_range(name, value)) is not None:
             raise ValueError(f"{name} {problem}")
 
@@ -322,6 +337,8 @@ def main(
     args = parser.parse_args(argv)
     if not args.images and args.dataset is None:
         parser.error("give IMAGES (files, folders, globs) or --dataset")
+    if args.confidence is not None and args.max_risk is None:
+        parser.error("--confidence C certifies --max-risk R: give --max-risk too")
     dataset = None
     if args.dataset is not None:
         try:
@@ -337,7 +354,8 @@ def main(
     result = predict_images(
         args.model, args.images, dataset=dataset, out=args.out, fmt=args.format,
         coverage=args.coverage, max_risk=args.max_risk, threshold=args.threshold,
-        top_k=args.top_k, ood=args.ood_score, temperature=args.temperature, device=args.device,
+        confidence=args.confidence, top_k=args.top_k, ood=args.ood_score,
+        temperature=args.temperature, device=args.device,
         batch_size=args.batch_size, num_workers=args.num_workers, progress=not args.no_progress,
         keep=args.keep, conformal=args.conformal, conformal_method=args.conformal_method,
         class_conditional=args.class_conditional,
@@ -359,7 +377,8 @@ def summary(meta: Mapping[str, Any], out: str | Path | None) -> str:
     lines = [f"model: {meta['model']}" + ("" if temp is None else f" (temperature T = {temp:.4g})")]
     how = {
         "coverage": f"chosen on the validation split for coverage {rule.target}",
-        "max_risk": f"chosen on the validation split for risk ≤ {rule.target}",
+        "max_risk": f"chosen on the validation split for risk ≤ {rule.target}"
+        + ("" if rule.certified is None else f" with probability ≥ {rule.certified.confidence}"),
         "threshold": "given",
     }.get(rule.criterion)
     if rule.chosen_on == "kept":
@@ -380,6 +399,8 @@ def summary(meta: Mapping[str, Any], out: str | Path | None) -> str:
         )
     elif rule.criterion != "none":
         lines.append("validation: coverage and risk unknown (no validation data with this model)")
+    if rule.certified is not None:
+        lines.append(_guarantee(rule))
     n, abstained = meta["images"], meta["abstained"]
     lines.append(f"predicted {n} image(s): {n - abstained} accepted, {abstained} abstained")
     if meta.get("accuracy_accepted") is not None or meta.get("accuracy_all") is not None:
@@ -404,6 +425,33 @@ def summary(meta: Mapping[str, Any], out: str | Path | None) -> str:
     if out is not None:
         lines.append(f"written to {out} and {meta_path(out)}")
     return "\n".join(lines)
+
+
+def _guarantee(rule: AbstentionRule) -> str:
+    """The summary's line of a certified rule: what it guarantees and the coverage it costs."""
+    cert = rule.certified
+    cost = (
+        f"validation coverage {_percent(rule.validation.coverage)} "
+        f"(empirical rule: {_percent(cert.empirical_coverage)})"
+    )
+    asked = (
+        f"risk ≤ {_percent(rule.target, None)} among accepted with probability ≥ "
+        f"{_percent(cert.confidence, None)}"
+    )
+    if cert.risk_bound is None:
+        return (
+            f"guarantee: no threshold is certified for {asked} on the validation split, so the "
+            f"model abstains on everything ({cert.method}); {cost}"
+        )
+    return (
+        f"guarantee: {asked} ({cert.method}; bound at the threshold "
+        f"{_percent(cert.risk_bound, 2)}); {cost}"
+    )
+
+
+def _percent(fraction: float, digits: int | None = 1) -> str:
+    """``fraction`` in percent, to ``digits`` decimals (``None``: as given, 0.975 → 97.5 %)."""
+    return f"{100 * fraction:.4g} %" if digits is None else f"{100 * fraction:.{digits}f} %"
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
@@ -433,6 +481,11 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     rule.add_argument(
         "--max-risk", type=_fraction("max_risk"), metavar="R",
         help="the lowest threshold whose error rate among accepted validation predictions is ≤ R",
+    )  # fmt: skip
+    parser.add_argument(
+        "--confidence", type=_fraction("confidence"), metavar="C",
+        help="with --max-risk R: the lowest threshold whose risk among accepted images is ≤ R "
+        "with probability ≥ C over the validation draw (Learn-then-Test, Clopper–Pearson)",
     )  # fmt: skip
     rule.add_argument(
         "--threshold",

@@ -290,6 +290,24 @@ def test_a_query_leaves_the_run_as_it_was(
     assert (rule["criterion"], rule["target"], rule["chosen_on"]) == ("coverage", 0.9, "validation")
 
 
+def test_a_certified_max_risk_is_printed_kept_and_carded_with_its_cost(
+    run_dir: Path, images: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    copy = shutil.copytree(run_dir, tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints"))
+    argv = [str(copy), str(images), "--max-risk", "0.3", "--confidence", "0.9", "--keep"]
+    printed = _predict([*argv, "--out", str(tmp_path / "p.csv")], capsys)
+    rule = read_json(tmp_path / "p.meta.json")["abstention"]
+    cert = rule["certified"]
+    assert (cert["confidence"], cert["method"]) == (0.9, "Clopper–Pearson, Learn-then-Test")
+    assert "with probability ≥ 90 % (Clopper–Pearson, Learn-then-Test" in printed
+    assert f"(empirical rule: {100 * cert['empirical_coverage']:.1f} %)" in printed
+    assert rule["validation"]["coverage"] <= cert["empirical_coverage"]
+    assert read_json(copy / "abstention.json")["certified"] == cert
+    assert "over the draw of the validation split" in (copy / "model" / "README.md").read_text()
+    empirical = api.predict_images(copy, images, max_risk=0.3, progress=False).meta["abstention"]
+    assert rule["threshold"] >= empirical["threshold"]
+
+
 def test_keep_stores_a_given_threshold_and_the_card_says_it_was_set_by_hand(
     run_dir: Path, images: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

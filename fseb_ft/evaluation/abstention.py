@@ -21,13 +21,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fseb_ft.evaluation.certified import BOUND_METHOD, certified_threshold
 from fseb_ft.evaluation.selective import abstention_outcome, abstention_threshold
 
 __all__ = [
     "RANGES",
     "AbstentionRule",
+    "Certificate",
     "Criterion",
     "ValidationOutcome",
+    "certified_rule",
     "given_rule",
     "no_rule",
     "out_of_range",
@@ -37,9 +40,14 @@ __all__ = [
 Criterion = Literal["none", "coverage", "max_risk", "threshold"]
 """How ``τ`` was set: not at all (nothing abstains), for a target coverage or largest risk on the
 validation split, or given."""
-RANGES = {"coverage": "(0, 1]", "max_risk": "[0, 1)", "threshold": "[0, 1]"}
-"""The values each way of setting ``τ`` takes, in interval notation (as docs/cli.md states
-them)."""
+RANGES = {
+    "coverage": "(0, 1]",
+    "max_risk": "[0, 1)",
+    "threshold": "[0, 1]",
+    "confidence": "[0.5, 1)",
+}
+"""The values each way of setting ``τ`` takes, and the confidence of a certified ``max_risk``, in
+interval notation (as docs/cli.md states them)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +62,25 @@ class ValidationOutcome:
     """``accepted / n``."""
     risk: float | None
     """The error rate among the accepted images; ``None`` when none is accepted."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Certificate:
+    """What a ``max_risk`` rule chosen with a confidence guarantees
+    (:mod:`fseb_ft.evaluation.certified`): with probability at least :attr:`confidence` over the
+    draw of the validation split, the error rate among the accepted images of new images
+    exchangeable with it is at most the rule's target."""
+
+    confidence: float
+    """The probability ``C`` of the guarantee."""
+    method: str
+    """How the risk is bounded (:data:`~fseb_ft.evaluation.certified.BOUND_METHOD`)."""
+    risk_bound: float | None
+    """The Clopper–Pearson upper bound on the risk at ``τ``; ``None``: no threshold is
+    certified, so the model abstains on everything."""
+    empirical_coverage: float
+    """The validation coverage of the empirical rule for the same target (the uncertified
+    ``--max-risk``): what the guarantee costs is the difference."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +107,9 @@ class AbstentionRule:
     chosen_on: Literal["validation", "kept"] | None = None
     """``validation``: chosen on it now; ``kept``: the rule stored with the model; ``None``:
     given (or nothing abstains). A stored rule has none."""
+    certified: Certificate | None = None
+    """The guarantee of a ``max_risk`` rule chosen with a confidence; ``None``: the empirical
+    rule (or another criterion)."""
 
     def to_json(self) -> dict[str, Any]:
         """The record, its keys in the order the files have always had them."""
@@ -91,6 +121,8 @@ class AbstentionRule:
             out["chosen_on"] = self.chosen_on
         validation = self.validation
         out["validation"] = None if validation is None else dataclasses.asdict(validation)
+        if self.certified is not None:  # absent otherwise: the files keep their former keys
+            out["certified"] = dataclasses.asdict(self.certified)
         if self.chosen_on == "kept":  # the stored record, then how this call came by it
             out["chosen_on"] = self.chosen_on
         return out
@@ -101,6 +133,7 @@ class AbstentionRule:
         record from before they were stored lacks them)."""
         validation = record.get("validation")
         log_odds = record.get("log_odds_threshold")
+        certified = record.get("certified")
         return cls(
             temperature=record.get("temperature"),
             criterion=record["criterion"],
@@ -109,6 +142,7 @@ class AbstentionRule:
             target=record.get("target"),
             validation=None if validation is None else ValidationOutcome(**validation),
             chosen_on=record.get("chosen_on"),
+            certified=None if certified is None else Certificate(**certified),
         )
 
     def measured(self, confidence: Tensor, correct: Tensor) -> AbstentionRule:
@@ -153,11 +187,43 @@ def rule_for_target(
     )
 
 
+def certified_rule(
+    max_risk: float,
+    level: float,
+    temperature: float | None,
+    confidence: Tensor,
+    correct: Tensor,
+) -> AbstentionRule:
+    """The ``max_risk`` rule certified with probability ``level`` on validation confidences
+    (top-class log-odds at ``temperature``, ``(N_v,)``) and their correctness ``(N_v,)``:
+    :func:`~fseb_ft.evaluation.certified.certified_threshold`, with the coverage the empirical
+    rule for ``max_risk`` would have."""
+    found = certified_threshold(confidence, correct, max_risk=max_risk, level=level)
+    empirical = abstention_threshold(confidence, correct, max_risk=max_risk)
+    bound = float(found["risk_bound"])
+    return AbstentionRule(
+        temperature,
+        "max_risk",
+        float(torch.sigmoid(found["threshold"])),  # as a probability
+        float(found["threshold"]),
+        target=max_risk,
+        validation=_outcome(found, len(confidence)),
+        chosen_on="validation",
+        certified=Certificate(
+            confidence=level,
+            method=BOUND_METHOD,
+            risk_bound=None if math.isnan(bound) else bound,
+            empirical_coverage=float(empirical["coverage"]),
+        ),
+    )
+
+
 def out_of_range(name: str, value: float) -> str | None:
     """Why ``value`` is no valid ``name`` (a key of :data:`RANGES`); None when it is one."""
     interval = RANGES[name]
-    above = value > 0 if interval[0] == "(" else value >= 0
-    below = value < 1 if interval[-1] == ")" else value <= 1
+    low, high = (float(end) for end in interval[1:-1].split(","))
+    above = value > low if interval[0] == "(" else value >= low
+    below = value < high if interval[-1] == ")" else value <= high
     return None if above and below else f"must lie in {interval}, got {value:g}"
 
 

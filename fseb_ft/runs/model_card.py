@@ -422,7 +422,31 @@ def _predict_section(repo_id: str | None, abstention: AbstentionRule | None) -> 
         f"**{abstention.threshold:.4g}** (top-class log-odds below "
         f"{abstention.log_odds_threshold:.4g}; kept in `fseb.json` and used by default), "
         f"{how} it accepts {100 * val.coverage:.1f} % of the images "
-        f"({val.accepted} of {val.n}) with an error rate of {risk} among them.\n"
+        f"({val.accepted} of {val.n}) with an error rate of {risk} among them."
+        f"{_certificate(abstention)}\n"
+    )
+
+
+def _certificate(abstention: AbstentionRule) -> str:
+    """The sentence of the guarantee a certified threshold carries (empty without one)."""
+    cert = abstention.certified
+    if cert is None:
+        return ""
+    asked = (
+        f"at most {100 * abstention.target:.4g} % with probability at least "
+        f"{100 * cert.confidence:.4g} % over the draw of the validation split ({cert.method})"
+    )
+    empirical = (
+        f"the empirical rule for the same risk would accept {100 * cert.empirical_coverage:.1f} %"
+    )
+    if cert.risk_bound is None:
+        return (
+            f" No threshold certifies an error rate {asked}, so it abstains on everything; "
+            f"{empirical}."
+        )
+    return (
+        f" Certified: the error rate among accepted images is {asked}; its bound at this "
+        f"threshold is {100 * cert.risk_bound:.2f} %, and {empirical}."
     )
 
 

@@ -19,7 +19,13 @@ import torch
 from torch import Tensor
 
 from fseb_ft.errors import FsebError
-from fseb_ft.evaluation.abstention import AbstentionRule, given_rule, no_rule, rule_for_target
+from fseb_ft.evaluation.abstention import (
+    AbstentionRule,
+    certified_rule,
+    given_rule,
+    no_rule,
+    rule_for_target,
+)
 from fseb_ft.evaluation.selective import top_class_log_odds
 from fseb_ft.runs.export import write_model_card
 from fseb_ft.runs.loading import (
@@ -60,12 +66,15 @@ def choose_rule(
     threshold: float | None,
     device: torch.device,
     loader_kw: dict[str, Any],
+    level: float | None = None,
 ) -> AbstentionRule:
     """The abstention rule: ``τ``, how it was chosen, and its validation coverage and risk.
 
     At most one of ``coverage``, ``max_risk`` and ``threshold`` is given. Without any, the
     model's kept rule (when kept for this ``temperature``), else a run's rule for
-    :data:`DEFAULT_COVERAGE`, else nothing abstains.
+    :data:`DEFAULT_COVERAGE`, else nothing abstains. ``level`` (with ``max_risk`` only, from
+    ``--confidence``) certifies the risk with that probability (:func:`certified_rule`);
+    without it, the empirical rule.
 
     Raises:
         FsebError: ``coverage`` or ``max_risk`` for a model without a run's validation split.
@@ -95,6 +104,8 @@ def choose_rule(
         return given_rule(threshold, temperature)  # the run's validation data is not at hand
     if threshold is not None:
         return given_rule(threshold, temperature).measured(confidence, correct)
+    if level is not None:
+        return certified_rule(max_risk, level, temperature, confidence, correct)
     target = coverage if coverage is not None else max_risk
     return rule_for_target(criterion, target, temperature, confidence, correct)
 

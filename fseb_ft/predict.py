@@ -66,7 +66,6 @@ from fseb_ft.runs.conformal_sets import (
     add_set_columns,
     calibrate_on_run,
     check_conformal,
-    conformal_lines,
     conformal_record,
 )
 from fseb_ft.runs.loading import (
@@ -80,16 +79,14 @@ from fseb_ft.runs.prediction_files import (
     accuracy,
     format_rows,
     image_rows,
-    meta_path,
     output_format,
     write_predictions,
 )
+from fseb_ft.runs.prediction_summary import summary
 from fseb_ft.runs.rundir import ABSTENTION_FILE
 from fseb_ft.runs.thresholds import DEFAULT_COVERAGE, choose_rule, keep_rule
 
 __all__ = ["ImagePredictions", "main", "predict_images", "summary"]
-
-_SHOWN = 10  # files named in a note before "… and N more"
 
 
 @dataclasses.dataclass
@@ -368,90 +365,6 @@ def main(
     else:
         print(summary(result.meta, args.out))
     return result
-
-
-def summary(meta: Mapping[str, Any], out: str | Path | None) -> str:
-    """The lines the command prints: model, threshold and its validation numbers, counts."""
-    rule = AbstentionRule.from_json(meta["abstention"])
-    temp = meta["temperature"]
-    lines = [f"model: {meta['model']}" + ("" if temp is None else f" (temperature T = {temp:.4g})")]
-    how = {
-        "coverage": f"chosen on the validation split for coverage {rule.target}",
-        "max_risk": f"chosen on the validation split for risk ≤ {rule.target}"
-        + ("" if rule.certified is None else f" with probability ≥ {rule.certified.confidence}"),
-        "threshold": "given",
-    }.get(rule.criterion)
-    if rule.chosen_on == "kept":
-        how = f"kept with the model ({how})"
-    if how is None:
-        lines.append("threshold: none kept or given, so nothing abstains (give --threshold)")
-    else:
-        lines.append(
-            f"threshold: abstain when max probability < {rule.threshold:.6g} (top-class log-odds "
-            f"< {rule.log_odds_threshold:.4g}), {how}"
-        )
-    val = rule.validation
-    if val is not None:
-        risk = "n/a" if val.risk is None else f"{val.risk:.4f}"
-        lines.append(
-            f"validation: coverage {val.coverage:.4f} ({val.accepted}/{val.n} images), "
-            f"risk {risk} (error rate among accepted)"
-        )
-    elif rule.criterion != "none":
-        lines.append("validation: coverage and risk unknown (no validation data with this model)")
-    if rule.certified is not None:
-        lines.append(_guarantee(rule))
-    n, abstained = meta["images"], meta["abstained"]
-    lines.append(f"predicted {n} image(s): {n - abstained} accepted, {abstained} abstained")
-    if meta.get("accuracy_accepted") is not None or meta.get("accuracy_all") is not None:
-        acc = meta.get("accuracy_accepted")
-        lines.append(
-            f"accuracy on the labelled dataset: {meta['accuracy_all']:.4f} on all, "
-            + ("n/a" if acc is None else f"{acc:.4f}")
-            + " on the accepted"
-        )
-    lines += conformal_lines(meta)
-    lines += [f"warning: {text}" for text in meta.get("warnings", [])]
-    for key, what in (
-        ("unreadable", "unreadable image(s) left out"),
-        ("left_out", "file(s) without an image extension left out"),
-    ):
-        if meta[key]:
-            shown = "; ".join(meta[key][:_SHOWN])
-            more = f"; … and {len(meta[key]) - _SHOWN} more" if len(meta[key]) > _SHOWN else ""
-            lines.append(f"note: {len(meta[key])} {what}: {shown}{more}")
-    if meta.get("kept_in"):
-        lines.append(f"kept in {meta['kept_in']}: later `predict` calls and the model card use it")
-    if out is not None:
-        lines.append(f"written to {out} and {meta_path(out)}")
-    return "\n".join(lines)
-
-
-def _guarantee(rule: AbstentionRule) -> str:
-    """The summary's line of a certified rule: what it guarantees and the coverage it costs."""
-    cert = rule.certified
-    cost = (
-        f"validation coverage {_percent(rule.validation.coverage)} "
-        f"(empirical rule: {_percent(cert.empirical_coverage)})"
-    )
-    asked = (
-        f"risk ≤ {_percent(rule.target, None)} among accepted with probability ≥ "
-        f"{_percent(cert.confidence, None)}"
-    )
-    if cert.risk_bound is None:
-        return (
-            f"guarantee: no threshold is certified for {asked} on the validation split, so the "
-            f"model abstains on everything ({cert.method}); {cost}"
-        )
-    return (
-        f"guarantee: {asked} ({cert.method}; bound at the threshold "
-        f"{_percent(cert.risk_bound, 2)}); {cost}"
-    )
-
-
-def _percent(fraction: float, digits: int | None = 1) -> str:
-    """``fraction`` in percent, to ``digits`` decimals (``None``: as given, 0.975 → 97.5 %)."""
-    return f"{100 * fraction:.4g} %" if digits is None else f"{100 * fraction:.{digits}f} %"
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:

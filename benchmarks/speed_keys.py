@@ -15,9 +15,10 @@ CIFAR-100 context of the transfer protocol). Variants of one model:
 load on the machine falls on all alike; each time is the median of ``--steps``. ``compile``'s
 first step, compilation included, is reported on its own.
 
-**Memory.** Each (model, method, checkpointing off/on) runs its steps in a fresh process, which
-reports its peak resident set size (``VmHWM``, reset just before the first step) above its
-resident size then: what the step's activations, gradients and workspace hold at their peak.
+**Memory.** Each (model, method, checkpointing off/on) runs its steps in a fresh process, with
+glibc returning freed memory at once, which reports its peak resident set size over the steps
+after the first (``VmHWM``, reset after it) above its resident size then: what a step's
+activations, gradients and workspace hold at their peak.
 ``tracemalloc`` cannot measure this: it traces Python's allocator, not torch's C++ tensors.
 
 The inputs are synthetic tensors already in memory: a step's cost does not depend on pixel
@@ -28,6 +29,7 @@ checkpointed peak to the plain one (memory).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import platform
 import statistics
@@ -129,14 +131,27 @@ def _status_mib(field: str) -> float:
     return int(line.split()[1]) / 1024  # kB
 
 
+def _return_freed_memory() -> None:
+    """glibc's mmap and trim thresholds fixed at 128 KiB (a fixed value also stops glibc raising
+    them as it goes): every large tensor is mapped when allocated and unmapped when freed, so the
+    resident set follows what is live rather than what the allocator keeps for reuse."""
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt.argtypes, libc.mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    for param in (-3, -1):  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD (malloc.h)
+        libc.mallopt(param, 128 * 1024)
+
+
 def probe_memory(name: str, method: str, ckpt: bool, args: argparse.Namespace) -> float:
     """In this (fresh) process: the peak RSS of ``--steps`` steps above the RSS before them, MiB.
 
-    The peak (``VmHWM``) is reset to the current RSS first (Linux's ``/proc/self/clear_refs``),
-    so what setting up the model and importing took does not count.
+    One untimed step first creates what persists between steps (the optimiser's momentum, the
+    libraries' caches); then the peak (``VmHWM``) is reset to the current RSS (Linux's
+    ``/proc/self/clear_refs``), so only what a step allocates and frees counts.
     """
+    _return_freed_memory()
     keys = {"grad_checkpointing": ckpt}
     step = build_step(name, METHODS[method], keys, args.size, args.batch, args.context)
+    step()
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset the peak RSS to the RSS now
     before = _status_mib("VmRSS")
@@ -199,11 +214,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    keep_freed_memory()  # as fseb_ft.finetune does on CPU
     if args.probe:
         name, method, ckpt = args.probe
         print(f"{probe_memory(name, method, ckpt == 'True', args):.1f}")
         return
+    keep_freed_memory()  # for the times: as fseb_ft.finetune does on CPU
     print(f"CPU ({platform.processor() or platform.machine()}), {torch.get_num_threads()} "
           f"threads; torch {torch.__version__}; B = {args.batch}, M = {args.context}, "
           f"{args.size}×{args.size}")  # fmt: skip

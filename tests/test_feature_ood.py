@@ -117,3 +117,25 @@ def test_features_of_another_width_and_unknown_names_are_refused() -> None:
         feature_ood_score("knn", fit, torch.zeros(2, 3))
     with pytest.raises(ValueError, match="must be one of"):
         feature_ood_score("gram", fit, features)
+
+
+def test_ood_metrics_report_a_feature_score_only_where_its_values_are_given() -> None:
+    from fseb_ft.evaluation.ood import OOD_SCORE_REGISTRY, ood_metrics
+
+    assert [s for s, r in OOD_SCORE_REGISTRY.items() if r.needs_features] == list(FEATURE_SCORES)
+    features, labels, weight, bias = _two_gaussians()
+    fit = fit_feature_ood(features, labels, weight, bias, k=5, principal_dim=2)
+    far = features * 10 + 20
+    probs_in, probs_out = torch.full((40, 2), 0.5), torch.full((40, 2), 0.5)
+    values_in = {"mahalanobis": feature_ood_score("mahalanobis", fit, features)}
+    values_out = {"mahalanobis": feature_ood_score("mahalanobis", fit, far)}
+    found = ood_metrics(
+        probs_in, probs_out, ("entropy", "mahalanobis", "vim"), None, None, values_in, values_out
+    )
+    assert set(found) == {
+        f"{s}_{m}" for s in ("entropy", "mahalanobis") for m in ("auroc", "aupr", "fpr95")
+    }
+    assert found["mahalanobis_auroc"] == 1.0  # every far point is farther than every training one
+    assert (
+        set(ood_metrics(probs_in, probs_out, ("mahalanobis",))) == set()
+    )  # an ensemble: no values

@@ -60,7 +60,7 @@ from fseb_ft.evaluation.conformal import ConformalCalibration
 from fseb_ft.evaluation.temperature import TEMPERATURE_RANGE, temperature_identified
 from fseb_ft.logs import configure_logging
 from fseb_ft.recipe import DatasetSpec
-from fseb_ft.recipe.options import OOD_SCORES
+from fseb_ft.recipe.options import OUTPUT_OOD_SCORES
 from fseb_ft.runs.conformal_sets import (
     add_conformal_arguments,
     add_set_columns,
@@ -142,8 +142,9 @@ def predict_images(
             probability over the validation draw (:mod:`fseb_ft.evaluation.certified`);
             ``None``: the empirical rule.
         top_k: how many classes each row ranks.
-        ood: the OOD score reported (:data:`~fseb_ft.recipe.options.OOD_SCORES`); default: the
-            run's.
+        ood: the OOD score reported (:data:`~fseb_ft.recipe.options.OUTPUT_OOD_SCORES`: not
+            the feature scores, which need the training split's features); default: the run's
+            first such score.
         temperature: overrides the model's temperature (1: raw outputs).
         device: ``cpu``, ``cuda``, ``cuda:1``, …; default: CUDA when there is one.
         batch_size, num_workers: the loader's.
@@ -301,8 +302,8 @@ def _check_arguments(
         raise ValueError("give at most one of coverage, max_risk and threshold")
     if top_k < 1:
         raise ValueError(f"top_k must be at least 1, got {top_k}")
-    if ood is not None and ood not in OOD_SCORES:
-        raise ValueError(f"ood score must be one of {list(OOD_SCORES)}, got {ood!r}")
+    if ood is not None and ood not in OUTPUT_OOD_SCORES:
+        raise ValueError(f"ood score must be one of {list(OUTPUT_OOD_SCORES)}, got {ood!r}")
     if temperature is not None and not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if confidence is not None and max_risk is None:
@@ -411,7 +412,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--ood-score",
-        choices=OOD_SCORES,
+        choices=OUTPUT_OOD_SCORES,
         help="default: the run's first eval.ood_scores, else entropy",
     )
     parser.add_argument(

@@ -155,7 +155,7 @@ def predict_run(run: SavedRun, accelerator: Accelerator) -> Predictions:
     predictor = run_predictor(run_dir, recipe, accelerator.unwrap_model(model))
     loader_kw = {"num_workers": recipe.data.num_workers, "seed": recipe.train.seed}
     predictions = predict_splits(
-        predictor, splits, info.input, recipe.eval, accelerator, **loader_kw
+        predictor, splits, info.input, recipe.eval, accelerator, **loader_kw, network=model
     )
     accelerator.free_memory(model)
     return predictions

@@ -373,6 +373,7 @@ def _evaluate(recipe: Recipe, splits: Splits, spec: InputSpec, parts: Prepared) 
         recipe.eval,
         parts.accelerator,
         **_loader_kw(recipe),
+        network=parts.objective.model,
     )
     return EvalResults.from_predictions(
         predictions, recipe.eval.ood_scores, recipe.eval.metrics, Bootstrap.of(recipe)

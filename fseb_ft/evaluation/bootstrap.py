@@ -31,7 +31,7 @@ from fseb_ft.evaluation.metrics import (
     _top_label_bins,  # the ECE's bins, shared so a resample bins exactly as ece() does
     metric_inputs,
 )
-from fseb_ft.evaluation.ood import OOD_SCORE_REGISTRY, ood_score
+from fseb_ft.evaluation.ood import available, ood_score
 from fseb_ft.recipe import Recipe
 
 if TYPE_CHECKING:  # predictions need Accelerate; intervals only read their tensors
@@ -160,11 +160,16 @@ def _ood_scores(
     logit ones only where both have logits, as :func:`~fseb_ft.evaluation.ood.ood_metrics`)."""
     logits_out = predictions.ood_logits.get(name)
     logits_in = predictions.test_logits if logits_out is not None else None
+    features_out = predictions.ood_feature_scores.get(name, {})
+    features_in = {s: v for s, v in predictions.test_feature_scores.items() if s in features_out}
     probs_in = predictions.test[0].exp()
     return (
-        ood_score_values(scores, probs_in, logits_in),
+        ood_score_values(scores, probs_in, logits_in, features_in),
         ood_score_values(
-            scores, predictions.ood[name].exp(), logits_out if logits_in is not None else None
+            scores,
+            predictions.ood[name].exp(),
+            logits_out if logits_in is not None else None,
+            features_out,
         ),
     )
 
@@ -224,13 +229,17 @@ def ood_intervals(
 
 
 def ood_score_values(
-    names: Sequence[str], probs: Tensor, logits: Tensor | None
+    names: Sequence[str],
+    probs: Tensor,
+    logits: Tensor | None,
+    features: Mapping[str, Tensor] | None = None,
 ) -> dict[str, Tensor]:
-    """Each score of ``names`` that can be computed (a logit score needs ``logits``)."""
+    """Each score of ``names`` that can be computed (a logit score needs ``logits``, a feature
+    score its values in ``features``)."""
     return {
-        name: ood_score(name, probs, logits)
+        name: ood_score(name, probs, logits, features)
         for name in names
-        if logits is not None or not OOD_SCORE_REGISTRY[name].needs_logits
+        if available(name, (logits,), (features,))
     }
 
 

@@ -4,7 +4,10 @@ A score is per sample, larger meaning more likely out of distribution: predictiv
 paper's), the negative maximum softmax probability, the negative maximum logit and the energy.
 Each is one function registered by :func:`register_ood_score` under its name in
 :data:`~fseb_ft.recipe.options.OOD_SCORES`, with the title tables and model cards give it and
-whether it reads logits; :data:`OOD_SCORE_REGISTRY` lists them in that order.
+whether it reads logits; :data:`OOD_SCORE_REGISTRY` lists them in that order. The feature
+scores (Mahalanobis, relative Mahalanobis, KNN, ViM) follow, registered with
+``needs_features``: the evaluation pass computes them from the penultimate features
+(:mod:`fseb_ft.evaluation.feature_ood`) and hands their values in as ``features``.
 :func:`ood_metrics` reports AUROC, AUPR and FPR95 of each chosen score, in- and
 out-of-distribution scored together (:func:`fseb_ft.evaluation.detection.ood_detection`).
 Conventions and argument checks are those of the metrics (:mod:`fseb_ft.evaluation.checks`).
@@ -12,19 +15,26 @@ Conventions and argument checks are those of the metrics (:mod:`fseb_ft.evaluati
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from fseb_ft.evaluation.checks import check_float_matrix, describe, to_float64
+from fseb_ft.evaluation.checks import (
+    check_float_matrix,
+    check_float_vector,
+    describe,
+    to_float64,
+)
 from fseb_ft.evaluation.detection import ood_detection
+from fseb_ft.evaluation.feature_ood import FEATURE_SCORES
 from fseb_ft.evaluation.metrics import confidence_scores, predictive_entropy
 
 __all__ = [
     "OOD_SCORE_REGISTRY",
     "OodScore",
+    "available",
     "energy_score",
     "entropy_score",
     "max_logit_score",
@@ -47,13 +57,17 @@ class OodScore:
         needs_logits: whether it reads logits (absent for an ensemble, which has none) rather
             than probabilities.
         compute: ``(N, K)`` logits if ``needs_logits`` else probabilities → ``(N,)`` scores,
-            larger = more likely OOD.
+            larger = more likely OOD; with ``needs_features``, the ``(N,)`` values computed
+            from the features → themselves, checked.
+        needs_features: whether it is a feature score, absent where its values are (an
+            ensemble, ``predict``).
     """
 
     name: str
     title: str
     needs_logits: bool
     compute: _ScoreFn
+    needs_features: bool = False
 
 
 OOD_SCORE_REGISTRY: dict[str, OodScore] = {}
@@ -62,7 +76,7 @@ OOD_SCORE_REGISTRY: dict[str, OodScore] = {}
 
 
 def register_ood_score(
-    name: str, *, title: str, needs_logits: bool = False
+    name: str, *, title: str, needs_logits: bool = False, needs_features: bool = False
 ) -> Callable[[_ScoreFn], _ScoreFn]:
     """Register the decorated function as the OOD score ``name``.
 
@@ -71,6 +85,7 @@ def register_ood_score(
         title: how tables and the model card name it; required and non-empty, so a score
             without one fails when its module is imported, not after training.
         needs_logits: whether the function takes logits instead of probabilities.
+        needs_features: whether it is a feature score, whose values are given.
 
     Returns:
         A decorator that registers the function and returns it unchanged.
@@ -81,7 +96,7 @@ def register_ood_score(
         raise ValueError(f"OOD score {name!r} is already registered")
 
     def register(compute: _ScoreFn) -> _ScoreFn:
-        OOD_SCORE_REGISTRY[name] = OodScore(name, title, needs_logits, compute)
+        OOD_SCORE_REGISTRY[name] = OodScore(name, title, needs_logits, compute, needs_features)
         return compute
 
     return register
@@ -153,23 +168,46 @@ def energy_score(logits: Tensor, temperature: float = 1.0) -> Tensor:
     return -temperature * torch.logsumexp(to_float64(logits) / temperature, dim=-1)  # (N,)
 
 
-def ood_score(name: str, probs: Tensor, logits: Tensor | None = None) -> Tensor:
+_FEATURE_TITLES = {
+    "mahalanobis": "Mahalanobis distance (penultimate features)",
+    "relative_mahalanobis": "relative Mahalanobis distance (penultimate features)",
+    "knn": "k-th nearest-neighbour distance (penultimate features)",
+    "vim": "ViM (virtual logit of the penultimate features)",
+}
+for _name in FEATURE_SCORES:
+    register_ood_score(_name, title=_FEATURE_TITLES[_name], needs_features=True)(
+        lambda values: to_float64(check_float_vector(values, "feature score values"))
+    )
+
+
+def ood_score(
+    name: str,
+    probs: Tensor,
+    logits: Tensor | None = None,
+    features: Mapping[str, Tensor] | None = None,
+) -> Tensor:
     """Per-sample OOD score ``name`` of :data:`OOD_SCORE_REGISTRY`, larger = more likely OOD.
 
     ``entropy``: :func:`entropy_score`; ``msp``: :func:`msp_score`; ``max_logit``:
     :func:`max_logit_score`; ``energy``: :func:`energy_score` with ``T = 1``. A score that
-    needs logits (softmax drops the logsumexp they depend on) reads ``logits``, the others
-    ``probs``.
+    needs logits (softmax drops the logsumexp they depend on) reads ``logits``, a feature score
+    its values in ``features``, the others ``probs``.
 
     Args:
         name: a registered score.
         probs: ``(N, K)`` class probabilities.
         logits: ``(N, K)`` logits; required for the scores that need them.
+        features: feature score name → its ``(N,)`` values
+            (:func:`~fseb_ft.evaluation.feature_ood.feature_ood_score`); required for those.
 
     Returns:
         ``(N,)`` float64 scores.
     """
     score = _registered(name)
+    if score.needs_features:
+        if features is None or name not in features:
+            raise ValueError(f"the {name!r} score needs its values in `features`, got none")
+        return score.compute(features[name])
     if not score.needs_logits:
         return score.compute(probs)
     if logits is None:
@@ -183,13 +221,16 @@ def ood_metrics(
     scores: tuple[str, ...] = ("entropy",),
     logits_in: Tensor | None = None,
     logits_out: Tensor | None = None,
+    features_in: Mapping[str, Tensor] | None = None,
+    features_out: Mapping[str, Tensor] | None = None,
 ) -> dict[str, Tensor]:
     """OOD detection (:func:`ood_detection`) by each score of ``scores``.
 
     Keys are ``{score}_auroc``, ``{score}_aupr`` and ``{score}_fpr95`` for each score (see
     :func:`ood_score`); ``entropy`` is the paper's choice. A score that needs logits
     (``max_logit``, ``energy``) is left out when the logits are not given (an ensemble has
-    averaged probabilities but no logits): absent, never computed from something else.
+    averaged probabilities but no logits): absent, never computed from something else; so is a
+    feature score whose values are not given.
 
     Args:
         probs_in: ``(N_in, K)`` class probabilities on in-distribution data.
@@ -197,6 +238,8 @@ def ood_metrics(
         scores: registered score names.
         logits_in: ``(N_in, K)`` logits behind ``probs_in``, or ``None``.
         logits_out: ``(N_out, K)`` logits behind ``probs_out``, or ``None``.
+        features_in: feature score name → ``(N_in,)`` values, or ``None``.
+        features_out: feature score name → ``(N_out,)`` values, or ``None``.
 
     Returns:
         Three 0-dim float64 tensors per score reported.
@@ -208,13 +251,26 @@ def ood_metrics(
             f"`probs_out` must have the same number of classes K={probs_in.shape[1]} as "
             f"`probs_in`, got {describe(probs_out)}"
         )
-    has_logits = logits_in is not None and logits_out is not None
     out: dict[str, Tensor] = {}
     for name in scores:
-        if _registered(name).needs_logits and not has_logits:
+        if not available(name, (logits_in, logits_out), (features_in, features_out)):
             continue
         found = ood_detection(
-            ood_score(name, probs_in, logits_in), ood_score(name, probs_out, logits_out)
+            ood_score(name, probs_in, logits_in, features_in),
+            ood_score(name, probs_out, logits_out, features_out),
         )
         out.update({f"{name}_{key}": value for key, value in found.items()})
     return out
+
+
+def available(
+    name: str,
+    logits: Sequence[Tensor | None],
+    features: Sequence[Mapping[str, Tensor] | None],
+) -> bool:
+    """Whether score ``name`` can be computed on every set given: a logit score needs each set's
+    logits, a feature score its values in each set's ``features``."""
+    score = _registered(name)
+    if score.needs_features:
+        return all(found is not None and name in found for found in features)
+    return not score.needs_logits or all(z is not None for z in logits)

@@ -8,6 +8,7 @@ The metrics and files made from them are :mod:`fseb_ft.runs.report`'s.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -20,15 +21,20 @@ from fseb_ft.data.images import IndexedImages, LabeledImages
 from fseb_ft.data.inputs import InputSpec
 from fseb_ft.data.splits import TEST_SPLIT, VALIDATION_SPLIT, Splits, stratified_split
 from fseb_ft.data.transforms import TransformedImages, eval_transform, make_loader
+from fseb_ft.errors import FsebError
+from fseb_ft.evaluation.feature_ood import FEATURE_SCORES, feature_ood_score, fit_feature_ood
 from fseb_ft.evaluation.groups import Groups, reported_groups
+from fseb_ft.method.posterior import unwrap_model
 from fseb_ft.recipe import EvalConfig
 
 __all__ = [
     "Predictions",
     "corruption_subset",
     "eval_loader",
+    "feature_scores",
     "predict",
     "predict_corruptions",
+    "predict_features",
     "predict_logits",
     "predict_splits",
 ]
@@ -65,6 +71,11 @@ class Predictions:
     class_names: list[str] | None = None
     """The training split's class names, index = label, for tables and figures; ``None``: the
     labels stand for themselves."""
+    test_feature_scores: dict[str, Tensor] = dataclasses.field(default_factory=dict)
+    """Feature score name → its values (N,) on ``test`` (:func:`feature_scores`); empty unless
+    ``eval.ood_scores`` names one, and for an ensemble."""
+    ood_feature_scores: dict[str, dict[str, Tensor]] = dataclasses.field(default_factory=dict)
+    """OOD set name → feature score name → its values (N_o,)."""
 
     def scaled(self, temperature: float) -> Predictions:
         """The predictions of ``logits / temperature`` on the test split, the OOD sets and the
@@ -74,7 +85,8 @@ class Predictions:
         too: ``log p = z − c`` with ``c`` the same for every class of an image, and softmax
         ignores that shift, so ``log_softmax(log p / T) = log_softmax(z / T)``. Where logits are
         kept they are used (bit for bit the model's at ``T`` = 1) and scaled, for the logit-based
-        OOD scores.
+        OOD scores. The feature scores are kept: the features do not depend on ``T`` (ViM's
+        energy is that of the network's own logits).
         """
 
         def scale(z: Tensor) -> Tensor:
@@ -98,6 +110,8 @@ class Predictions:
             split=self.split,
             groups=self.groups,
             class_names=self.class_names,
+            test_feature_scores=self.test_feature_scores,
+            ood_feature_scores=self.ood_feature_scores,
         )
 
 
@@ -139,10 +153,13 @@ def predict_splits(
     accelerator: Accelerator,
     num_workers: int,
     seed: int,
+    network: nn.Module | None = None,
 ) -> Predictions:
     """Predict the test split, every OOD set and every corruption of ``cfg.corruptions`` (and
     the validation split's logits with ``cfg.temperature_scaling``), with the reported split's
-    ``cfg.group_by`` values.
+    ``cfg.group_by`` values, and the feature scores ``cfg.ood_scores`` names
+    (:func:`feature_scores` of ``network``, the timm network behind ``model``; default
+    ``model``).
 
     Without a test split (``data.test`` unset) the validation split stands in for it, and the
     predictions say so (``split``): its numbers are those model selection saw, so optimistic.
@@ -187,6 +204,7 @@ def predict_splits(
         split=split,
         groups=groups,
         class_names=list(splits.train.class_names),
+        **feature_scores(network or model, splits, reported, cfg.ood_scores, loader, accelerator),
     )
 
 
@@ -238,6 +256,69 @@ def corruption_subset(test: LabeledImages, limit: int | None, seed: int) -> Labe
         return test
     _, keep = stratified_split(test.labels, limit / len(test), seed)  # (≈limit,) sorted
     return IndexedImages(test, keep)
+
+
+@torch.no_grad()
+def predict_features(
+    network: nn.Module, loader: DataLoader, accelerator: Accelerator
+) -> tuple[Tensor, Tensor]:
+    """Float32 penultimate features (N, D), the classifier's input (timm's
+    ``forward_head(forward_features(x), pre_logits=True)``), and labels (N,) on CPU, in eval
+    mode, each sample counted once."""
+    inner = unwrap_model(network)
+    was_training = inner.training
+    inner.eval()
+    found, labels = [], []
+    for x, y in tqdm(loader, desc="features", disable=not accelerator.is_main_process, leave=False):
+        with accelerator.autocast():
+            h = inner.forward_head(inner.forward_features(x), pre_logits=True)  # (B, D)
+        h, y = accelerator.gather_for_metrics((h.float().flatten(1), y))
+        found.append(h.cpu())
+        labels.append(y.cpu())
+    inner.train(was_training)
+    return torch.cat(found), torch.cat(labels)
+
+
+def feature_scores(
+    network: nn.Module,
+    splits: Splits,
+    reported: Any,
+    names: Sequence[str],
+    loader: Callable[[Any], DataLoader],
+    accelerator: Accelerator,
+) -> dict[str, Any]:
+    """The feature scores of ``names`` (:mod:`~fseb_ft.evaluation.feature_ood`) on ``reported``
+    and each OOD set, fitted on the training split's features (one un-augmented pass in eval
+    mode): the :class:`Predictions` fields ``test_feature_scores`` and ``ood_feature_scores``,
+    empty when ``names`` has none."""
+    wanted = [name for name in names if name in FEATURE_SCORES]
+    if not wanted:
+        return {}
+    features, labels = predict_features(network, loader(splits.train), accelerator)
+    fit = fit_feature_ood(features, labels, *_classifier(network, "vim" in wanted))
+
+    def scores(data: Any) -> dict[str, Tensor]:
+        h = predict_features(network, loader(data), accelerator)[0]
+        return {name: feature_ood_score(name, fit, h) for name in wanted}
+
+    return {
+        "test_feature_scores": scores(reported),
+        "ood_feature_scores": {name: scores(data) for name, data in splits.ood.items()},
+    }
+
+
+def _classifier(network: nn.Module, needed: bool) -> tuple[Tensor | None, Tensor | None]:
+    """The linear classifier's weight and bias, for ViM; ``(None, None)`` when not needed."""
+    if not needed:
+        return None, None
+    head = unwrap_model(network).get_classifier()
+    if not isinstance(head, nn.Linear):
+        raise FsebError(
+            f"eval.ood_scores: vim needs a linear classifier (timm's get_classifier()), "
+            f"this model's is {type(head).__name__}"
+        )
+    bias = None if head.bias is None else head.bias.detach().float().cpu()
+    return head.weight.detach().float().cpu(), bias
 
 
 def eval_loader(

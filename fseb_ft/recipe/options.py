@@ -55,9 +55,16 @@ CACHE_RESIZE = ("bilinear", "bicubic", "lanczos", "box", "hamming")
 SOURCES = ("hub", "imagefolder", "disk", "arrays", "idx", "sklearn_digits", "csv")
 """Dataset sources (``DatasetSpec.source``)."""
 
-OOD_SCORES = ("entropy", "msp", "max_logit", "energy")
+FEATURE_OOD_SCORES = ("mahalanobis", "relative_mahalanobis", "knn", "vim")
+"""The OOD scores of the penultimate features (``fseb_ft.evaluation.feature_ood``), fitted on the
+training split: not for an ensemble, nor for ``fseb-ft predict``."""
+OUTPUT_OOD_SCORES = ("entropy", "msp", "max_logit", "energy")
+"""The OOD scores of the network's outputs (probabilities or logits), those ``fseb-ft predict``
+and an ensemble can report."""
+OOD_SCORES = (*OUTPUT_OOD_SCORES, *FEATURE_OOD_SCORES)
 """OOD detection scores (``eval.ood_scores``), each larger = more likely OOD: predictive entropy,
-negative maximum softmax probability, negative maximum logit, energy ``-logsumexp(logits)``."""
+negative maximum softmax probability, negative maximum logit, energy ``-logsumexp(logits)``, and
+the feature scores of :data:`FEATURE_OOD_SCORES`."""
 
 TASK_METRICS = (
     "qwk",

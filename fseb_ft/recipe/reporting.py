@@ -54,8 +54,14 @@ class EvalConfig:
     """OOD detection scores reported for each OOD set (AUROC, AUPR, FPR95 each; larger score =
     more likely OOD): ``entropy`` (predictive entropy, the paper's), ``msp`` (negative maximum
     softmax probability), ``max_logit`` (negative maximum logit), ``energy`` (negative
-    logsumexp of the logits). ``max_logit`` and ``energy`` are not defined for an ensemble
-    (averaged probabilities, no logits) and are left out of its results."""
+    logsumexp of the logits); and the scores of the penultimate features (the classifier's
+    input), fitted on one extra un-augmented pass over the training split (docs/method.md,
+    "Feature-space OOD scores"): ``mahalanobis`` (class means, shared covariance),
+    ``relative_mahalanobis`` (minus the distance under one background Gaussian), ``knn``
+    (distance to the 50th nearest normalised training feature), ``vim`` (virtual logit minus
+    energy; needs a linear classifier). ``max_logit`` and ``energy`` are not defined for an
+    ensemble (averaged probabilities, no logits), nor the feature scores, and are left out of
+    its results; ``fseb-ft predict`` reports the output scores only."""
     metrics: tuple[Literal[TASK_METRICS], ...] = ()
     """Task metrics reported beside the standard ones, computed with scikit-learn on the
     reported split and on validation every epoch (docs/method.md, "Task metrics"): ``qwk``

@@ -38,6 +38,7 @@ from fseb_ft.method.models import create_model
 from fseb_ft.method.posterior import posterior, predictive
 from fseb_ft.recipe import DatasetSpec, Recipe
 from fseb_ft.recipe.datasets import IN_MEMORY
+from fseb_ft.recipe.options import OUTPUT_OOD_SCORES
 from fseb_ft.recipe.schema import build
 from fseb_ft.runs.rundir import (
     MODEL_DIR,
@@ -97,7 +98,8 @@ class LoadedModel:
     kept: AbstentionRule | None = None
     """The abstention rule the model keeps (``abstention.json`` / ``fseb.json``), if any."""
     default_ood_score: str = "entropy"
-    """The OOD score reported when none is asked for: the run's first ``eval.ood_scores``."""
+    """The OOD score reported when none is asked for: the run's first ``eval.ood_scores`` of the
+    network's outputs (``entropy`` without one)."""
 
 
 def load_model(model: str | Path) -> LoadedModel:
@@ -154,7 +156,10 @@ def _load_run(run_dir: Path) -> LoadedModel:
         recipe=recipe,
         info=info,
         kept=_kept(read_abstention(run_dir)),
-        default_ood_score=recipe.eval.ood_scores[0],
+        # predict has logits, not the training split's features: the first logit score.
+        default_ood_score=next(
+            (s for s in recipe.eval.ood_scores if s in OUTPUT_OOD_SCORES), "entropy"
+        ),
     )
 
 

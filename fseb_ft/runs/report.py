@@ -103,6 +103,8 @@ def evaluate_predictions(
     test_logits: Tensor | None = None,
     ood_logits: Mapping[str, Tensor] | None = None,
     task_metrics: Sequence[str] = (),
+    test_feature_scores: Mapping[str, Tensor] | None = None,
+    ood_feature_scores: Mapping[str, Mapping[str, Tensor]] | None = None,
 ) -> dict[str, Any]:
     """The metrics of the test predictions, each named OOD set and each corruption.
 
@@ -121,6 +123,8 @@ def evaluate_predictions(
         test_logits, ood_logits: the logits behind ``test`` and ``ood`` (``None`` for an
             ensemble: its logit scores are then absent).
         task_metrics: the task metrics to add to ``test`` (``eval.metrics``).
+        test_feature_scores, ood_feature_scores: the feature scores' values on ``test`` and on
+            each OOD set (absent: those scores are too).
 
     Returns:
         ``{"test": {metric: float, "n": N}, "ood": {name: {metric: float, "n": N_o}}}``; with
@@ -139,7 +143,15 @@ def evaluate_predictions(
     out["ood"] = {}
     for name, lp in (ood or {}).items():
         z_out = (ood_logits or {}).get(name)  # (N_o, K) or None
-        found = ood_metrics(probs_in, lp.exp(), tuple(ood_scores), test_logits, z_out)
+        found = ood_metrics(
+            probs_in,
+            lp.exp(),
+            tuple(ood_scores),
+            test_logits,
+            z_out,
+            test_feature_scores,
+            (ood_feature_scores or {}).get(name),
+        )
         scores = {k: float(v) for k, v in found.items()}
         out["ood"][name] = scores | {"n": len(lp)}
     if corruptions:
@@ -346,6 +358,8 @@ def _metrics(
         test_logits=predictions.test_logits,
         ood_logits=predictions.ood_logits,
         task_metrics=task_metrics,
+        test_feature_scores=predictions.test_feature_scores,
+        ood_feature_scores=predictions.ood_feature_scores,
     )
     if predictions.groups is not None:
         out["groups"] = group_results(predictions.test, predictions.groups, list(out["test"]))

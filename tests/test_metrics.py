@@ -716,6 +716,7 @@ def test_all_exports() -> None:
         "sensitivity_at_specificity",
     }
     assert set(O.__all__) == {
+        "available",
         "ood_metrics",
         "ood_score",
         "max_logit_score",

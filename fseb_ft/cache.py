@@ -99,7 +99,9 @@ def _named_sets(recipe: Recipe) -> dict[str, LabeledImages]:
         named["data.test"] = splits.test
     named |= {f"data.ood.{name}": images for name, images in splits.ood.items()}
     named |= {
-        f"data.val_ood.{name}": load_split(f"data.val_ood.{name}", spec, data.channels, seed)
+        f"data.val_ood.{name}": load_split(
+            f"data.val_ood.{name}", spec, data.channels, data.draw_seed(seed)
+        )
         for name, spec in data.val_ood.items()
     }
     named |= {

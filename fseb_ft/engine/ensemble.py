@@ -199,7 +199,8 @@ def _ensemble_val(
         logger.warning(
             "temperature scaling is left off for the ensemble: its members hold out different "
             "validation images (run.json data.val differs, e.g. other seeds), each another "
-            "member's training data; give every member the same data.val to scale the ensemble"
+            "member's training data; train every member with one data.seed (or the same "
+            "data.val) to scale the ensemble"
         )
         return None
     log_probs = [torch.log_softmax(z.double(), -1) for z, _ in vals]  # (N_v, K) each

@@ -219,7 +219,7 @@ def _val_ood_sets(
     data = recipe.data
     keys = {name: f"data.val_ood.{name}" for name in data.val_ood}
     sets = {
-        keys[name]: load_split(keys[name], spec, data.channels, recipe.train.seed)
+        keys[name]: load_split(keys[name], spec, data.channels, data.draw_seed(recipe.train.seed))
         for name, spec in data.val_ood.items()
     }
     dropped: dict[str, list[str]] = {}

@@ -245,11 +245,11 @@ class DataConfig:
     hold-out, from the rest, still as a share of all of ``train``."""
     test_fraction: float | None = None
     """Fraction of ``train`` held out as the test split when ``test`` is ``null`` (a task that
-    ships one labelled file, as on Kaggle): seeded with ``train.seed`` and stratified like
-    ``val_fraction``, group-aware in the same way (no group in two splits), and taken first,
-    so the validation hold-out (or a ``val`` split given later) leaves it unchanged. Must be
-    ``null`` when ``test`` is given, and ``val_fraction + test_fraction`` below 1. ``null``:
-    no test hold-out."""
+    ships one labelled file, as on Kaggle): seeded with ``seed`` (else ``train.seed``) and
+    stratified like ``val_fraction``, group-aware in the same way (no group in two splits),
+    and taken first, so the validation hold-out (or a ``val`` split given later) leaves it
+    unchanged. Must be ``null`` when ``test`` is given, and ``val_fraction + test_fraction``
+    below 1. ``null``: no test hold-out."""
     augment: Literal[AUGMENTATIONS] = "crop_flip"
     """Training augmentation: ``none`` (resize), ``flip``, ``crop_flip`` (pad, crop, flip: the
     CIFAR recipe) and ``randaug-lite`` (random resized crop, flip) with albumentations; ``timm``:
@@ -279,6 +279,13 @@ class DataConfig:
     ``data.cache.size=256`` on the command line. ``null``: decode the original files at every
     epoch. Evaluation then resizes the cached copy, not the original, to the input size:
     docs/performance.md says how far that moves the pixels."""
+    seed: int | None = None
+    """Seed of every random draw of the data: the ``limit`` and ``fraction`` subsets of each
+    dataset and the ``val_fraction`` / ``test_fraction`` hold-outs. ``null``: ``train.seed``, so
+    each training seed draws its own images. Fix it to train runs that differ only in their
+    training randomness (initialisation, batch order, augmentation) on the same images and
+    validation split, as the members of a deep ensemble: ``fseb-ft evaluate --ensemble`` then
+    fits the ensemble's temperature on that shared validation split."""
     mixup: MixupConfig | None = None
     """Mixup / CutMix of the training batches, e.g. ``{mixup_alpha: 0.8, cutmix_alpha: 1.0}``
     or ``data.mixup.mixup_alpha=0.2`` on the command line; ``null``: off. Validation, selection
@@ -289,6 +296,7 @@ class DataConfig:
         self._check_test_fraction()
         check(self.batch_size >= 1, "batch_size", self.batch_size, "must be ≥ 1")
         check(self.num_workers >= 0, "num_workers", self.num_workers, "must be ≥ 0")
+        check(self.seed is None or self.seed >= 0, "seed", self.seed, "must be ≥ 0 or null")
         for name in ("mean", "std"):
             value = getattr(self, name)
             check(
@@ -307,6 +315,10 @@ class DataConfig:
                     f"the same images as the test-time OOD set data.ood.{other}; validate on "
                     "another split or other classes",
                 )
+
+    def draw_seed(self, train_seed: int) -> int:
+        """The seed of the data's random draws: ``seed``, else ``train_seed`` (``train.seed``)."""
+        return train_seed if self.seed is None else self.seed
 
     def _check_test_fraction(self) -> None:
         """``test_fraction``: in (0, 1), with ``val_fraction`` below 1, and only without

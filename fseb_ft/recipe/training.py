@@ -78,7 +78,8 @@ class TrainConfig:
     grad_accum_steps: int = 1
     """Micro-batches accumulated per optimiser step."""
     seed: int = 0
-    """Seed for initialisation, splits, shuffling, augmentation and the context pool."""
+    """Seed for initialisation, shuffling, augmentation and the context pool, and of the data's
+    draws (subsets, validation and test hold-outs) unless ``data.seed`` fixes those."""
     select_metric: str = "nll"
     """Validation metric that picks the best checkpoint: ``nll``, ``accuracy``, ``ece``,
     ``brier``, a task metric of ``eval.metrics``' list but ``per_class_recall`` (``qwk``,

@@ -345,7 +345,8 @@ def validation_split(recipe: Recipe, info: RunInfo | None) -> LabeledImages:
         FsebError: the run was trained on in-memory data (``fseb_ft.finetune``), which the
             recipe only names; or the rebuilt split is not the one ``run.json`` records.
     """
-    cfg, seed = recipe.data, recipe.train.seed
+    cfg = recipe.data
+    seed = cfg.draw_seed(recipe.train.seed)
     spec = cfg.val if cfg.val is not None else cfg.train
     if spec.path.startswith(IN_MEMORY):
         raise FsebError(

@@ -83,9 +83,11 @@ def hold_outs(
 
     The test hold-out is ``data.test_fraction`` of them (``None`` when it is null), the
     validation one ``data.val_fraction`` (``None`` with ``data.val``), taken from the rest;
-    seeded with ``seed`` (``train.seed``), stratified, and of whole groups when ``full`` has
-    groups (:func:`fseb_ft.data.holdout.hold_out`). Without either, train is ``full`` itself.
+    seeded with ``cfg.draw_seed(seed)`` (``data.seed``, else ``train.seed``), stratified, and of
+    whole groups when ``full`` has groups (:func:`fseb_ft.data.holdout.hold_out`). Without
+    either, train is ``full`` itself.
     """
+    seed = cfg.draw_seed(seed)
     val_fraction = cfg.val_fraction if cfg.val is None else None
     if val_fraction is None and cfg.test_fraction is None:
         return full, None, None
@@ -97,7 +99,9 @@ def hold_outs(
 
 def build_splits(cfg: DataConfig, seed: int) -> Splits:
     """Load train/val/test/OOD; hold out validation and test parts of train where the recipe
-    asks (:func:`hold_outs`)."""
+    asks (:func:`hold_outs`); every draw seeded with ``cfg.draw_seed(seed)`` (``data.seed``,
+    else ``seed``, ``train.seed``)."""
+    seed = cfg.draw_seed(seed)
     full = load_split("data.train", cfg.train, cfg.channels, seed)
     train, val, test = hold_outs(full, cfg, seed)
     if cfg.val is not None:

@@ -320,7 +320,8 @@ def check_output_dir(run_dir: Path) -> None:
     for folder in (run_dir, *run_dir.parents):
         if folder.is_dir():
             return
-        if folder.exists():
+        # Looked at again: another worker of a sweep may have made the folder since.
+        if folder.exists() and not folder.is_dir():
             where = "is a file" if folder == run_dir else f"lies inside {folder}, which is a file"
             raise ConfigError(
                 f"output.dir {run_dir} {where}, not a folder: give a folder (created if missing)"

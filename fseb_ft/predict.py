@@ -39,6 +39,11 @@ out of the predictions and named in a note and in the meta file.
 ``--conformal C`` adds each image's conformal prediction set (``set``, ``set_size``): the classes
 that, over images exchangeable with the run's validation split, hold the true one with probability
 at least C (:mod:`fseb_ft.evaluation.conformal`, calibrated from the cached validation logits).
+
+``--ood-score`` picks the row's OOD score: one of the outputs (default: the run's first), or a
+feature score (``mahalanobis``, ``relative_mahalanobis``, ``knn``, ``vim``) of the images'
+penultimate features, taken in the pass that gives their logits and scored with the fit on the
+training split that the model keeps (:mod:`fseb_ft.runs.feature_fit`).
 """
 
 from __future__ import annotations
@@ -57,10 +62,11 @@ from fseb_ft.cli import help_text, run_entry
 from fseb_ft.errors import FsebError
 from fseb_ft.evaluation.abstention import AbstentionRule, out_of_range
 from fseb_ft.evaluation.conformal import ConformalCalibration
+from fseb_ft.evaluation.feature_ood import FeatureOodFit, feature_ood_score
 from fseb_ft.evaluation.temperature import TEMPERATURE_RANGE, temperature_identified
 from fseb_ft.logs import configure_logging
 from fseb_ft.recipe import DatasetSpec
-from fseb_ft.recipe.options import OUTPUT_OOD_SCORES
+from fseb_ft.recipe.options import OOD_SCORES
 from fseb_ft.runs.conformal_sets import (
     add_conformal_arguments,
     add_set_columns,
@@ -68,12 +74,13 @@ from fseb_ft.runs.conformal_sets import (
     check_conformal,
     conformal_record,
 )
+from fseb_ft.runs.feature_fit import load_feature_fit
 from fseb_ft.runs.loading import (
     LoadedModel,
     first_line,
     gather_inputs,
     load_model,
-    logits_and_read_errors,
+    outputs_and_read_errors,
 )
 from fseb_ft.runs.prediction_files import (
     accuracy,
@@ -142,9 +149,10 @@ def predict_images(
             probability over the validation draw (:mod:`fseb_ft.evaluation.certified`);
             ``None``: the empirical rule.
         top_k: how many classes each row ranks.
-        ood: the OOD score reported (:data:`~fseb_ft.recipe.options.OUTPUT_OOD_SCORES`: not
-            the feature scores, which need the training split's features); default: the run's
-            first such score.
+        ood: the OOD score reported (:data:`~fseb_ft.recipe.options.OOD_SCORES`); a feature
+            score needs the fit the model keeps (``fseb-ft evaluate RUN
+            eval.ood_scores=[mahalanobis]`` writes it); default: the run's first score of the
+            outputs.
         temperature: overrides the model's temperature (1: raw outputs).
         device: ``cpu``, ``cuda``, ``cuda:1``, …; default: CUDA when there is one.
         batch_size, num_workers: the loader's.
@@ -166,9 +174,11 @@ def predict_images(
     fmt = output_format(out, fmt)
     images = [images] if isinstance(images, str | Path) else list(images)
     loaded = _loaded(model, keep)
+    ood = ood or loaded.default_ood_score
     call = _Call(
         temperature=loaded.temperature if temperature is None else float(temperature),
-        ood=ood or loaded.default_ood_score,
+        ood=ood,
+        fit=load_feature_fit(loaded, ood),  # before any pass: a model without one stops here
         top_k=top_k,
         device=torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")),
         loader_kw={"batch_size": batch_size, "num_workers": num_workers, "progress": progress},
@@ -206,6 +216,8 @@ class _Call:
     """The temperature applied to the logits (the model's unless overridden)."""
     ood: str
     """The OOD score each row reports."""
+    fit: FeatureOodFit | None
+    """The fit the model keeps when ``ood`` is a feature score."""
     top_k: int
     """How many classes each row ranks."""
     device: torch.device
@@ -266,8 +278,9 @@ def _rows(
         ValueError: none of the images could be read.
     """
     net = loaded.model.to(call.device).eval()
-    logits, errors = logits_and_read_errors(
-        net, inputs, loaded, call.device, "predict", **call.loader_kw
+    network = None if call.fit is None else (loaded.network or net)
+    logits, features, errors = outputs_and_read_errors(
+        net, inputs, loaded, call.device, "predict", **call.loader_kw, network=network
     )
     readable = [i for i, err in enumerate(errors) if not err]
     unreadable = [f"{names[i]}: {errors[i]}" for i in range(len(names)) if errors[i]]
@@ -278,6 +291,7 @@ def _rows(
         None if labels is None else [labels[i] for i in readable],
         logits[readable], call.temperature, rule.log_odds_threshold, call.ood,
         loaded.class_names, call.top_k,
+        None if features is None else feature_ood_score(call.ood, call.fit, features[readable]),
     )  # fmt: skip
     if sets is not None:
         add_set_columns(rows, logits[readable], call.temperature, sets, loaded.class_names)
@@ -302,8 +316,8 @@ def _check_arguments(
         raise ValueError("give at most one of coverage, max_risk and threshold")
     if top_k < 1:
         raise ValueError(f"top_k must be at least 1, got {top_k}")
-    if ood is not None and ood not in OUTPUT_OOD_SCORES:
-        raise ValueError(f"ood score must be one of {list(OUTPUT_OOD_SCORES)}, got {ood!r}")
+    if ood is not None and ood not in OOD_SCORES:
+        raise ValueError(f"ood score must be one of {list(OOD_SCORES)}, got {ood!r}")
     if temperature is not None and not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if confidence is not None and max_risk is None:
@@ -412,8 +426,10 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--ood-score",
-        choices=OUTPUT_OOD_SCORES,
-        help="default: the run's first eval.ood_scores, else entropy",
+        choices=OOD_SCORES,
+        help="default: the run's first eval.ood_scores of the outputs, else entropy; a feature "
+        "score (mahalanobis, relative_mahalanobis, knn, vim) needs the fit on the training split "
+        "that `fseb-ft evaluate RUN eval.ood_scores=[...]` keeps with the model",
     )
     parser.add_argument(
         "--temperature", type=float, help="override the model's temperature (1: raw outputs)"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load, save
 from sklearn.covariance import EmpiricalCovariance
 from sklearn.neighbors import NearestNeighbors
 
@@ -13,6 +14,9 @@ from fseb_ft.evaluation.feature_ood import (
     FEATURE_SCORES,
     feature_ood_score,
     fit_feature_ood,
+    fit_from_tensors,
+    fit_scores,
+    fit_tensors,
     vim_principal_dim,
 )
 
@@ -108,6 +112,26 @@ def test_vim_needs_the_classifier_and_a_principal_dimension_below_d() -> None:
     with pytest.raises(ValueError, match=r"principal dimension must be in \[1, 4\)"):
         fit_feature_ood(features, labels, weight, bias, principal_dim=4)
     assert [vim_principal_dim(d) for d in (4, 512, 768, 2048)] == [2, 256, 512, 1000]
+
+
+@pytest.mark.parametrize("with_vim", [True, False])
+def test_a_fit_survives_safetensors_bit_for_bit_and_scores_alike(with_vim: bool) -> None:
+    features, labels, weight, bias = _two_gaussians()
+    head = (weight, bias) if with_vim else ()
+    fit = fit_feature_ood(features, labels, *head, k=5, principal_dim=2)
+    back = fit_from_tensors(load(save(fit_tensors(fit))))
+    assert fit_scores(back) == (FEATURE_SCORES if with_vim else FEATURE_SCORES[:3])
+    assert back.train_unit.dtype == torch.float32 and back.chol.dtype == torch.float64
+    assert (back.k, back.alpha) == (fit.k, fit.alpha)
+    queries = torch.cat([features[:5], torch.tensor([[0.0, 8.0, -8.0, 0.0]])])
+    for name in fit_scores(fit):
+        assert torch.equal(
+            feature_ood_score(name, back, queries), feature_ood_score(name, fit, queries)
+        )
+    tensors = fit_tensors(fit)
+    del tensors["chol" if not with_vim else "residual"]
+    with pytest.raises(ValueError, match=r"not a feature-score fit: \['(chol|residual)'\] missing"):
+        fit_from_tensors(tensors)
 
 
 def test_features_of_another_width_and_unknown_names_are_refused() -> None:

@@ -36,8 +36,10 @@ import fseb_ft.engine.run as run_module
 from fseb_ft import cli
 from fseb_ft.data.files import read_image
 from fseb_ft.data.transforms import eval_transform
+from fseb_ft.evaluation.feature_ood import fit_feature_ood
 from fseb_ft.recipe import ConfigError, OutputConfig, dump_recipe, recipe_from_dict
 from fseb_ft.runs import export, upload
+from fseb_ft.runs.feature_fit import write_feature_fit
 from fseb_ft.runs.published import scrub
 from fseb_ft.runs.rundir import COMPARISON_PLOTS
 from fseb_ft.runs.tables import markdown_table
@@ -449,6 +451,8 @@ def test_push_sends_exactly_the_model_folder(tiny_run, fake_hub, tmp_path: Path)
     folder = run_dir / "model"
     for junk in ("model.tmp", ".README.md.tmp", "notes.txt", "optimizer.bin"):
         (folder / junk).write_text("not for the Hub")
+    features = torch.randn(6, 3, generator=torch.Generator().manual_seed(0))
+    fit = write_feature_fit(run_dir, fit_feature_ood(features, torch.arange(6) % 2))
 
     url = upload.push_folder(
         folder, REPO_ID, private=True, revision="dev", token="hf_test", endpoint=fake_hub.url
@@ -456,7 +460,7 @@ def test_push_sends_exactly_the_model_folder(tiny_run, fake_hub, tmp_path: Path)
     assert url == f"{fake_hub.url}/{REPO_ID}/commit/0"
     (commit,) = fake_hub.commits
     assert commit["repo_id"] == REPO_ID and commit["revision"] == "dev"
-    assert _sent_paths(commit) == _expected_files(run_dir)
+    assert _sent_paths(commit) == _expected_files(run_dir) | {fit.name}  # predict's fit too
     sent = {op.path_in_repo: op for op in commit["ops"]}
     assert Path(sent["model.safetensors"].path_or_fileobj) == folder / "model.safetensors"
 

@@ -1,7 +1,9 @@
 """Re-evaluating a saved run: its best weights predict its splits again, its results rewritten.
 
 A run is read from its resolved ``recipe.yaml``, ``run.json`` and best weights; ``eval.*``
-overrides change how it is evaluated this time only. The ensemble of several runs
+overrides change how it is evaluated this time only. An evaluation that computes feature OOD
+scores keeps their fit with the run (``fseb_ft.runs.feature_fit``), so a run evaluated before
+``fseb-ft predict`` could use one gets it here. The ensemble of several runs
 (:mod:`fseb_ft.engine.ensemble`) reads and predicts each member the same way.
 """
 
@@ -21,6 +23,8 @@ from fseb_ft.evaluation.bootstrap import Bootstrap
 from fseb_ft.evaluation.predictions import Predictions, predict_splits
 from fseb_ft.recipe import Recipe
 from fseb_ft.runs.atomic import is_not_writable
+from fseb_ft.runs.export import is_exported, write_model_card
+from fseb_ft.runs.feature_fit import write_feature_fit
 from fseb_ft.runs.loading import load_run_model, run_predictor
 from fseb_ft.runs.report import EvalResults, write_results
 from fseb_ft.runs.rundir import (
@@ -107,9 +111,15 @@ def evaluate_run_with_predictions(
 
 
 def _rewrite_results(run_dir: Path, results: EvalResults, title: str) -> None:
-    """Write the results into the run; a folder the OS refuses to write to is left as it is."""
+    """Write the results into the run, with the feature scores' fit when they were computed
+    (then the model folder's ``fseb.json`` and card are refreshed, to list the scores it can
+    compute); a folder the OS refuses to write to is left as it is."""
     try:
         write_results(run_dir, results.results, title, results.predictions)
+        if results.predictions.feature_fit is not None:
+            write_feature_fit(run_dir, results.predictions.feature_fit)
+            if is_exported(run_dir):
+                write_model_card(run_dir)
     except OSError as err:
         if not is_not_writable(err):
             raise

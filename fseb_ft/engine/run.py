@@ -55,6 +55,7 @@ from fseb_ft.method.models import create_model, input_spec, planned_input_size
 from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.recipe import ConfigError, Recipe, dump_recipe
 from fseb_ft.runs.atomic import cleaned_on_failure, publish, remove_orphans, write_text
+from fseb_ft.runs.feature_fit import write_feature_fit
 from fseb_ft.runs.report import EvalResults, write_results
 from fseb_ft.runs.rundir import (
     MODEL_WEIGHTS,
@@ -406,6 +407,8 @@ def _export(recipe: Recipe, trained: _Trained, evaluated: EvalResults | None) ->
         if evaluated is not None:
             title = method_title(recipe)
             write_results(run_dir, evaluated.results, title, evaluated.predictions)
+            if evaluated.predictions.feature_fit is not None:  # before the folder's fseb.json
+                write_feature_fit(run_dir, evaluated.predictions.feature_fit)
             # RUN_DIR/model/ (timm's Hub format + card), pushed if output.push_to_hub; a disk
             # error there is logged with its retry command, not raised: the results are written.
             model = accelerator.unwrap_model(trained.parts.objective.model)

@@ -21,13 +21,22 @@ likely out of distribution, like the logit scores of :mod:`fseb_ft.evaluation.oo
 
 Covariances are float64 with a ridge of ``ridge · mean eigenvalue`` on the diagonal (scale-free;
 it keeps them invertible when the training split has fewer images than feature dimensions), and
-are used through their Cholesky factors (``torch.linalg``), never an explicit inverse.
+are used through their Cholesky factors (``torch.linalg``), never an explicit inverse. The unit
+training features KNN compares with are float32: they are the bulk of the fit (N × D), a model
+keeps them (:func:`fit_tensors`), and a cosine similarity needs no more digits; the scores are
+computed in float64 all the same.
+
+:func:`fit_tensors` and :func:`fit_from_tensors` turn a fit into named tensors and back, exactly
+(what a model folder stores, ``fseb_ft.runs.feature_fit``); :func:`fit_scores` names the scores
+a fit can compute.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -39,6 +48,9 @@ __all__ = [
     "FeatureOodFit",
     "feature_ood_score",
     "fit_feature_ood",
+    "fit_from_tensors",
+    "fit_scores",
+    "fit_tensors",
     "knn_score",
     "mahalanobis_distances",
     "mahalanobis_score",
@@ -55,14 +67,15 @@ _KNN_CHUNK = 256  # rows scored at once: bounds the (rows, N_train) similarity m
 
 @dataclass(frozen=True)
 class FeatureOodFit:
-    """What the feature scores need of the training split's features, float64.
+    """What the feature scores need of the training split's features, float64 but for
+    ``train_unit``.
 
     Attributes:
         means: ``(K, D)`` class means (the classes present in the training labels).
         chol: ``(D, D)`` lower Cholesky factor of the shared class covariance + ridge.
         background_mean: ``(D,)`` mean of all training features.
         background_chol: ``(D, D)`` Cholesky factor of their covariance + ridge.
-        train_unit: ``(N, D)`` the training features scaled to unit length.
+        train_unit: ``(N, D)`` the training features scaled to unit length, float32.
         k: the neighbour whose distance ``knn`` reports.
         weight: ``(C, D)`` the classifier's weights; ``None`` without them (no ``vim``).
         bias: ``(C,)`` its bias.
@@ -107,7 +120,7 @@ def fit_feature_ood(
             :func:`vim_principal_dim`.
 
     Returns:
-        The fit, float64 on ``features``' device.
+        The fit, float64 (``train_unit`` float32) on ``features``' device.
     """
     h = to_float64(check_float_matrix(features, "features"))
     labels = torch.as_tensor(labels, device=h.device).long()
@@ -124,7 +137,7 @@ def fit_feature_ood(
         chol=_cholesky(within, ridge),
         background_mean=background_mean,
         background_chol=_cholesky(h - background_mean, ridge),
-        train_unit=_unit(h),
+        train_unit=_unit(h).float(),  # (N, D) float32: the bulk of what a model keeps
         k=min(k, h.shape[0]),
     )
     if weight is None:
@@ -201,9 +214,10 @@ def knn_score(fit: FeatureOodFit, features: Tensor) -> Tensor:
     """Euclidean distance of the unit feature to its ``k``-th nearest unit training feature (Sun
     et al., 2022), ``√(2 − 2 cos)`` of the k-th largest cosine similarity: ``(N,)``."""
     unit = _unit(_features(fit, features))
+    train = fit.train_unit.to(unit.dtype)  # (N, D) float64 of the float32 kept
     out = []
     for rows in unit.split(_KNN_CHUNK):
-        similar = (rows @ fit.train_unit.T).topk(fit.k, dim=1).values[:, -1]  # (n,)
+        similar = (rows @ train.T).topk(fit.k, dim=1).values[:, -1]  # (n,)
         out.append((2 - 2 * similar).clamp_min(0).sqrt())
     return torch.cat(out)
 
@@ -242,3 +256,49 @@ def _features(fit: FeatureOodFit, features: Tensor) -> Tensor:
             f"`features` must have {fit.means.shape[1]} columns, like the fit's, got {describe(h)}"
         )
     return h
+
+
+_VIM_FIELDS = ("weight", "bias", "origin", "residual", "alpha")
+"""The fields of a fit that ViM needs, ``None`` without the classifier."""
+
+
+def fit_scores(fit: FeatureOodFit) -> tuple[str, ...]:
+    """The scores of :data:`FEATURE_SCORES` that ``fit`` can compute: all of them, but ``vim``
+    only with the classifier's weights."""
+    return tuple(name for name in FEATURE_SCORES if name != "vim" or fit.weight is not None)
+
+
+def fit_tensors(fit: FeatureOodFit) -> dict[str, Tensor]:
+    """``fit`` as named contiguous tensors (as safetensors stores them), each field at its own
+    dtype (``k``: 0-dim int64, ``alpha``: 0-dim float64); the ViM fields only when fitted.
+    :func:`fit_from_tensors` inverts it exactly."""
+    out = {}
+    for field in dataclasses.fields(fit):
+        value = getattr(fit, field.name)
+        if value is None:
+            continue
+        if field.name == "k":
+            value = torch.tensor(value, dtype=torch.int64)
+        elif field.name == "alpha":
+            value = torch.tensor(value, dtype=torch.float64)
+        out[field.name] = value.contiguous()  # a Cholesky factor comes column-major
+    return out
+
+
+def fit_from_tensors(tensors: Mapping[str, Tensor]) -> FeatureOodFit:
+    """The fit :func:`fit_tensors` gave ``tensors`` of.
+
+    Raises:
+        ValueError: a field is missing, or only some of ViM's are there.
+    """
+    required = [f.name for f in dataclasses.fields(FeatureOodFit) if f.name not in _VIM_FIELDS]
+    vim = [name for name in _VIM_FIELDS if name in tensors]
+    missing = [name for name in required if name not in tensors]
+    if missing or vim not in ([], list(_VIM_FIELDS)):
+        lacking = missing + [name for name in _VIM_FIELDS if vim and name not in tensors]
+        raise ValueError(f"not a feature-score fit: {lacking} missing")
+    values: dict[str, Any] = {name: tensors[name] for name in (*required, *vim)}
+    values["k"] = int(values["k"])
+    if vim:
+        values["alpha"] = float(values["alpha"])
+    return FeatureOodFit(**values)

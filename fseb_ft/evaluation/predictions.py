@@ -22,7 +22,12 @@ from fseb_ft.data.inputs import InputSpec
 from fseb_ft.data.splits import TEST_SPLIT, VALIDATION_SPLIT, Splits, stratified_split
 from fseb_ft.data.transforms import TransformedImages, eval_transform, make_loader
 from fseb_ft.errors import FsebError
-from fseb_ft.evaluation.feature_ood import FEATURE_SCORES, feature_ood_score, fit_feature_ood
+from fseb_ft.evaluation.feature_ood import (
+    FEATURE_SCORES,
+    FeatureOodFit,
+    feature_ood_score,
+    fit_feature_ood,
+)
 from fseb_ft.evaluation.groups import Groups, reported_groups
 from fseb_ft.method.posterior import unwrap_model
 from fseb_ft.recipe import EvalConfig
@@ -76,6 +81,9 @@ class Predictions:
     ``eval.ood_scores`` names one, and for an ensemble."""
     ood_feature_scores: dict[str, dict[str, Tensor]] = dataclasses.field(default_factory=dict)
     """OOD set name → feature score name → its values (N_o,)."""
+    feature_fit: FeatureOodFit | None = None
+    """The fit behind the feature scores, on the training split's features, which a run keeps
+    for ``fseb-ft predict`` (``fseb_ft.runs.feature_fit``); ``None`` without feature scores."""
 
     def scaled(self, temperature: float) -> Predictions:
         """The predictions of ``logits / temperature`` on the test split, the OOD sets and the
@@ -112,6 +120,7 @@ class Predictions:
             class_names=self.class_names,
             test_feature_scores=self.test_feature_scores,
             ood_feature_scores=self.ood_feature_scores,
+            feature_fit=self.feature_fit,
         )
 
 
@@ -289,8 +298,12 @@ def feature_scores(
 ) -> dict[str, Any]:
     """The feature scores of ``names`` (:mod:`~fseb_ft.evaluation.feature_ood`) on ``reported``
     and each OOD set, fitted on the training split's features (one un-augmented pass in eval
-    mode): the :class:`Predictions` fields ``test_feature_scores`` and ``ood_feature_scores``,
-    empty when ``names`` has none."""
+    mode): the :class:`Predictions` fields ``test_feature_scores``, ``ood_feature_scores`` and
+    ``feature_fit``, empty when ``names`` has none.
+
+    The fit holds ViM's part whenever the classifier is linear, ``vim`` named or not, so that
+    the fit a run keeps serves every feature score in ``fseb-ft predict``.
+    """
     wanted = [name for name in names if name in FEATURE_SCORES]
     if not wanted:
         return {}
@@ -304,14 +317,17 @@ def feature_scores(
     return {
         "test_feature_scores": scores(reported),
         "ood_feature_scores": {name: scores(data) for name, data in splits.ood.items()},
+        "feature_fit": fit,
     }
 
 
-def _classifier(network: nn.Module, needed: bool) -> tuple[Tensor | None, Tensor | None]:
-    """The linear classifier's weight and bias, for ViM; ``(None, None)`` when not needed."""
-    if not needed:
-        return None, None
+def _classifier(network: nn.Module, required: bool) -> tuple[Tensor | None, Tensor | None]:
+    """The linear classifier's weight and bias, for ViM; unless ``required``, ``(None, None)``
+    for another head or one of a single feature (ViM's principal space must be smaller)."""
     head = unwrap_model(network).get_classifier()
+    usable = isinstance(head, nn.Linear) and head.in_features > 1
+    if not usable and not required:
+        return None, None
     if not isinstance(head, nn.Linear):
         raise FsebError(
             f"eval.ood_scores: vim needs a linear classifier (timm's get_classifier()), "

@@ -57,10 +57,10 @@ SOURCES = ("hub", "imagefolder", "disk", "arrays", "idx", "sklearn_digits", "csv
 
 FEATURE_OOD_SCORES = ("mahalanobis", "relative_mahalanobis", "knn", "vim")
 """The OOD scores of the penultimate features (``fseb_ft.evaluation.feature_ood``), fitted on the
-training split: not for an ensemble, nor for ``fseb-ft predict``."""
+training split: not for an ensemble; ``fseb-ft predict`` computes them with the fit a run keeps."""
 OUTPUT_OOD_SCORES = ("entropy", "msp", "max_logit", "energy")
-"""The OOD scores of the network's outputs (probabilities or logits), those ``fseb-ft predict``
-and an ensemble can report."""
+"""The OOD scores of the network's outputs (probabilities or logits), those an ensemble can report
+and ``fseb-ft predict`` reports by default."""
 OOD_SCORES = (*OUTPUT_OOD_SCORES, *FEATURE_OOD_SCORES)
 """OOD detection scores (``eval.ood_scores``), each larger = more likely OOD: predictive entropy,
 negative maximum softmax probability, negative maximum logit, energy ``-logsumexp(logits)``, and

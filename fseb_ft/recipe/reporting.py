@@ -61,7 +61,8 @@ class EvalConfig:
     (distance to the 50th nearest normalised training feature), ``vim`` (virtual logit minus
     energy; needs a linear classifier). ``max_logit`` and ``energy`` are not defined for an
     ensemble (averaged probabilities, no logits), nor the feature scores, and are left out of
-    its results; ``fseb-ft predict`` reports the output scores only."""
+    its results. With a feature score the run keeps their fit with its model, for
+    ``fseb-ft predict --ood-score``."""
     metrics: tuple[Literal[TASK_METRICS], ...] = ()
     """Task metrics reported beside the standard ones, computed with scikit-learn on the
     reported split and on validation every epoch (docs/method.md, "Task metrics"): ``qwk``

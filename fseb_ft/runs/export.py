@@ -5,7 +5,10 @@ Every run writes ``RUN_DIR/model/``::
     config.json          timm's Hub config (architecture, model_args, pretrained_cfg with the
                          run's input size, mean, std, num_classes and label_names)
     model.safetensors    the best (validation-selected) weights, timm's state-dict layout
-    fseb.json            regulariser settings, context-set provenance, data identities, source
+    fseb.json            regulariser settings, context-set provenance, data identities, source,
+                         the feature OOD scores the folder can compute
+    feature_ood.safetensors  the feature OOD scores' fit (``FEATURE_OOD_FIT``), when the run's
+                         evaluation computed them (``fseb_ft.runs.feature_fit``)
     README.md            model card (Hub metadata, method, results table, plots, recipe, usage)
     training_recipe.yaml the resolved recipe the card says to reproduce with
     *.png                the run's own plots (``RUN_PLOTS``), when it has any
@@ -37,6 +40,7 @@ from fseb_ft.data.inputs import EVAL_RESIZE
 from fseb_ft.evaluation.abstention import AbstentionRule
 from fseb_ft.recipe import Recipe
 from fseb_ft.runs.atomic import cleaned_on_failure, publish, write_text
+from fseb_ft.runs.feature_fit import feature_scores_in
 from fseb_ft.runs.model_card import UNKNOWN_LICENSE, model_card, published_recipe, selection
 from fseb_ft.runs.published import LOCAL_DIR, model_label, scrub
 from fseb_ft.runs.rundir import (
@@ -240,7 +244,9 @@ def _write_docs(
         baseline = _sibling_baseline(run_dir, recipe)
     kept = read_abstention(run_dir)  # what `fseb-ft predict --keep` stored, if any
     abstention = None if kept is None else AbstentionRule.from_json(kept)
-    meta = _folder_meta(recipe, run_info, results, source, abstention)
+    meta = _folder_meta(recipe, run_info, results, source, abstention) | {
+        "feature_ood_scores": feature_scores_in(folder)  # what `predict --ood-score` can ask
+    }
     write_text(folder / _META, json.dumps(meta, indent=2) + "\n")
     write_text(run_dir / MODEL_RECIPE, published_recipe(recipe))
     card = model_card(

@@ -3,7 +3,10 @@ format or ``hf-hub:owner/name``; its inputs (image files, or a recipe's dataset 
 without stopping at a bad file; its forward pass; and a run's validation split, rebuilt.
 
 A run's network with its best weights is :func:`load_run_model`, and what the run predicts with
-(FS-VI: the Monte-Carlo predictive of the saved q(θ)) :func:`run_predictor`.
+(FS-VI: the Monte-Carlo predictive of the saved q(θ)) :func:`run_predictor`. A loaded model says
+where it keeps its feature OOD scores' fit (``feature_fit_file``), which
+:mod:`fseb_ft.runs.feature_fit` reads, and :func:`outputs_and_read_errors` gives the images'
+penultimate features in the pass that gives their logits.
 
 The engine of ``fseb-ft predict`` (:mod:`fseb_ft.predict`); its thresholds are chosen by
 :mod:`fseb_ft.runs.thresholds`, its files written by :mod:`fseb_ft.runs.prediction_files`.
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +44,7 @@ from fseb_ft.recipe.datasets import IN_MEMORY
 from fseb_ft.recipe.options import OUTPUT_OOD_SCORES
 from fseb_ft.recipe.schema import build
 from fseb_ft.runs.rundir import (
+    FEATURE_OOD_FIT,
     MODEL_DIR,
     MODEL_WEIGHTS,
     NOT_A_RUN,
@@ -62,6 +66,7 @@ __all__ = [
     "load_model",
     "load_run_model",
     "logits_and_read_errors",
+    "outputs_and_read_errors",
     "run_predictor",
     "validation_split",
 ]
@@ -71,6 +76,11 @@ logger = logging.getLogger(__name__)
 
 class ModelLoadError(FsebError, OSError):
     """MODEL cannot be loaded: not a run or model folder, or not on (or not reached at) the Hub."""
+
+
+def _no_file() -> Path | None:
+    """No file: the model keeps no feature OOD fit."""
+    return None
 
 
 @dataclasses.dataclass
@@ -100,6 +110,14 @@ class LoadedModel:
     default_ood_score: str = "entropy"
     """The OOD score reported when none is asked for: the run's first ``eval.ood_scores`` of the
     network's outputs (``entropy`` without one)."""
+    network: nn.Module | None = None
+    """The timm network behind ``model`` whose penultimate features the feature OOD scores read,
+    when it is not ``model`` itself (FS-VI: the mean network inside the Monte-Carlo
+    predictive); ``None``: ``model``."""
+    feature_fit_file: Callable[[], Path | None] = _no_file
+    """Gives the file of the feature OOD scores' fit the model keeps
+    (:data:`~fseb_ft.runs.rundir.FEATURE_OOD_FIT`; a Hub model's downloaded then), or ``None``
+    when it keeps none; called only when a feature score is asked for."""
 
 
 def load_model(model: str | Path) -> LoadedModel:
@@ -141,8 +159,9 @@ def load_model(model: str | Path) -> LoadedModel:
 
 def _load_run(run_dir: Path) -> LoadedModel:
     recipe, info = read_run(run_dir)
+    network = load_run_model(run_dir, recipe, info)
     # FS-VI runs predict with their Monte-Carlo predictive, as their results were scored.
-    model = run_predictor(run_dir, recipe, load_run_model(run_dir, recipe, info)).eval()
+    model = run_predictor(run_dir, recipe, network).eval()
     names = [str(n) for n in info.class_names or []]
     results = read_json(run_dir / RESULTS_JSON) if (run_dir / RESULTS_JSON).is_file() else {}
     return LoadedModel(
@@ -160,6 +179,8 @@ def _load_run(run_dir: Path) -> LoadedModel:
         default_ood_score=next(
             (s for s in recipe.eval.ood_scores if s in OUTPUT_OOD_SCORES), "entropy"
         ),
+        network=None if model is network else network,
+        feature_fit_file=_local_file(run_dir / FEATURE_OOD_FIT),
     )
 
 
@@ -206,8 +227,9 @@ def _load_folder(folder: Path) -> LoadedModel:
     except (RuntimeError, OSError, ValueError, KeyError) as err:
         raise ModelLoadError(f"cannot load the model folder {folder}: {first_line(err)}") from err
     meta_path = folder / "fseb.json"
+    meta = read_json(meta_path) if meta_path.is_file() else {}
     return _from_timm(
-        model, f"model folder {folder}", read_json(meta_path) if meta_path.is_file() else {}
+        model, f"model folder {folder}", meta, _local_file(folder / FEATURE_OOD_FIT.name)
     )
 
 
@@ -225,11 +247,41 @@ def _load_hub(name: str) -> LoadedModel:
         meta = read_json(Path(hf_hub_download(repo, "fseb.json", revision=revision or None)))
     except Exception:  # a timm model not trained by fseb_ft has no fseb.json: no T, no τ
         meta = {}
-    return _from_timm(model, name, meta)
+    return _from_timm(model, name, meta, _hub_file(name, meta))
 
 
-def _from_timm(model: nn.Module, where: str, meta: Mapping[str, Any]) -> LoadedModel:
-    """A :class:`LoadedModel` of a timm model with its data config and ``fseb.json``."""
+def _local_file(path: Path) -> Callable[[], Path | None]:
+    """``path`` when it is a file then, else ``None``."""
+    return lambda: path if path.is_file() else None
+
+
+def _hub_file(name: str, meta: Mapping[str, Any]) -> Callable[[], Path | None]:
+    """The Hub model ``name``'s :data:`~fseb_ft.runs.rundir.FEATURE_OOD_FIT`, downloaded when
+    called; ``None`` when its ``fseb.json`` lists no feature score (none was pushed)."""
+    if not meta.get("feature_ood_scores"):
+        return _no_file
+    repo, _, revision = name.removeprefix("hf-hub:").partition("@")
+
+    def download() -> Path:
+        try:
+            return Path(hf_hub_download(repo, FEATURE_OOD_FIT.name, revision=revision or None))
+        except Exception as err:  # network, auth, a file removed since: could not fetch it
+            raise ModelLoadError(
+                f"could not fetch {FEATURE_OOD_FIT.name} of {name} from the Hugging Face Hub "
+                f"({type(err).__name__}: {first_line(err)})"
+            ) from err
+
+    return download
+
+
+def _from_timm(
+    model: nn.Module,
+    where: str,
+    meta: Mapping[str, Any],
+    feature_fit_file: Callable[[], Path | None] = _no_file,
+) -> LoadedModel:
+    """A :class:`LoadedModel` of a timm model with its data config, ``fseb.json`` and the file
+    of its feature OOD scores' fit."""
     config = resolve_data_config(model=model)
     channels, height, width = config["input_size"]
     labels = list(model.pretrained_cfg.get("label_names") or [])
@@ -243,6 +295,7 @@ def _from_timm(model: nn.Module, where: str, meta: Mapping[str, Any]) -> LoadedM
         temperature=meta.get("temperature"),
         where=where,
         kept=_kept(meta.get("abstention")),
+        feature_fit_file=feature_fit_file,
     )
 
 
@@ -303,7 +356,6 @@ def gather_inputs(
     return ImageInputs(None, data, loaded), names, labels, []
 
 
-@torch.no_grad()
 def logits_and_read_errors(
     net: nn.Module,
     inputs: ImageInputs,
@@ -319,11 +371,35 @@ def logits_and_read_errors(
     image's row is the logits of zeros, to be left out). Not
     :func:`fseb_ft.evaluation.predictions.predict_logits`, which scores a labelled split's loader.
     """
+    logits, _, errors = outputs_and_read_errors(
+        net, inputs, loaded, device, desc, batch_size, num_workers, progress
+    )
+    return logits, errors
+
+
+@torch.no_grad()
+def outputs_and_read_errors(
+    net: nn.Module,
+    inputs: ImageInputs,
+    loaded: LoadedModel,
+    device: torch.device,
+    desc: str,
+    batch_size: int,
+    num_workers: int,
+    progress: bool,
+    network: nn.Module | None = None,
+) -> tuple[Tensor, Tensor | None, list[str]]:
+    """:func:`logits_and_read_errors`, with ``network`` (the timm network behind ``net``, on
+    ``device``, in eval mode) also the float32 penultimate features (N, D) on CPU, those
+    :func:`fseb_ft.evaluation.predictions.predict_features` computes; ``None`` without it."""
     loader = make_loader(inputs, batch_size, shuffle=False, num_workers=num_workers)
-    logits, errors = [], []
+    logits, features, errors = [], [], []
     with tqdm(total=len(inputs), desc=desc, unit="img", disable=not progress) as bar:
         for x, err in loader:
-            logits.append(net(x.to(device)).float().cpu())  # (B, K)
+            z, h = _forward(net, network, x.to(device))
+            logits.append(z.float().cpu())  # (B, K)
+            if h is not None:
+                features.append(h.float().flatten(1).cpu())  # (B, D)
             errors.extend(err)
             bar.update(len(err))
     out = torch.cat(logits)  # (N, K)
@@ -331,7 +407,18 @@ def logits_and_read_errors(
         raise ValueError(
             f"{loaded.where} outputs {out.shape[1]} classes but names {len(loaded.class_names)}"
         )
-    return out, errors
+    return out, torch.cat(features) if network is not None else None, errors
+
+
+def _forward(net: nn.Module, network: nn.Module | None, x: Tensor) -> tuple[Tensor, Tensor | None]:
+    """``net``'s outputs (B, K) of ``x`` and, with ``network``, its penultimate features: one
+    ``forward_features`` for both when ``net`` is the network (timm's ``forward`` is
+    ``forward_head(forward_features(x))``), else the network's own pass beside ``net``'s."""
+    if network is None:
+        return net(x), None
+    found = network.forward_features(x)
+    h = network.forward_head(found, pre_logits=True)  # (B, D)
+    return (network.forward_head(found) if net is network else net(x)), h
 
 
 def validation_split(recipe: Recipe, info: RunInfo | None) -> LabeledImages:

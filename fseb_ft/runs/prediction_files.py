@@ -3,9 +3,9 @@ beside it (``<out stem>.meta.json``), both written atomically.
 
 A row holds the image, its label (datasets), the predicted class and probability, the top-class
 log-odds the abstention threshold applies to, the ``abstain`` flag, the predictive entropy, an
-OOD score (:mod:`fseb_ft.evaluation.ood`) and the top-k classes with their probabilities; with
-``--conformal``, the conformal prediction ``set`` (a list in JSON Lines, its class names joined
-by ``|`` in CSV) and ``set_size``.
+OOD score (:mod:`fseb_ft.evaluation.ood`: of the outputs, or a feature score's values given) and
+the top-k classes with their probabilities; with ``--conformal``, the conformal prediction
+``set`` (a list in JSON Lines, its class names joined by ``|`` in CSV) and ``set_size``.
 """
 
 from __future__ import annotations
@@ -49,16 +49,19 @@ def image_rows(
     ood: str,
     class_names: list[str],
     top_k: int,
+    feature_scores: Tensor | None = None,
 ) -> list[dict[str, Any]]:
     """One row per image of ``logits`` ``(M, K)`` (named ``names``, labelled ``labels``): the
-    temperature-scaled prediction, abstaining below ``log_odds_threshold``."""
+    temperature-scaled prediction, abstaining below ``log_odds_threshold``; the OOD score
+    ``ood``, a feature score's ``(M,)`` values being ``feature_scores``."""
     z = logits.double() / (temperature or 1.0)  # (M, K) temperature-scaled logits
     probs = torch.softmax(z, dim=-1)  # (M, K)
     log_odds = top_class_log_odds(z)  # (M,) the confidence τ applies to, never rounded to 1
     abstain = log_odds < log_odds_threshold  # (M,)
+    given = None if feature_scores is None else {ood: feature_scores}
     columns = {
         "entropy": predictive_entropy(probs),  # (M,)
-        f"ood_{ood}": ood_score(ood, probs, z),  # (M,)
+        f"ood_{ood}": ood_score(ood, probs, z, given),  # (M,)
     }
     k = min(top_k, probs.shape[1])
     top_p, top_i = probs.topk(k, dim=-1)  # (M, k) each

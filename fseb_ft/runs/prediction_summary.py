@@ -1,5 +1,6 @@
 """What ``fseb-ft predict`` prints: the model, the abstention threshold with how it was chosen and
-its validation outcome (and guarantee, when certified), the counts, conformal sets, notes."""
+its validation outcome (and guarantee, when certified), the counts, a feature OOD score, conformal
+sets, notes."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from fseb_ft.evaluation.abstention import AbstentionRule
+from fseb_ft.evaluation.ood import OOD_SCORE_REGISTRY
+from fseb_ft.recipe.options import FEATURE_OOD_SCORES
 from fseb_ft.runs.conformal_sets import conformal_lines
 from fseb_ft.runs.prediction_files import meta_path
 
@@ -55,6 +58,12 @@ def summary(meta: Mapping[str, Any], out: str | Path | None) -> str:
             f"accuracy on the labelled dataset: {meta['accuracy_all']:.4f} on all, "
             + ("n/a" if acc is None else f"{acc:.4f}")
             + " on the accepted"
+        )
+    if meta.get("ood_score") in FEATURE_OOD_SCORES:  # what the column holds, and its fit
+        name = meta["ood_score"]
+        lines.append(
+            f"OOD score: ood_{name}, {OOD_SCORE_REGISTRY[name].title}, fitted on the model's "
+            "training split (larger = more likely out of distribution)"
         )
     lines += conformal_lines(meta)
     lines += [f"warning: {text}" for text in meta.get("warnings", [])]

@@ -12,6 +12,8 @@ A run directory (``output.dir``) holds::
     checkpoints/epoch-NNNN/         CHECKPOINTS: the last complete epoch, with TRAINER_STATE
     model/model.safetensors         MODEL_WEIGHTS: the best weights (MODEL_DIR: the Hub folder)
     model/variational.safetensors   VARIATIONAL_WEIGHTS: FS-VI's σ at the best epoch
+    model/feature_ood.safetensors   FEATURE_OOD_FIT: the feature OOD scores' fit on the training
+                                    split, kept by an evaluation that computed them
     model/training_recipe.yaml      MODEL_RECIPE: the recipe as published, local paths as
                                     placeholders (``fseb_ft.runs.published``)
     abstention.json                 ABSTENTION_FILE: the threshold `fseb-ft predict --keep`
@@ -47,6 +49,7 @@ __all__ = [
     "COMPARISON_PLOTS",
     "CONFUSION_PLOT",
     "CORRUPTION_PLOT",
+    "FEATURE_OOD_FIT",
     "MODEL_DIR",
     "MODEL_RECIPE",
     "MODEL_WEIGHTS",
@@ -101,6 +104,11 @@ MODEL_WEIGHTS = Path(MODEL_DIR) / "model.safetensors"
 VARIATIONAL_WEIGHTS = Path(MODEL_DIR) / "variational.safetensors"
 """FS-VI: σ of each variance-carrying parameter (keyed by its name) at the best epoch; with the
 mean μ in ``MODEL_WEIGHTS`` it is the variational distribution q(θ) = N(μ, diag(σ²))."""
+FEATURE_OOD_FIT = Path(MODEL_DIR) / "feature_ood.safetensors"
+"""The fit of the feature OOD scores (``eval.ood_scores``: ``mahalanobis``, …) on the training
+split's penultimate features of the best weights, written by the evaluation that computed them
+(``fseb_ft.runs.feature_fit``), so that ``fseb-ft predict`` scores new images with it. In the
+model folder: exported and pushed with it."""
 MODEL_RECIPE = Path(MODEL_DIR) / "training_recipe.yaml"
 """The recipe the model card says to reproduce with, its local paths as placeholders. Not
 ``recipe.yaml``: that name makes a folder a run, and a model folder is not one."""

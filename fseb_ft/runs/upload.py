@@ -28,7 +28,7 @@ from fseb_ft.runs.export import (
     save_model_folder,
     write_model_card,
 )
-from fseb_ft.runs.rundir import MODEL_DIR, MODEL_RECIPE, RunInfo
+from fseb_ft.runs.rundir import FEATURE_OOD_FIT, MODEL_DIR, MODEL_RECIPE, RunInfo
 
 __all__ = ["HubPushError", "push_folder", "push_run", "retry_command", "share_run"]
 
@@ -49,7 +49,8 @@ def push_folder(
     token: str | None = None,
     endpoint: str | None = None,
 ) -> str:
-    """Upload a model folder's files (``FOLDER_FILES``, recipe and plots, nothing else) to the Hub.
+    """Upload a model folder's files (``FOLDER_FILES``, recipe, feature OOD fit and plots, nothing
+    else) to the Hub.
 
     Creates the repo (``exist_ok``) and the ``revision`` branch when missing. Returns the commit
     URL. Raises whatever ``huggingface_hub`` raises; :func:`push_run` turns that into a
@@ -59,8 +60,8 @@ def push_folder(
     missing = [name for name in FOLDER_FILES if not (folder / name).is_file()]
     if missing:
         raise FileNotFoundError(f"{folder} is not a complete model folder: {missing} missing")
-    recipe = [MODEL_RECIPE.name] if (folder / MODEL_RECIPE.name).is_file() else []
-    files = [*FOLDER_FILES, *recipe, *plots_in(folder)]
+    extra = [p.name for p in (MODEL_RECIPE, FEATURE_OOD_FIT) if (folder / p.name).is_file()]
+    files = [*FOLDER_FILES, *extra, *plots_in(folder)]
     from fseb_ft import __version__
 
     api = HfApi(

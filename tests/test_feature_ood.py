@@ -10,6 +10,7 @@ from safetensors.torch import load, save
 from sklearn.covariance import EmpiricalCovariance
 from sklearn.neighbors import NearestNeighbors
 
+from fseb_ft.errors import FsebError
 from fseb_ft.evaluation.feature_ood import (
     FEATURE_SCORES,
     feature_ood_score,
@@ -163,3 +164,20 @@ def test_ood_metrics_report_a_feature_score_only_where_its_values_are_given() ->
     assert (
         set(ood_metrics(probs_in, probs_out, ("mahalanobis",))) == set()
     )  # an ensemble: no values
+
+
+def test_mahalanobis_in_chunks_equals_one_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    import fseb_ft.evaluation.feature_ood as module
+
+    g = torch.Generator().manual_seed(1)
+    h, means = torch.randn(37, 6, generator=g).double(), torch.randn(5, 6, generator=g).double()
+    chol = torch.linalg.cholesky(torch.eye(6, dtype=torch.float64) * 2.0)
+    whole = module.mahalanobis_distances(h, means, chol)
+    monkeypatch.setattr(module, "_MAHALANOBIS_ELEMENTS", 7 * 30)  # 7 rows of K·D = 30 at once
+    assert torch.equal(module.mahalanobis_distances(h, means, chol), whole)
+    assert whole.shape == (37, 5)
+
+
+def test_features_that_do_not_vary_are_refused_in_one_line() -> None:
+    with pytest.raises(FsebError, match="do not vary"):
+        fit_feature_ood(torch.ones(10, 3), torch.arange(10) % 2)

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fseb_ft.errors import FsebError
 from fseb_ft.evaluation.checks import check_float_matrix, describe, to_float64
 
 __all__ = [
@@ -63,6 +64,7 @@ FEATURE_SCORES = ("mahalanobis", "relative_mahalanobis", "knn", "vim")
 """The feature-space scores, in the order of :data:`~fseb_ft.recipe.options.OOD_SCORES`."""
 
 _KNN_CHUNK = 256  # rows scored at once: bounds the (rows, N_train) similarity matrix
+_MAHALANOBIS_ELEMENTS = 1 << 22  # bounds the (rows, K, D) differences scored at once (32 MiB)
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,11 @@ def fit_feature_ood(
 def _cholesky(centred: Tensor, ridge: float) -> Tensor:
     """Lower Cholesky factor of ``centredᵀ centred / N`` + ``ridge`` · its mean eigenvalue."""
     cov = centred.T @ centred / centred.shape[0]  # (D, D), the maximum-likelihood covariance
+    if not cov.diagonal().any():
+        raise FsebError(
+            "feature OOD scores: the training split's penultimate features do not vary (every "
+            "image of a class gives the same features), so no Gaussian can be fitted to them"
+        )
     cov = cov + ridge * cov.diagonal().mean() * torch.eye(
         cov.shape[0], dtype=cov.dtype, device=cov.device
     )
@@ -190,10 +197,17 @@ def _fit_vim(
 
 def mahalanobis_distances(h: Tensor, means: Tensor, chol: Tensor) -> Tensor:
     """``(N, K)`` squared Mahalanobis distances ``(h_n − μ_k)ᵀ Σ⁻¹ (h_n − μ_k)``, ``Σ = L Lᵀ``:
-    features and means whitened by one triangular solve each."""
+    features and means whitened by one triangular solve each, the differences taken in chunks of
+    rows so that memory stays bounded whatever N, K and D."""
     white = torch.linalg.solve_triangular(chol, h.T, upper=False).T  # (N, D)
     white_means = torch.linalg.solve_triangular(chol, means.T, upper=False).T  # (K, D)
-    return (white[:, None, :] - white_means[None, :, :]).pow(2).sum(-1)  # (N, K)
+    rows = max(1, _MAHALANOBIS_ELEMENTS // white_means.numel())
+    return torch.cat(
+        [
+            (chunk[:, None, :] - white_means[None, :, :]).pow(2).sum(-1)  # (rows, K)
+            for chunk in white.split(rows)
+        ]
+    )  # (N, K)
 
 
 def mahalanobis_score(fit: FeatureOodFit, features: Tensor) -> Tensor:

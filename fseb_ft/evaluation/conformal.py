@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from fseb_ft.evaluation.checks import check_float_matrix, check_labels, to_float64
+from fseb_ft.recipe.options import CONFORMAL_METHODS
 
 __all__ = [
     "CONFORMAL_METHODS",
@@ -48,9 +49,6 @@ __all__ = [
     "quantile_rank",
     "uniform_draws",
 ]
-
-CONFORMAL_METHODS = ("lac", "aps", "raps")
-"""The non-conformity scores, by name."""
 
 # Coverage targets are decimal fractions (0.9) whose product with n + 1 is not exact in binary
 # (0.9 · 100 = 90.00000000000001): this slack keeps ⌈(n + 1)(1 − α)⌉ at the intended rank.

@@ -21,6 +21,7 @@ from fseb_ft.evaluation.metrics import classification_metrics
 from fseb_ft.evaluation.ood import ood_metrics
 from fseb_ft.evaluation.temperature import fit_temperature, temperature_identified
 from fseb_ft.runs.atomic import write_text
+from fseb_ft.runs.posthoc import LAPLACE, TEMPERATURE
 from fseb_ft.runs.rundir import (
     COMPARISON_PLOTS,
     CONFUSION_PLOT,
@@ -72,8 +73,9 @@ class EvalResults:
 
     results: dict[str, Any]
     """JSON-ready: ``split``, ``test``, ``ood``, ``corruptions``, ``groups``,
-    ``temperature_scaled``, ``intervals`` (:func:`eval_results`), then what the evaluation's
-    maker adds with :meth:`extended` (``training``; an ensemble's ``members`` and ``runs``)."""
+    ``temperature_scaled``, ``laplace``, ``intervals`` (:func:`eval_results`), then what the
+    evaluation's maker adds with :meth:`extended` (``training``; an ensemble's ``members`` and
+    ``runs``)."""
     predictions: Predictions = dataclasses.field(repr=False)
     """The test (or validation), OOD and corruption predictions behind ``results``."""
 
@@ -293,7 +295,9 @@ def eval_results(
     """The results record of ``predictions``: their metrics (:func:`evaluate_predictions`).
 
     Predictions with validation logits (``eval.temperature_scaling``) also get
-    ``temperature_scaled`` (:func:`temperature_scaled_results`), predictions with groups
+    ``temperature_scaled`` (:func:`temperature_scaled_results`), predictions with "+ LLLA" ones
+    (``eval.laplace``) ``laplace``: the fit's record (``hessian``, ``prior_method``,
+    ``prior_precision``), then their metrics as here; predictions with groups
     (``eval.group_by``) ``groups`` (:func:`group_results`), and with ``bootstrap`` resamples
     ``intervals`` (:func:`~fseb_ft.evaluation.bootstrap.prediction_intervals`, after the
     others), in both. ``RESULTS_SPLIT`` (first) names the split the in-distribution metrics
@@ -303,9 +307,12 @@ def eval_results(
     intervals = found.pop("intervals", None)
     results = {RESULTS_SPLIT: predictions.split} | found
     if predictions.val is not None:
-        results["temperature_scaled"] = temperature_scaled_results(
+        results[TEMPERATURE.key] = temperature_scaled_results(
             predictions, ood_scores, task_metrics, bootstrap
         )
+    if predictions.laplace is not None:
+        laplace = predictions.laplace
+        results[LAPLACE.key] = laplace.fit | _metrics(laplace, ood_scores, task_metrics, bootstrap)
     if intervals is not None:
         results["intervals"] = intervals
     return results

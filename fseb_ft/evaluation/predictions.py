@@ -65,8 +65,8 @@ class Predictions:
     """OOD set name → logits (N_o, K); empty for an ensemble."""
     val: tuple[Tensor, Tensor] | None = None
     """(logits (N_v, K), labels (N_v,)) on the validation split, for ``eval.temperature_scaling``
-    (an ensemble's: its log-probabilities, which softmax treats alike); ``None`` when it is
-    off."""
+    and ``eval.conformal`` (an ensemble's: its log-probabilities, which softmax treats alike);
+    ``None`` when neither is on."""
     split: str = TEST_SPLIT
     """The split behind ``test`` and the corruptions: ``TEST_SPLIT`` or ``VALIDATION_SPLIT``."""
     groups: Groups | None = None
@@ -115,8 +115,8 @@ class Predictions:
         )
 
     def scaled(self, temperature: float) -> Predictions:
-        """The predictions of ``logits / temperature`` on the test split, the OOD sets and the
-        corruptions (no val).
+        """The predictions of ``logits / temperature`` on the test split, the OOD sets, the
+        corruptions and the validation split.
 
         Log-probabilities suffice, so the corruptions and an ensemble (no logits) are scaled
         too: ``log p = z − c`` with ``c`` the same for every class of an image, and softmax
@@ -144,6 +144,7 @@ class Predictions:
             corruption_labels=self.corruption_labels,
             test_logits=test_logits,
             ood_logits=ood_logits,
+            val=None if self.val is None else (self.val[0] / temperature, self.val[1]),
             split=self.split,
             groups=self.groups,
             class_names=self.class_names,
@@ -224,7 +225,8 @@ def predict_splits(
     network: nn.Module | None = None,
 ) -> Predictions:
     """Predict the test split, every OOD set and every corruption of ``cfg.corruptions`` (and
-    the validation split's logits with ``cfg.temperature_scaling``), with the reported split's
+    the validation split's logits with ``cfg.temperature_scaling`` or ``cfg.conformal``, or
+    for LLLA's validation prior), with the reported split's
     ``cfg.group_by`` values, the feature scores ``cfg.ood_scores`` names
     (:func:`feature_scores` of ``network``, the timm network behind ``model``; default
     ``model``) and, with ``cfg.laplace``, the "+ LLLA" predictions (``laplace``) of a
@@ -253,9 +255,9 @@ def predict_splits(
     test = scored(reported)
     ood = {name: scored(data) for name, data in splits.ood.items()}
     val = None
-    if reported is splits.val:
+    if _wants_val(cfg) and reported is splits.val:
         val = test  # predicted already: the same images
-    elif splits.val is not None and (cfg.temperature_scaling or laplace_validates(cfg)):
+    elif _wants_val(cfg) and splits.val is not None:
         val = scored(splits.val)
     laplace = None
     if head is not None and train is not None:
@@ -274,7 +276,7 @@ def predict_splits(
         corruption_labels=labels,
         test_logits=test[0],
         ood_logits={name: z for name, (z, _, _) in ood.items()},
-        val=val[:2] if val is not None and cfg.temperature_scaling else None,
+        val=None if val is None else val[:2],
         split=split,
         groups=groups,
         class_names=list(splits.train.class_names),
@@ -305,6 +307,12 @@ def _laplace_predictions(
         None if val is None else (laplace.logits(val[2]), val[1]),
         laplace.fit.record(),
     )
+
+
+def _wants_val(cfg: EvalConfig) -> bool:
+    """Whether the validation split is predicted: for temperature scaling, conformal
+    calibration or LLLA's validation prior."""
+    return cfg.temperature_scaling or cfg.conformal is not None or laplace_validates(cfg)
 
 
 def _maths_device(accelerator: Accelerator) -> torch.device:

@@ -16,6 +16,7 @@ from fseb_ft.recipe.datasets import IN_MEMORY, DataConfig
 from fseb_ft.recipe.options import (
     ALL_CORRUPTIONS,
     BENCHMARK_CORRUPTIONS,
+    CONFORMAL_METHODS,
     CORRUPTIONS,
     LAPLACE_HESSIANS,
     LAPLACE_PRIORS,
@@ -123,6 +124,21 @@ class EvalConfig:
     split's Laplace marginal likelihood; no validation image used), ``validation`` (the value
     of a grid of 100 in ``[1e-4, 1e4]`` whose probit predictive has the lowest validation
     NLL)."""
+    conformal: float | None = None
+    """Also report split-conformal prediction sets for this target coverage ``C`` in (0, 1):
+    calibrated on the validation split (predicted for it), their empirical coverage on the test
+    split (``conformal_coverage``) and mean size (``conformal_set_size``) in each results block's
+    ``test`` (the "+ TS" block's calibrated on the temperature-scaled validation logits, the
+    "+ LLLA" block's on its own), and the columns "Cov. (%)" and "Set size" of the tables
+    (docs/method.md, "Conformal coverage"). The sets are those of ``fseb-ft predict
+    --conformal C``. ``null``: none."""
+    conformal_method: Literal[CONFORMAL_METHODS] = "lac"
+    """The conformal sets' non-conformity score: ``lac`` (``1 − p_y``, the smallest sets),
+    ``aps`` or ``raps`` (the mass of the classes ranked before ``y``; RAPS penalises long
+    tails), deterministic (not randomised)."""
+    conformal_class_conditional: bool = False
+    """One conformal quantile per class, from that class's validation images: the coverage then
+    holds for each class, rare ones too (larger sets for them)."""
 
     def __post_init__(self) -> None:
         check(self.batch_size >= 1, "batch_size", self.batch_size, "must be ≥ 1")
@@ -137,6 +153,12 @@ class EvalConfig:
             "bootstrap_confidence",
             self.bootstrap_confidence,
             "must be in (0, 1)",
+        )
+        check(
+            self.conformal is None or 0 < self.conformal < 1,
+            "conformal",
+            self.conformal,
+            "must be a target coverage in (0, 1), e.g. 0.9, or null",
         )
         check(len(self.ood_scores) > 0, "ood_scores", self.ood_scores, "must name ≥ 1 score")
         object.__setattr__(self, "ood_scores", tuple(dict.fromkeys(self.ood_scores)))

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from fseb_ft.data.splits import VALIDATION_SPLIT
+from fseb_ft.evaluation.conformal import COVERAGE_KEY, SET_SIZE_KEY
 from fseb_ft.evaluation.metrics import METRIC_REGISTRY, Metric
 from fseb_ft.evaluation.ood import OOD_SCORE_REGISTRY
 from fseb_ft.recipe import Recipe
@@ -59,6 +60,12 @@ _TASK_COLUMNS: tuple[Metric, ...] = tuple(
 )
 """The task metrics' columns (``eval.metrics``), after those, each shown when some result has
 it; a per-class metric is a table of its own (:func:`_per_class_markdown`)."""
+_CONFORMAL_COLUMNS: tuple[tuple[str, str, float], ...] = (
+    (COVERAGE_KEY, "Cov. (%)", 100.0),
+    (SET_SIZE_KEY, "Set size", 1.0),
+)
+"""(key, title, scale) of the conformal sets' columns (``eval.conformal``), after the metrics',
+each shown when some result has it."""
 _CORRUPTION_COLUMNS: tuple[Metric, ...] = tuple(
     METRIC_REGISTRY[name] for name in ("accuracy", "nll", "ece", "sel_pred_auc")
 )
@@ -244,46 +251,56 @@ def markdown_table(
     each below its own, "<method> + TS", "<method> + LLLA"; a block with a ``note`` (a
     temperature left at 1) also gets it under the table.
     Rows of results on the validation split (no test split) end in "(validation split)".
-    Results with bootstrap ``intervals`` (``eval.bootstrap``) get a second table of them, with
-    the same rows and columns (:func:`intervals_markdown`).
+    Results with conformal sets (``eval.conformal``) get their "Cov. (%)" and "Set size"
+    columns after the metrics'. Results with bootstrap ``intervals`` (``eval.bootstrap``) get a
+    second table of them, with the same rows and columns but those two
+    (:func:`intervals_markdown`).
     """
     notes = _posthoc_notes(results)
     results = _with_posthoc_rows(results)
     ood_names = sorted({n for r in results.values() for n in r.get("ood", {})})
     ood_scores = ood_scores_in(results.values())
-    columns = [
-        m
+
+    def shown(name: str) -> bool:
+        return any(name in r["test"] for r in results.values())
+
+    metrics = [
+        (m.name, m.title, m.scale)
         for m in (*_COLUMNS, *_TASK_COLUMNS)
-        if (m.applies is None and not m.task) or any(m.name in r["test"] for r in results.values())
+        if (m.applies is None and not m.task) or shown(m.name)
     ]
-    header = ["Method", *(m.title for m in columns)]
+    metrics += [column for column in _CONFORMAL_COLUMNS if shown(column[0])]
     # Entropy alone keeps the titles tables had before other scores existed.
     named = ood_scores != ["entropy"]
-    header += [
-        f"{name} {score + ' ' if named else ''}{title}"
+    ood_columns = [
+        (f"{name}/{score}_{key}", f"{name} {score + ' ' if named else ''}{title}", 100.0)
         for name in ood_names
         for score in ood_scores
-        for _, title in _OOD_COLUMNS
+        for key, title in _OOD_COLUMNS
     ]
+    columns = metrics + ood_columns
+    header = ["Method", *(title for _, title, _ in columns)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for method, res in results.items():
-        row = [method]
-        row += [_num(res["test"].get(m.name), m.scale) for m in columns]
-        for name in ood_names:
-            scores = res.get("ood", {}).get(name, {})
-            for score in ood_scores:
-                row += [_num(scores.get(f"{score}_{key}"), 100.0) for key, _ in _OOD_COLUMNS]
-        lines.append("| " + " | ".join(row) + " |")
+        cells = [_num(_cell(res, key), scale) for key, _, scale in columns]
+        lines.append("| " + " | ".join([method, *cells]) + " |")
     table = "\n".join(lines) + "\n" + notes
-    cells = [(m.name, m.scale) for m in columns]
-    cells += [
-        (f"{n}/{s}_{key}", 100.0) for n in ood_names for s in ood_scores for key, _ in _OOD_COLUMNS
-    ]
+    # The conformal sets' columns have no bootstrap interval: the intervals table leaves them out.
+    drawn = [c for c in columns if c not in _CONFORMAL_COLUMNS]
     return (
         table
-        + intervals_markdown(results, header, cells)
+        + intervals_markdown(
+            results, ["Method", *(t for _, t, _ in drawn)], [(k, s) for k, _, s in drawn]
+        )
         + _per_class_markdown(results, class_names)
     )
+
+
+def _cell(record: Mapping[str, Any], key: str) -> Any:
+    """A table cell's value in a results (or intervals) record: ``test``'s ``key``, or for
+    ``set/name`` the OOD set's ``name``."""
+    ood_set, _, name = key.rpartition("/")
+    return (record.get("ood", {}).get(ood_set, {}) if ood_set else record["test"]).get(name)
 
 
 def intervals_markdown(
@@ -305,11 +322,7 @@ def intervals_markdown(
         "|" + "---|" * len(header),
     ]
     for method, found in rows.items():
-        row = [method]
-        for key, scale in cells:
-            ood_set, _, name = key.rpartition("/")
-            pair = (found.get("ood", {}).get(ood_set, {}) if ood_set else found["test"]).get(name)
-            row.append(interval_text(pair, scale))
+        row = [method, *(interval_text(_cell(found, key), scale) for key, scale in cells)]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 

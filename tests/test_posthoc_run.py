@@ -1,16 +1,20 @@
-"""The last-layer Laplace in a tiny run, end to end: its results block, its "+ LLLA" rows in
-every table, and ``fseb-ft evaluate`` turning it off, on and to another prior."""
+"""Post-hoc evaluation in a tiny run, end to end: the last-layer Laplace's results block, its
+"+ LLLA" rows in every table, ``fseb-ft evaluate`` turning it off, on and to another prior; and
+the conformal sets' coverage in every block, equal to a hand computation from the logits."""
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from fseb_ft import cli
+from fseb_ft.engine.reevaluate import evaluate_run_with_predictions
 from fseb_ft.errors import FsebError
 from fseb_ft.finetune import run
 from fseb_ft.recipe import recipe_from_dict
@@ -47,6 +51,7 @@ def test_laplace_rows_after_training_and_on_evaluate(
     }
     results = run(recipe_from_dict(recipe))
 
+    assert "conformal_coverage" not in results["test"]  # eval.conformal is null by default
     block = results["laplace"]
     assert list(block)[:3] == ["hessian", "prior_method", "prior_precision"]
     assert block["hessian"] == "kron" and block["prior_method"] == "marglik"
@@ -74,18 +79,41 @@ def test_laplace_rows_after_training_and_on_evaluate(
     assert "laplace" not in _results(out)
     assert "+ LLLA" not in (out / "results.md").read_text()
 
-    cli.main(
-        [
-            "evaluate",
-            str(out),
-            "--cpu",
-            "eval.laplace_prior=validation",
-            "eval.laplace_hessian=diag",
-        ]
-    )
+    overrides = ["eval.laplace_prior=validation", "eval.laplace_hessian=diag"]
+    cli.main(["evaluate", str(out), "--cpu", *overrides])
     again = _results(out)["laplace"]
     assert again["hessian"] == "diag" and again["prior_method"] == "validation"
     assert "| PS-MAP · test_byobnet + LLLA |" in (out / "results.md").read_text()
+
+    # Conformal sets, calibrated in each block on its own validation logits.
+    conformal = ["eval.conformal=0.8", "eval.conformal_method=lac"]
+    evaluated = evaluate_run_with_predictions(out, cpu=True, overrides=conformal)
+    results, predictions = evaluated.results, evaluated.predictions
+    t = results["temperature_scaled"]["temperature"]
+    (z_val, y_val), z, y = predictions.val, predictions.test_logits, predictions.test[1]
+    laplace = predictions.laplace
+    assert _reported(results) == _by_hand((z_val, y_val), (z, y))
+    assert _reported(results["temperature_scaled"]) == _by_hand((z_val / t, y_val), (z / t, y))
+    assert _reported(results["laplace"]) == _by_hand(laplace.val, (laplace.test_logits, y))
+    assert _reported(_results(out)["laplace"]) == _reported(results["laplace"])
+    assert "| Cov. (%) | Set size |" in (out / "results.md").read_text()
+
+
+def _by_hand(
+    val: tuple[torch.Tensor, torch.Tensor], test: tuple[torch.Tensor, torch.Tensor]
+) -> list:
+    """LAC at 0.8 from logits (or log-probabilities) ``val`` and ``test`` with their labels: q̂ the
+    ⌈0.8 (n + 1)⌉-th smallest 1 − p_y on validation; a class is in a set when 1 − p ≤ q̂."""
+    val_probs = torch.softmax(val[0].double(), -1)
+    scores = (1 - val_probs.gather(1, val[1].reshape(-1, 1))).flatten().sort().values
+    q = scores[math.ceil(0.8 * (len(scores) + 1)) - 1]
+    sets = 1 - torch.softmax(test[0].double(), -1) <= q  # (N, K)
+    covered = sets[torch.arange(len(test[1])), test[1]]
+    return [covered.double().mean().item(), sets.sum(1).double().mean().item()]
+
+
+def _reported(block: dict) -> list:
+    return [block["test"]["conformal_coverage"], block["test"]["conformal_set_size"]]
 
 
 def test_laplace_is_refused_for_fsvi(tmp_path: Path) -> None:

@@ -8,12 +8,14 @@ import warnings
 
 import pytest
 import torch
+from accelerate import Accelerator
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fseb_ft.errors import FsebError
 from fseb_ft.evaluation import laplace as llla
 from fseb_ft.evaluation.laplace import fit_last_layer_laplace, laplace_logits, laplace_torch
+from fseb_ft.evaluation.predictions import predict_logits, predict_with_features
 from tests.helpers import TinyNet
 
 N_TRAIN, N_VAL, N_TEST = 60, 24, 17
@@ -140,3 +142,17 @@ def test_missing_laplace_torch_is_one_line_naming_the_extra(
     with pytest.raises(FsebError) as err:
         laplace_torch()
     assert str(err.value) == "eval.laplace needs laplace-torch: pip install 'fseb_ft[laplace]'"
+
+
+def test_the_evaluation_passes_record_the_classifiers_input_and_keep_the_logits() -> None:
+    net = TinyNet(d_in=6, width=5, k=3, bn=True).eval()
+    data = TensorDataset(torch.randn(11, 6), torch.arange(11) % 3)
+    accelerator = Accelerator(cpu=True)
+    loader = accelerator.prepare(DataLoader(data, batch_size=4))
+    logits, labels = predict_logits(net, loader, accelerator)
+    again, labels_again, features = predict_with_features(net, loader, accelerator, net.head)
+    assert torch.equal(again, logits) and torch.equal(labels_again, labels)
+    with torch.no_grad():
+        want = net.forward_head(net.forward_features(data.tensors[0]), pre_logits=True)
+    torch.testing.assert_close(features, want, rtol=0, atol=0)
+    assert not net.head._forward_hooks  # the hook is gone after the pass

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fseb_ft.errors import FsebError
 from fseb_ft.evaluation import laplace as llla
+from fseb_ft.evaluation.features import linear_classifier
 from fseb_ft.evaluation.laplace import fit_last_layer_laplace, laplace_logits, laplace_torch
 from fseb_ft.evaluation.predictions import predict_logits, predict_with_features
 from tests.helpers import TinyNet
@@ -156,3 +157,10 @@ def test_the_evaluation_passes_record_the_classifiers_input_and_keep_the_logits(
         want = net.forward_head(net.forward_features(data.tensors[0]), pre_logits=True)
     torch.testing.assert_close(features, want, rtol=0, atol=0)
     assert not net.head._forward_hooks  # the hook is gone after the pass
+
+
+def test_a_classifier_that_is_not_linear_is_refused_in_one_line() -> None:
+    net = TinyNet()
+    net.head = nn.Sequential(nn.Linear(5, 3))
+    with pytest.raises(FsebError, match=r"^eval.laplace needs a linear classifier .* Sequential$"):
+        linear_classifier(net, "eval.laplace")

@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml constraints-ci.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -c constraints-ci.txt -e '.[dev,conformal,ood]'
+	$(PY) -m pip install --quiet -c constraints-ci.txt -e '.[dev,conformal,ood,laplace]'
 	touch $(STAMP)
 
 lint: $(STAMP)

@@ -12,7 +12,9 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.model_selection import StratifiedShuffleSplit
 
 from fseb_ft.evaluation.conformal import (
+    ConformalTarget,
     calibrate,
+    conformal_coverage,
     conformity_scores,
     prediction_sets,
     quantile_rank,
@@ -35,6 +37,18 @@ def test_lac_by_hand() -> None:
     # Coverage 0.9 needs rank ⌈4.5⌉ = 5 of 4 scores: too few images, so every class is in.
     full = calibrate(probs, torch.tensor([0, 1, 0, 1]), 0.9, "lac")
     assert full.quantiles.tolist() == [math.inf] and bool(prediction_sets(new, full).all())
+
+
+def test_coverage_and_mean_set_size_by_hand() -> None:
+    # Calibrated as in test_lac_by_hand: q̂ = 3/8, so a class is in a set when p ≥ 5/8. The sets
+    # of the new images are {0}, {}, {1}, {0}: of labels 0, 0, 1, 1 the first and third are
+    # covered (2 in 4), and the sets hold 3 classes in all (mean 3/4).
+    probs = torch.tensor([[7 / 8, 1 / 8], [1 / 4, 3 / 4], [5 / 8, 3 / 8], [5 / 8, 3 / 8]])
+    new = torch.tensor([[5 / 8, 3 / 8], [1 / 2, 1 / 2], [1 / 4, 3 / 4], [3 / 4, 1 / 4]])
+    found = conformal_coverage(
+        probs, torch.tensor([0, 1, 0, 1]), new, torch.tensor([0, 0, 1, 1]), ConformalTarget(0.5)
+    )
+    assert found == {"conformal_coverage": 0.5, "conformal_set_size": 0.75}
 
 
 def test_aps_and_raps_scores_by_hand() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fseb_ft.evaluation.conformal import ConformalTarget, conformal_coverage
 from fseb_ft.evaluation.predictions import Predictions
 from fseb_ft.evaluation.temperature import (
     TEMPERATURE_RANGE,
@@ -83,3 +84,31 @@ def test_a_perfectly_predicted_validation_split_leaves_temperature_scaling_off()
     assert ts["temperature"] == 1.0 and ts["fitted_temperature"] == pytest.approx(fitted)
     assert "validation predicted perfectly" in ts["note"]
     assert ts["test"]["nll"] == pytest.approx(results["test"]["nll"])  # the raw outputs
+
+
+def test_conformal_coverage_in_each_block_on_its_own_validation_logits() -> None:
+    preds = _predictions(with_val=True)
+    target = ConformalTarget(0.8, "aps")
+    results = eval_results(preds, temperature_scaling=True, conformal=target)
+
+    def by_hand(val_logits: torch.Tensor, test_logits: torch.Tensor) -> dict[str, float]:
+        val_probs = torch.softmax(val_logits.double(), -1)
+        test_probs = torch.softmax(test_logits.double(), -1)
+        return conformal_coverage(val_probs, preds.val[1], test_probs, preds.test[1], target)
+
+    def reported(block: dict) -> dict[str, float]:
+        return {k: block["test"][k] for k in ("conformal_coverage", "conformal_set_size")}
+
+    z, (z_val, _) = preds.test_logits, preds.val
+    assert reported(results) == by_hand(z_val, z)
+    t = results["temperature_scaled"]["temperature"]
+    assert reported(results["temperature_scaled"]) == by_hand(z_val / t, z / t)
+    assert by_hand(z_val / t, z / t) != by_hand(z_val, z)  # T moved the sets: a real check
+    header, _, plain = markdown_table({"PS-MAP": results}).splitlines()[:3]
+    assert "| Cov. (%) | Set size |" in header
+    shown = plain.split(" | ")[header.split(" | ").index("Cov. (%)")]
+    assert shown == f"{results['test']['conformal_coverage'] * 100:.2f}"
+    # Off: neither the keys nor the columns, and validation logits alone fit no temperature.
+    off = eval_results(preds, temperature_scaling=False)
+    assert "conformal_coverage" not in off["test"] and "temperature_scaled" not in off
+    assert "Cov. (%)" not in markdown_table({"PS-MAP": off})

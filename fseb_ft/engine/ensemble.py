@@ -85,7 +85,7 @@ def evaluate_ensemble(
     ensemble = _ensemble_predictions(runs, [m.predictions for m in members.values()])
     cfg = runs[0].recipe.eval
     bootstrap = Bootstrap.of(runs[0].recipe)
-    results = EvalResults.from_predictions(ensemble, cfg.ood_scores, cfg.metrics, bootstrap)
+    results = EvalResults.of(ensemble, cfg, bootstrap)
     results = results.extended(
         members={label: m.results for label, m in members.items()},
         runs=[str(d) for d in run_dirs],  # as given; compared resolved
@@ -131,7 +131,7 @@ def _evaluate_members(runs: Sequence[SavedRun], accelerator: Accelerator) -> dic
         if members:
             _check_same_predictions(next(iter(members.values())).predictions, preds, run.run_dir)
         cfg = run.recipe.eval
-        members[label] = EvalResults.from_predictions(preds, cfg.ood_scores, cfg.metrics)
+        members[label] = EvalResults.of(preds, cfg)
     return members
 
 
@@ -184,23 +184,25 @@ def _average(log_probs: Sequence[Tensor]) -> Tensor:
 def _ensemble_val(
     runs: Sequence[SavedRun], member_preds: Sequence[Predictions]
 ) -> tuple[Tensor, Tensor] | None:
-    """The ensemble's validation log-probabilities and labels, to fit its temperature; ``None``
-    without ``eval.temperature_scaling``, or when the members validated on different images.
+    """The ensemble's validation log-probabilities and labels, to fit its temperature and
+    calibrate its conformal sets; ``None`` without ``eval.temperature_scaling`` and
+    ``eval.conformal``, or when the members validated on different images.
 
     Members trained at different seeds hold out different validation images, each of them
-    training data of another member: a temperature fitted on their average would be fitted
-    partly on training images, so it is left off, with a warning.
+    training data of another member: a temperature or a conformal quantile fitted on their
+    average would be fitted partly on training images, so both are left off, with a warning.
     """
+    cfg = runs[0].recipe.eval
     vals = [p.val for p in member_preds]
-    if any(v is None for v in vals):
+    if any(v is None for v in vals) or not (cfg.temperature_scaling or cfg.conformal is not None):
         return None
     identities = {(info.data or {}).get("val") for _, _, info in runs}
     if len(identities) > 1 or None in identities:
         logger.warning(
-            "temperature scaling is left off for the ensemble: its members hold out different "
-            "validation images (run.json data.val differs, e.g. other seeds), each another "
-            "member's training data; train every member with one data.seed (or the same "
-            "data.val) to scale the ensemble"
+            "temperature scaling and conformal coverage are left off for the ensemble: its "
+            "members hold out different validation images (run.json data.val differs, e.g. "
+            "other seeds), each another member's training data; train every member with one "
+            "data.seed (or the same data.val) to calibrate the ensemble"
         )
         return None
     log_probs = [torch.log_softmax(z.double(), -1) for z, _ in vals]  # (N_v, K) each

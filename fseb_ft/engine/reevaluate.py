@@ -90,12 +90,7 @@ def evaluate_run_with_predictions(
     run = read_saved_run(Path(run_dir), cpu, overrides)
     run_dir, recipe, info = run
     accelerator = Accelerator(cpu=cpu, mixed_precision=recipe.train.mixed_precision)
-    evaluated = EvalResults.from_predictions(
-        predict_run(run, accelerator),
-        recipe.eval.ood_scores,
-        recipe.eval.metrics,
-        Bootstrap.of(recipe),
-    )
+    evaluated = EvalResults.of(predict_run(run, accelerator), recipe.eval, Bootstrap.of(recipe))
     previous = run_dir / RESULTS_JSON
     if previous.exists():
         training = read_json(previous).get("training")

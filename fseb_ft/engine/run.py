@@ -376,9 +376,7 @@ def _evaluate(recipe: Recipe, splits: Splits, spec: InputSpec, parts: Prepared) 
         **_loader_kw(recipe),
         network=parts.objective.model,
     )
-    return EvalResults.from_predictions(
-        predictions, recipe.eval.ood_scores, recipe.eval.metrics, Bootstrap.of(recipe)
-    )
+    return EvalResults.of(predictions, recipe.eval, Bootstrap.of(recipe))
 
 
 def _training(recipe: Recipe, state: TrainState, warned: list[str]) -> dict[str, Any]:

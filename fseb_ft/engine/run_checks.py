@@ -1,6 +1,7 @@
 """A run's checks of its loaded data against its recipe, made before anything is written: two
 training classes, ``eval.group_by``'s column, the class count of ``model.num_classes`` and of the
-two-class metrics a recipe selects or reports, the length of a ``train.class_weights`` list."""
+two-class metrics a recipe selects or reports, the length of a ``train.class_weights`` list, and
+laplace-torch for ``eval.laplace``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from fseb_ft.data.images import LabeledImages
 from fseb_ft.data.sources.registry import find_source
 from fseb_ft.data.splits import Splits, require_two_classes
 from fseb_ft.evaluation.groups import reported_groups
+from fseb_ft.evaluation.laplace import laplace_torch
 from fseb_ft.evaluation.metrics import METRIC_REGISTRY
 from fseb_ft.method.likelihood import check_class_weights
 from fseb_ft.recipe import ConfigError, DatasetSpec, Recipe
@@ -30,12 +32,15 @@ logger = logging.getLogger(__name__)
 def check_data(recipe: Recipe, splits: Splits) -> None:
     """What the loaded data must satisfy before anything is written: two training classes,
     ``eval.group_by``'s column, the class count of a two-class ``train.select_metric`` and of a
-    ``train.class_weights`` list (before the screen and the cache's build)."""
+    ``train.class_weights`` list (before the screen and the cache's build); and with
+    ``eval.laplace``, laplace-torch installed (not found only after training)."""
     require_training_classes(recipe.data.train, splits.train)
     reported_groups(splits, recipe.eval.group_by)
     num_classes = recipe.model.num_classes or splits.train.num_classes
     check_select_metric(recipe, num_classes)
     check_class_weights(recipe.train.class_weights, num_classes)
+    if recipe.eval.laplace:
+        laplace_torch()
 
 
 def require_training_classes(spec: DatasetSpec, train: LabeledImages) -> None:

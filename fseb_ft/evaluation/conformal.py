@@ -38,19 +38,27 @@ import torch
 from torch import Tensor
 
 from fseb_ft.evaluation.checks import check_float_matrix, check_labels, to_float64
+from fseb_ft.recipe import EvalConfig
+from fseb_ft.recipe.options import CONFORMAL_METHODS
 
 __all__ = [
     "CONFORMAL_METHODS",
+    "COVERAGE_KEY",
+    "SET_SIZE_KEY",
     "ConformalCalibration",
+    "ConformalTarget",
     "calibrate",
+    "conformal_coverage",
     "conformity_scores",
     "prediction_sets",
     "quantile_rank",
     "uniform_draws",
 ]
 
-CONFORMAL_METHODS = ("lac", "aps", "raps")
-"""The non-conformity scores, by name."""
+COVERAGE_KEY = "conformal_coverage"
+"""The results' key of the conformal sets' empirical coverage on the reported split."""
+SET_SIZE_KEY = "conformal_set_size"
+"""The results' key of their mean size."""
 
 # Coverage targets are decimal fractions (0.9) whose product with n + 1 is not exact in binary
 # (0.9 · 100 = 90.00000000000001): this slack keeps ⌈(n + 1)(1 − α)⌉ at the intended rank.
@@ -78,6 +86,48 @@ class ConformalCalibration:
     """RAPS's penalty ``λ`` per rank beyond ``k_reg``."""
     k_reg: int = 1
     """RAPS's ranks without penalty."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ConformalTarget:
+    """The conformal sets a run's results report (``eval.conformal``, ``eval.conformal_method``,
+    ``eval.conformal_class_conditional``): deterministic, as ``fseb-ft predict``'s."""
+
+    coverage: float
+    """The target coverage ``1 − α``."""
+    method: str = "lac"
+    """``lac``, ``aps`` or ``raps``."""
+    class_conditional: bool = False
+    """One quantile per class."""
+
+    @classmethod
+    def of(cls, cfg: EvalConfig) -> ConformalTarget | None:
+        """The ``eval`` section's; ``None`` when ``eval.conformal`` is."""
+        if cfg.conformal is None:
+            return None
+        return cls(cfg.conformal, cfg.conformal_method, cfg.conformal_class_conditional)
+
+
+def conformal_coverage(
+    val_probs: Tensor,
+    val_labels: Tensor,
+    probs: Tensor,
+    labels: Tensor,
+    target: ConformalTarget,
+) -> dict[str, float]:
+    """Calibrate ``target``'s sets on the labelled ``val_probs`` ``(n, K)`` (:func:`calibrate`)
+    and score them on ``probs`` ``(N, K)``: :data:`COVERAGE_KEY`, the fraction of images whose
+    set holds their label ``labels`` ``(N,)``, and :data:`SET_SIZE_KEY`, the mean set size."""
+    calibration = calibrate(
+        val_probs, val_labels, target.coverage, target.method, target.class_conditional
+    )
+    sets = prediction_sets(probs, calibration)  # (N, K) bool
+    labels = check_labels(labels, sets.shape[0], sets.shape[1]).to(sets.device)
+    covered = sets.gather(-1, labels.reshape(-1, 1)).squeeze(-1)  # (N,)
+    return {
+        COVERAGE_KEY: covered.double().mean().item(),
+        SET_SIZE_KEY: sets.sum(-1).double().mean().item(),
+    }
 
 
 def uniform_draws(n: int, seed: int) -> Tensor:

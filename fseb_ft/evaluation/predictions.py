@@ -8,7 +8,6 @@ The metrics and files made from them are :mod:`fseb_ft.runs.report`'s.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -21,27 +20,27 @@ from fseb_ft.data.images import IndexedImages, LabeledImages
 from fseb_ft.data.inputs import InputSpec
 from fseb_ft.data.splits import TEST_SPLIT, VALIDATION_SPLIT, Splits, stratified_split
 from fseb_ft.data.transforms import TransformedImages, eval_transform, make_loader
-from fseb_ft.errors import FsebError
-from fseb_ft.evaluation.feature_ood import (
-    FEATURE_SCORES,
-    FeatureOodFit,
-    feature_ood_score,
-    fit_feature_ood,
+from fseb_ft.evaluation.feature_ood import FEATURE_SCORES, FeatureOodFit
+from fseb_ft.evaluation.features import (
+    LaplaceLogits,
+    feature_scores,
+    fit_laplace_logits,
+    laplace_validates,
+    linear_classifier,
+    predict_features,
 )
 from fseb_ft.evaluation.groups import Groups, reported_groups
-from fseb_ft.method.posterior import unwrap_model
 from fseb_ft.recipe import EvalConfig
 
 __all__ = [
     "Predictions",
     "corruption_subset",
     "eval_loader",
-    "feature_scores",
     "predict",
     "predict_corruptions",
-    "predict_features",
     "predict_logits",
     "predict_splits",
+    "predict_with_features",
 ]
 
 
@@ -66,8 +65,8 @@ class Predictions:
     """OOD set name → logits (N_o, K); empty for an ensemble."""
     val: tuple[Tensor, Tensor] | None = None
     """(logits (N_v, K), labels (N_v,)) on the validation split, for ``eval.temperature_scaling``
-    (an ensemble's: its log-probabilities, which softmax treats alike); ``None`` when it is
-    off."""
+    and ``eval.conformal`` (an ensemble's: its log-probabilities, which softmax treats alike);
+    ``None`` when neither is on."""
     split: str = TEST_SPLIT
     """The split behind ``test`` and the corruptions: ``TEST_SPLIT`` or ``VALIDATION_SPLIT``."""
     groups: Groups | None = None
@@ -84,10 +83,43 @@ class Predictions:
     feature_fit: FeatureOodFit | None = None
     """The fit behind the feature scores, on the training split's features, which a run keeps
     for ``fseb-ft predict`` (``fseb_ft.runs.feature_fit``); ``None`` without feature scores."""
+    laplace: Predictions | None = None
+    """The "+ LLLA" predictions (``eval.laplace``): those of the last-layer Laplace's probit
+    predictive on the same images, its probit-scaled logits as logits, its fit in ``fit``;
+    ``None`` when it is off, and for an ensemble."""
+    fit: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """What ``results.json`` records of the post-hoc fit these predictions come from, before
+    their metrics (LLLA's :meth:`~fseb_ft.evaluation.laplace.LaplaceFit.record`); empty for the
+    network's own."""
+
+    def with_logits(
+        self,
+        test_logits: Tensor,
+        ood_logits: dict[str, Tensor],
+        corruptions: dict[str, dict[int, Tensor]],
+        val: tuple[Tensor, Tensor] | None,
+        fit: dict[str, Any],
+    ) -> Predictions:
+        """The same images scored by a post-hoc method's logits: ``test_logits`` (N, K) on
+        ``test``, ``ood_logits`` (N_o, K) on each OOD set, the log-probabilities
+        ``corruptions`` (N_c, K) on the corrupted split, ``val`` (logits, labels) on the
+        validation split; the method's ``fit`` record. Labels, groups and the feature scores
+        (of the features, which a post-hoc method leaves as they are) are kept."""
+        return dataclasses.replace(
+            self,
+            test=(torch.log_softmax(test_logits, -1), self.test[1]),
+            ood={name: torch.log_softmax(z, -1) for name, z in ood_logits.items()},
+            corruptions=corruptions,
+            test_logits=test_logits,
+            ood_logits=ood_logits,
+            val=val,
+            laplace=None,
+            fit=fit,
+        )
 
     def scaled(self, temperature: float) -> Predictions:
-        """The predictions of ``logits / temperature`` on the test split, the OOD sets and the
-        corruptions (no val).
+        """The predictions of ``logits / temperature`` on the test split, the OOD sets, the
+        corruptions and the validation split.
 
         Log-probabilities suffice, so the corruptions and an ensemble (no logits) are scaled
         too: ``log p = z − c`` with ``c`` the same for every class of an image, and softmax
@@ -115,6 +147,7 @@ class Predictions:
             corruption_labels=self.corruption_labels,
             test_logits=test_logits,
             ood_logits=ood_logits,
+            val=None if self.val is None else (self.val[0] / temperature, self.val[1]),
             split=self.split,
             groups=self.groups,
             class_names=self.class_names,
@@ -122,6 +155,10 @@ class Predictions:
             ood_feature_scores=self.ood_feature_scores,
             feature_fit=self.feature_fit,
         )
+
+
+_Scored = tuple[Tensor, Tensor, Tensor | None]
+"""What one evaluation pass gives: logits (N, K), labels (N,), the classifier's inputs (N, D)."""
 
 
 def predict(
@@ -132,7 +169,6 @@ def predict(
     return torch.log_softmax(logits, dim=-1), labels
 
 
-@torch.no_grad()
 def predict_logits(
     model: nn.Module, loader: DataLoader, accelerator: Accelerator
 ) -> tuple[Tensor, Tensor]:
@@ -141,17 +177,45 @@ def predict_logits(
     ``gather_for_metrics`` drops the samples Accelerate duplicated to even out the last batch
     across processes, so N is the dataset size whatever the process count.
     """
+    logits, labels, _ = predict_with_features(model, loader, accelerator)
+    return logits, labels
+
+
+@torch.no_grad()
+def predict_with_features(
+    model: nn.Module,
+    loader: DataLoader,
+    accelerator: Accelerator,
+    classifier: nn.Module | None = None,
+) -> _Scored:
+    """:func:`predict_logits`' logits and labels, and the input of ``classifier`` (a module
+    inside ``model``) in the same forward passes: float32 features (N, D) on CPU, recorded by a
+    forward hook so the logits are the model's own; ``None`` without ``classifier``."""
     was_training = model.training
     model.eval()
-    all_logits, labels = [], []
-    for x, y in tqdm(loader, desc="predict", disable=not accelerator.is_main_process, leave=False):
-        with accelerator.autocast():
-            logits = model(x)  # (B, K)
-        logits, y = accelerator.gather_for_metrics((logits.float(), y))
-        all_logits.append(logits.cpu())
-        labels.append(y.cpu())
-    model.train(was_training)
-    return torch.cat(all_logits), torch.cat(labels)
+    inputs: list[Tensor] = []
+    hook = None
+    if classifier is not None:
+        hook = classifier.register_forward_hook(lambda _m, args, _out: inputs.append(args[0]))
+    found: list[list[Tensor]] = [[], [], []]  # logits, labels, features
+    try:
+        for x, y in tqdm(
+            loader, desc="predict", disable=not accelerator.is_main_process, leave=False
+        ):
+            with accelerator.autocast():
+                logits = model(x)  # (B, K)
+            batch = [logits.float(), y]
+            if classifier is not None:
+                batch.append(inputs[-1].float().flatten(1))  # (B, D)
+                inputs.clear()
+            for kept, part in zip(found, accelerator.gather_for_metrics(batch), strict=False):
+                kept.append(part.cpu())
+    finally:
+        if hook is not None:
+            hook.remove()
+        model.train(was_training)
+    logits, labels, features = (torch.cat(parts) if parts else None for parts in found)
+    return logits, labels, features
 
 
 def predict_splits(
@@ -165,10 +229,12 @@ def predict_splits(
     network: nn.Module | None = None,
 ) -> Predictions:
     """Predict the test split, every OOD set and every corruption of ``cfg.corruptions`` (and
-    the validation split's logits with ``cfg.temperature_scaling``), with the reported split's
-    ``cfg.group_by`` values, and the feature scores ``cfg.ood_scores`` names
+    the validation split's logits with ``cfg.temperature_scaling`` or ``cfg.conformal``, or
+    for LLLA's validation prior), with the reported split's
+    ``cfg.group_by`` values, the feature scores ``cfg.ood_scores`` names
     (:func:`feature_scores` of ``network``, the timm network behind ``model``; default
-    ``model``).
+    ``model``) and, with ``cfg.laplace``, the "+ LLLA" predictions (``laplace``) of a
+    last-layer Laplace fitted on the training split's features, from the same passes.
 
     Without a test split (``data.test`` unset) the validation split stands in for it, and the
     predictions say so (``split``): its numbers are those model selection saw, so optimistic.
@@ -178,43 +244,85 @@ def predict_splits(
         (TEST_SPLIT, splits.test) if splits.test is not None else (VALIDATION_SPLIT, splits.val)
     )
     groups = reported_groups(splits, cfg.group_by)  # before predicting: a missing column stops
+    network = network or model
 
     def loader(data: Any) -> DataLoader:
         return accelerator.prepare(eval_loader(data, spec, cfg.batch_size, num_workers, seed))
 
-    test_logits, test_labels = predict_logits(model, loader(reported), accelerator)
-    ood_logits = {
-        name: predict_logits(model, loader(data), accelerator)[0]
-        for name, data in splits.ood.items()
-    }
+    needs_train = cfg.laplace or any(name in FEATURE_SCORES for name in cfg.ood_scores)
+    train = predict_features(network, loader(splits.train), accelerator) if needs_train else None
+    head = linear_classifier(network, "eval.laplace") if cfg.laplace else None
+
+    def scored(data: Any) -> _Scored:
+        return predict_with_features(model, loader(data), accelerator, head)
+
+    test = scored(reported)
+    ood = {name: scored(data) for name, data in splits.ood.items()}
     val = None
-    if cfg.temperature_scaling and reported is splits.val:
-        val = (test_logits, test_labels)  # predicted already: the same images
-    elif cfg.temperature_scaling and splits.val is not None:
-        val = predict_logits(model, loader(splits.val), accelerator)
+    if _wants_val(cfg) and reported is splits.val:
+        val = test  # predicted already: the same images
+    elif _wants_val(cfg) and splits.val is not None:
+        val = scored(splits.val)
+    laplace = None
+    if head is not None and train is not None:
+        val_features = None if val is None or val[2] is None else (val[2], val[1])
+        laplace = fit_laplace_logits(head, train, val_features, cfg, _maths_device(accelerator))
     corrupted = corruption_subset(reported, cfg.corruption_limit, cfg.corruption_seed)
-    corruptions = predict_corruptions(model, corrupted, spec, cfg, accelerator, num_workers, seed)
+    corruptions, laplace_corruptions = predict_corruptions(
+        model, corrupted, spec, cfg, accelerator, num_workers, seed, laplace
+    )
+    _check_corrupted(corruptions, len(corrupted), split)
     labels = None if corrupted is reported else torch.as_tensor(corrupted.labels, dtype=torch.long)
-    for name, by_severity in corruptions.items():
-        for severity, lp in by_severity.items():
-            if lp.shape[0] != len(corrupted):
-                raise RuntimeError(
-                    f"{name} severity {severity}: {lp.shape[0]} predictions for "
-                    f"{len(corrupted)} corrupted {split} images"
-                )
-    return Predictions(
-        test=(torch.log_softmax(test_logits, -1), test_labels),
-        ood={name: torch.log_softmax(z, -1) for name, z in ood_logits.items()},
+    predictions = Predictions(
+        test=(torch.log_softmax(test[0], -1), test[1]),
+        ood={name: torch.log_softmax(z, -1) for name, (z, _, _) in ood.items()},
         corruptions=corruptions,
         corruption_labels=labels,
-        test_logits=test_logits,
-        ood_logits=ood_logits,
-        val=val,
+        test_logits=test[0],
+        ood_logits={name: z for name, (z, _, _) in ood.items()},
+        val=None if val is None else val[:2],
         split=split,
         groups=groups,
         class_names=list(splits.train.class_names),
-        **feature_scores(network or model, splits, reported, cfg.ood_scores, loader, accelerator),
+        **feature_scores(network, splits, reported, cfg.ood_scores, loader, accelerator, train),
     )
+    if laplace is None:
+        return predictions
+    return dataclasses.replace(
+        predictions,
+        laplace=_laplace_predictions(predictions, laplace, test, ood, val, laplace_corruptions),
+    )
+
+
+def _laplace_predictions(
+    predictions: Predictions,
+    laplace: LaplaceLogits,
+    test: _Scored,
+    ood: dict[str, _Scored],
+    val: _Scored | None,
+    corruptions: dict[str, dict[int, Tensor]],
+) -> Predictions:
+    """The "+ LLLA" predictions: ``laplace``'s logits of the features the passes recorded on
+    the test split, the OOD sets and the validation split, and its ``corruptions``."""
+    return predictions.with_logits(
+        laplace.logits(test[2]),
+        {name: laplace.logits(h) for name, (_, _, h) in ood.items()},
+        corruptions,
+        None if val is None else (laplace.logits(val[2]), val[1]),
+        laplace.fit.record(),
+    )
+
+
+def _wants_val(cfg: EvalConfig) -> bool:
+    """Whether the validation split is predicted: for temperature scaling, conformal
+    calibration or LLLA's validation prior."""
+    return cfg.temperature_scaling or cfg.conformal is not None or laplace_validates(cfg)
+
+
+def _maths_device(accelerator: Accelerator) -> torch.device:
+    """Where the post-hoc float64 maths runs: the accelerator's GPU, else the CPU (float64 is
+    slow or missing on other accelerators)."""
+    return accelerator.device if accelerator.device.type == "cuda" else torch.device("cpu")
 
 
 def predict_corruptions(
@@ -225,7 +333,8 @@ def predict_corruptions(
     accelerator: Accelerator,
     num_workers: int,
     seed: int,
-) -> dict[str, dict[int, Tensor]]:
+    laplace: LaplaceLogits | None = None,
+) -> tuple[dict[str, dict[int, Tensor]], dict[str, dict[int, Tensor]]]:
     """Predict ``test`` under every corruption and severity of ``cfg`` (the ``eval`` section).
 
     Each (corruption, severity) is a :class:`~fseb_ft.data.corruptions.CorruptedImages` of the
@@ -235,24 +344,41 @@ def predict_corruptions(
 
     Returns:
         corruption name → severity → log-probabilities (N, K), in the order of ``test`` (pass
-        :func:`corruption_subset` of the test split to honour ``eval.corruption_limit``).
+        :func:`corruption_subset` of the test split to honour ``eval.corruption_limit``); and
+        the same of ``laplace``'s logits, from the same passes (empty without it).
     """
     if not cfg.corruptions:
-        return {}
+        return {}, {}
     from fseb_ft.data.corruptions import CorruptedImages
 
     main = accelerator.is_main_process
     pairs = [(name, severity) for name in cfg.corruptions for severity in cfg.severities]
     out: dict[str, dict[int, Tensor]] = {}
+    posthoc: dict[str, dict[int, Tensor]] = {}
+    classifier = None if laplace is None else laplace.classifier
     for name, severity in tqdm(pairs, desc="corruptions", disable=not main):
         with accelerator.main_process_first():
             data = CorruptedImages(
                 test, name, severity, cfg.corruption_seed, cfg.corruption_cache, progress=main
             )
         loader = accelerator.prepare(eval_loader(data, spec, cfg.batch_size, num_workers, seed))
-        out.setdefault(name, {})[severity] = predict(model, loader, accelerator)[0]
+        logits, _, features = predict_with_features(model, loader, accelerator, classifier)
+        out.setdefault(name, {})[severity] = torch.log_softmax(logits, -1)
+        if laplace is not None:
+            posthoc.setdefault(name, {})[severity] = torch.log_softmax(laplace.logits(features), -1)
         del data, loader
-    return out
+    return out, posthoc
+
+
+def _check_corrupted(corruptions: dict[str, dict[int, Tensor]], n: int, split: str) -> None:
+    """Every corruption and severity has one prediction per corrupted image."""
+    for name, by_severity in corruptions.items():
+        for severity, lp in by_severity.items():
+            if lp.shape[0] != n:
+                raise RuntimeError(
+                    f"{name} severity {severity}: {lp.shape[0]} predictions for {n} corrupted "
+                    f"{split} images"
+                )
 
 
 def corruption_subset(test: LabeledImages, limit: int | None, seed: int) -> LabeledImages:
@@ -265,76 +391,6 @@ def corruption_subset(test: LabeledImages, limit: int | None, seed: int) -> Labe
         return test
     _, keep = stratified_split(test.labels, limit / len(test), seed)  # (≈limit,) sorted
     return IndexedImages(test, keep)
-
-
-@torch.no_grad()
-def predict_features(
-    network: nn.Module, loader: DataLoader, accelerator: Accelerator
-) -> tuple[Tensor, Tensor]:
-    """Float32 penultimate features (N, D), the classifier's input (timm's
-    ``forward_head(forward_features(x), pre_logits=True)``), and labels (N,) on CPU, in eval
-    mode, each sample counted once."""
-    inner = unwrap_model(network)
-    was_training = inner.training
-    inner.eval()
-    found, labels = [], []
-    for x, y in tqdm(loader, desc="features", disable=not accelerator.is_main_process, leave=False):
-        with accelerator.autocast():
-            h = inner.forward_head(inner.forward_features(x), pre_logits=True)  # (B, D)
-        h, y = accelerator.gather_for_metrics((h.float().flatten(1), y))
-        found.append(h.cpu())
-        labels.append(y.cpu())
-    inner.train(was_training)
-    return torch.cat(found), torch.cat(labels)
-
-
-def feature_scores(
-    network: nn.Module,
-    splits: Splits,
-    reported: Any,
-    names: Sequence[str],
-    loader: Callable[[Any], DataLoader],
-    accelerator: Accelerator,
-) -> dict[str, Any]:
-    """The feature scores of ``names`` (:mod:`~fseb_ft.evaluation.feature_ood`) on ``reported``
-    and each OOD set, fitted on the training split's features (one un-augmented pass in eval
-    mode): the :class:`Predictions` fields ``test_feature_scores``, ``ood_feature_scores`` and
-    ``feature_fit``, empty when ``names`` has none.
-
-    The fit holds ViM's part whenever the classifier is linear, ``vim`` named or not, so that
-    the fit a run keeps serves every feature score in ``fseb-ft predict``.
-    """
-    wanted = [name for name in names if name in FEATURE_SCORES]
-    if not wanted:
-        return {}
-    features, labels = predict_features(network, loader(splits.train), accelerator)
-    fit = fit_feature_ood(features, labels, *_classifier(network, "vim" in wanted))
-
-    def scores(data: Any) -> dict[str, Tensor]:
-        h = predict_features(network, loader(data), accelerator)[0]
-        return {name: feature_ood_score(name, fit, h) for name in wanted}
-
-    return {
-        "test_feature_scores": scores(reported),
-        "ood_feature_scores": {name: scores(data) for name, data in splits.ood.items()},
-        "feature_fit": fit,
-    }
-
-
-def _classifier(network: nn.Module, required: bool) -> tuple[Tensor | None, Tensor | None]:
-    """The linear classifier's weight and bias, for ViM; unless ``required``, ``(None, None)``
-    for another head or one of a single feature (ViM's principal space must be smaller)."""
-    head = unwrap_model(network).get_classifier()
-    usable = isinstance(head, nn.Linear) and head.in_features > 1
-    if not usable and not required:
-        return None, None
-    if not isinstance(head, nn.Linear):
-        raise FsebError(
-            f"eval.ood_scores: vim needs a linear classifier (timm's get_classifier()), "
-            f"this model's is {type(head).__name__}"
-        )
-    bias = None if head.bias is None else head.bias.detach().float().cpu()
-    return head.weight.detach().float().cpu(), bias
 
 
 def eval_loader(

@@ -123,3 +123,14 @@ BENCHMARK_CORRUPTIONS = CORRUPTIONS[:14]
 """The corruptions ``all`` stands for: CIFAR-10-C's 15 less ``frost``."""
 ALL_CORRUPTIONS = "all"
 """The name that ``eval.corruptions`` expands to :data:`BENCHMARK_CORRUPTIONS`."""
+
+LAPLACE_HESSIANS = ("kron", "full", "diag")
+"""The last-layer Laplace's GGN structure (``eval.laplace_hessian``): Kronecker-factored, full,
+or diagonal (laplace-torch's ``hessian_structure``)."""
+LAPLACE_PRIORS = ("marglik", "validation")
+"""How the last-layer Laplace's prior precision is chosen (``eval.laplace_prior``): by the
+marginal likelihood of the training split, or by a grid search on the validation split's NLL."""
+
+CONFORMAL_METHODS = ("lac", "aps", "raps")
+"""The non-conformity scores of conformal prediction sets (``eval.conformal_method``,
+``fseb-ft predict --conformal-method``; ``fseb_ft.evaluation.conformal``)."""

@@ -16,7 +16,10 @@ from fseb_ft.recipe.datasets import IN_MEMORY, DataConfig
 from fseb_ft.recipe.options import (
     ALL_CORRUPTIONS,
     BENCHMARK_CORRUPTIONS,
+    CONFORMAL_METHODS,
     CORRUPTIONS,
+    LAPLACE_HESSIANS,
+    LAPLACE_PRIORS,
     OOD_SCORES,
     TASK_METRICS,
 )
@@ -99,6 +102,44 @@ class EvalConfig:
     ``0``: no intervals."""
     bootstrap_confidence: float = 0.95
     """Confidence level of the bootstrap intervals, in (0, 1)."""
+    laplace: bool = False
+    """Also fit a last-layer Laplace approximation (LLLA, laplace-torch) around the trained
+    network: a Gaussian posterior over the linear classifier's weights and bias (the rest of the
+    network held fixed), its generalised Gauss-Newton fitted on the training split's
+    penultimate features (one extra un-augmented pass, shared with the feature OOD scores), and
+    report the test, OOD and corruption metrics of its probit predictive as a row
+    "<method> + LLLA", and as ``laplace`` in ``results.json`` (docs/method.md, "Last-layer
+    Laplace"). Evaluation only: the model folder does not carry the posterior, and
+    ``fseb-ft predict`` uses the network's own (or temperature-scaled) probabilities. Needs
+    ``pip install 'fseb_ft[laplace]'``, a linear classifier (timm's ``get_classifier()``) and
+    a MAP run (FS-EB or PS-MAP, not ``fseb.method=fsvi``); an ensemble reports none."""
+    laplace_hessian: Literal[LAPLACE_HESSIANS] = "kron"
+    """The structure of LLLA's Gauss-Newton matrix over the classifier's ``P = (D + 1)·K``
+    weights (``D`` features, ``K`` classes): ``kron`` (Kronecker factors of ``D + 1`` and ``K``
+    rows: any head), ``full`` (the exact ``P × P`` matrix: small heads only, ``P ≤ 25000``,
+    5 GB in float64 at that size; a larger head stops with an error), ``diag`` (its
+    diagonal)."""
+    laplace_prior: Literal[LAPLACE_PRIORS] = "marglik"
+    """How LLLA's prior precision ``λ`` (its prior ``N(0, λ⁻¹ I)`` over the classifier's
+    weights; not the run's ``fseb`` prior) is chosen: ``marglik`` (maximise the training
+    split's Laplace marginal likelihood; no validation image used), ``validation`` (the value
+    of a grid of 100 in ``[1e-4, 1e4]`` whose probit predictive has the lowest validation
+    NLL)."""
+    conformal: float | None = None
+    """Also report split-conformal prediction sets for this target coverage ``C`` in (0, 1):
+    calibrated on the validation split (predicted for it), their empirical coverage on the test
+    split (``conformal_coverage``) and mean size (``conformal_set_size``) in each results block's
+    ``test`` (the "+ TS" block's calibrated on the temperature-scaled validation logits, the
+    "+ LLLA" block's on its own), and the columns "Cov. (%)" and "Set size" of the tables
+    (docs/method.md, "Conformal coverage"). The sets are those of ``fseb-ft predict
+    --conformal C``. ``null``: none."""
+    conformal_method: Literal[CONFORMAL_METHODS] = "lac"
+    """The conformal sets' non-conformity score: ``lac`` (``1 − p_y``, the smallest sets),
+    ``aps`` or ``raps`` (the mass of the classes ranked before ``y``; RAPS penalises long
+    tails), deterministic (not randomised)."""
+    conformal_class_conditional: bool = False
+    """One conformal quantile per class, from that class's validation images: the coverage then
+    holds for each class, rare ones too (larger sets for them)."""
 
     def __post_init__(self) -> None:
         check(self.batch_size >= 1, "batch_size", self.batch_size, "must be ≥ 1")
@@ -113,6 +154,12 @@ class EvalConfig:
             "bootstrap_confidence",
             self.bootstrap_confidence,
             "must be in (0, 1)",
+        )
+        check(
+            self.conformal is None or 0 < self.conformal < 1,
+            "conformal",
+            self.conformal,
+            "must be a target coverage in (0, 1), e.g. 0.9, or null",
         )
         check(len(self.ood_scores) > 0, "ood_scores", self.ood_scores, "must name ≥ 1 score")
         object.__setattr__(self, "ood_scores", tuple(dict.fromkeys(self.ood_scores)))

@@ -296,6 +296,13 @@ class Recipe:
             "needs model.freeze=none and train.linear_probe_epochs=0 (the σ of a frozen "
             "parameter would still train and perturb it); use fseb.fsvi_variance=head",
         )
+        check(
+            not self.eval.laplace or self.fseb.method != "fsvi",
+            "eval.laplace",
+            self.eval.laplace,
+            "needs a MAP network (FS-EB or PS-MAP): fseb.method=fsvi has its own posterior "
+            "q(θ), and a Laplace approximation around its mean is another method",
+        )
         size = self.model.input_size
         check_cache_size(self.data.cache, None if size is None else (size, size), self.model.name)
         self._check_binary_metrics()

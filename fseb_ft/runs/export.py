@@ -42,6 +42,7 @@ from fseb_ft.recipe import Recipe
 from fseb_ft.runs.atomic import cleaned_on_failure, publish, write_text
 from fseb_ft.runs.feature_fit import feature_scores_in
 from fseb_ft.runs.model_card import UNKNOWN_LICENSE, model_card, published_recipe, selection
+from fseb_ft.runs.posthoc import POSTHOC_BLOCKS
 from fseb_ft.runs.published import LOCAL_DIR, model_label, scrub
 from fseb_ft.runs.rundir import (
     MODEL_DIR,
@@ -68,6 +69,8 @@ __all__ = [
     "write_model_card",
 ]
 
+_POSTHOC_KEYS = tuple(block.key for block in POSTHOC_BLOCKS)
+"""The post-hoc results blocks ``fseb.json`` keeps beside ``test`` and ``ood``."""
 FOLDER_FILES = ("config.json", MODEL_WEIGHTS.name, "fseb.json", "README.md")
 """Files every model folder has; its recipe (folders exported before it had one lack it) and
 plots come on top."""
@@ -289,7 +292,7 @@ def _folder_meta(
         "selection": selection(recipe, results),
         # RESULTS_SPLIT: the split the numbers under "test" come from (validation without one).
         "results": {RESULTS_SPLIT: results_split(results)}
-        | {k: results[k] for k in ("test", "ood", "temperature_scaled") if k in results},
+        | {k: results[k] for k in ("test", "ood", *_POSTHOC_KEYS) if k in results},
     }
     if results.get("temperature_scaled"):
         # The weights stay a plain timm model's; calibrated probabilities are softmax(logits / T).

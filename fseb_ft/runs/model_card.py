@@ -20,6 +20,7 @@ from fseb_ft.evaluation.abstention import AbstentionRule
 from fseb_ft.evaluation.metrics import METRIC_REGISTRY
 from fseb_ft.recipe import Recipe, dump_recipe
 from fseb_ft.runs.model_index import card_data
+from fseb_ft.runs.posthoc import LAPLACE, TEMPERATURE
 from fseb_ft.runs.published import LOCAL_DIR, PLACEHOLDER, model_label, placeholders, scrub
 from fseb_ft.runs.rundir import (
     CONFUSION_PLOT,
@@ -30,7 +31,6 @@ from fseb_ft.runs.rundir import (
     results_split,
 )
 from fseb_ft.runs.tables import (
-    TS_SUFFIX,
     VALIDATION_NOTE,
     groups_markdown,
     markdown_table,
@@ -295,11 +295,13 @@ def _results_section(
     temperature = _temperature(results)
     if temperature is not None:
         notes.append(
-            f'Rows "{TS_SUFFIX.strip()}": temperature scaling, a temperature fitted on the '
-            f"validation split by NLL; this model's T = {temperature:.4f} (also in `fseb.json`), "
-            "applied as `probs = (model(x) / T).softmax(-1)`."
-            + (f" Here {note}." if (note := results["temperature_scaled"].get("note")) else "")
+            f'Rows "{TEMPERATURE.suffix.strip()}": temperature scaling, a temperature fitted on '
+            f"the validation split by NLL; this model's T = {temperature:.4f} (also in "
+            "`fseb.json`), applied as `probs = (model(x) / T).softmax(-1)`."
+            + (f" Here {note}." if (note := results[TEMPERATURE.key].get("note")) else "")
         )
+    if results.get(LAPLACE.key):
+        notes.append(_laplace_note(results[LAPLACE.key]))
     sel = selection(recipe, results)
     if sel.get("best_epoch") is not None:
         notes.append(
@@ -316,6 +318,23 @@ def _results_section(
     if results.get("groups"):
         lines.append(groups_markdown(results, _GROUP_METRICS, _MAX_GROUPS_SHOWN, level=3))
     return "\n".join(lines)
+
+
+def _laplace_note(found: Mapping[str, Any]) -> str:
+    """What the "+ LLLA" rows are, and that this folder does not carry their posterior."""
+    return (
+        f'Rows "{LAPLACE.suffix.strip()}": a last-layer Laplace approximation (laplace-torch; '
+        f"{found['hessian']} GGN of the classifier on the training split's features, prior "
+        f"precision {found['prior_precision']:.4g} by {_prior_method(found['prior_method'])}, "
+        "probit predictive). Evaluation only: this folder does not carry the posterior, and "
+        "`fseb-ft predict` uses the network's own (or temperature-scaled) probabilities."
+    )
+
+
+def _prior_method(name: str) -> str:
+    """How the card says each ``eval.laplace_prior``."""
+    said = {"marglik": "the training split's marginal likelihood", "validation": "validation NLL"}
+    return said.get(name, name)
 
 
 _TASK_METRIC_NOTES = {
@@ -474,7 +493,7 @@ def _data_specs(recipe: Recipe) -> list[Any]:
 
 def _temperature(results: Mapping[str, Any]) -> float | None:
     """The temperature fitted by ``eval.temperature_scaling``; ``None`` when it was off."""
-    return (results.get("temperature_scaled") or {}).get("temperature")
+    return (results.get(TEMPERATURE.key) or {}).get("temperature")
 
 
 def _or(value: Any, default: Any) -> Any:

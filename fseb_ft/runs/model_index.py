@@ -20,15 +20,14 @@ from fseb_ft.evaluation.metrics import METRIC_REGISTRY
 from fseb_ft.evaluation.ood import OOD_SCORE_REGISTRY
 from fseb_ft.recipe import Recipe
 from fseb_ft.recipe.datasets import DatasetSpec
+from fseb_ft.runs.posthoc import posthoc_blocks
 from fseb_ft.runs.published import folder_name
 from fseb_ft.runs.rundir import results_split
 
-__all__ = ["TASK_TYPE", "TS_METRIC_SUFFIX", "card_data", "dataset_type", "eval_results"]
+__all__ = ["TASK_TYPE", "card_data", "dataset_type", "eval_results"]
 
 TASK_TYPE = "image-classification"
 """The model-index task of every result (the Hub's task id)."""
-TS_METRIC_SUFFIX = ", temperature-scaled"
-"""Ends the metric name of a "+ TS" row's value (``eval.temperature_scaling``)."""
 _METRICS = ("accuracy", "nll", "ece", "sel_pred_auc")
 """The in-distribution metrics every model-index has (when the results hold them); the task
 metrics of ``eval.metrics`` follow."""
@@ -56,13 +55,13 @@ def eval_results(recipe: Recipe, results: Mapping[str, Any]) -> list[EvalResult]
 
     On the reported split (test, or validation without one): accuracy, NLL, ECE, Sel. Pred. and
     the task metrics of ``eval.metrics`` (per-class ones stay in the card's table); per OOD set,
-    the AUROC of each OOD score, on that set's dataset. Each again from the temperature-scaled
-    results when the run has them, named with :data:`TS_METRIC_SUFFIX`. Missing or non-finite
-    values (the table's "–") are left out.
+    the AUROC of each OOD score, on that set's dataset. Each again from each post-hoc block the
+    run has ("+ TS", "+ LLLA"), named with its ``metric_suffix``
+    (:data:`~fseb_ft.runs.posthoc.POSTHOC_BLOCKS`). Missing or non-finite values (the table's
+    "–") are left out.
     """
     blocks = [(results, "")]
-    if results.get("temperature_scaled"):
-        blocks.append((results["temperature_scaled"], TS_METRIC_SUFFIX))
+    blocks += [(found, block.metric_suffix) for block, found in posthoc_blocks(results)]
     reported = _reported_spec(recipe, results)
     split = results_split(results)
     found = [

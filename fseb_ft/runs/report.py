@@ -13,14 +13,18 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import Tensor
 
 from fseb_ft.evaluation.bootstrap import Bootstrap, prediction_intervals
+from fseb_ft.evaluation.conformal import ConformalTarget, conformal_coverage
 from fseb_ft.evaluation.groups import Groups, group_metrics
 from fseb_ft.evaluation.metrics import classification_metrics
 from fseb_ft.evaluation.ood import ood_metrics
 from fseb_ft.evaluation.temperature import fit_temperature, temperature_identified
+from fseb_ft.recipe import EvalConfig
 from fseb_ft.runs.atomic import write_text
+from fseb_ft.runs.posthoc import LAPLACE, TEMPERATURE
 from fseb_ft.runs.rundir import (
     COMPARISON_PLOTS,
     CONFUSION_PLOT,
@@ -72,8 +76,9 @@ class EvalResults:
 
     results: dict[str, Any]
     """JSON-ready: ``split``, ``test``, ``ood``, ``corruptions``, ``groups``,
-    ``temperature_scaled``, ``intervals`` (:func:`eval_results`), then what the evaluation's
-    maker adds with :meth:`extended` (``training``; an ensemble's ``members`` and ``runs``)."""
+    ``temperature_scaled``, ``laplace``, ``intervals`` (:func:`eval_results`), then what the
+    evaluation's maker adds with :meth:`extended` (``training``; an ensemble's ``members`` and
+    ``runs``)."""
     predictions: Predictions = dataclasses.field(repr=False)
     """The test (or validation), OOD and corruption predictions behind ``results``."""
 
@@ -84,9 +89,34 @@ class EvalResults:
         ood_scores: Sequence[str] = ("entropy",),
         task_metrics: Sequence[str] = (),
         bootstrap: Bootstrap | None = None,
+        *,
+        temperature_scaling: bool = True,
+        conformal: ConformalTarget | None = None,
     ) -> EvalResults:
         """The metrics of ``predictions`` (:func:`eval_results`), with them."""
-        return cls(eval_results(predictions, ood_scores, task_metrics, bootstrap), predictions)
+        found = eval_results(
+            predictions,
+            ood_scores,
+            task_metrics,
+            bootstrap,
+            temperature_scaling=temperature_scaling,
+            conformal=conformal,
+        )
+        return cls(found, predictions)
+
+    @classmethod
+    def of(
+        cls, predictions: Predictions, cfg: EvalConfig, bootstrap: Bootstrap | None = None
+    ) -> EvalResults:
+        """:meth:`from_predictions` with the settings of the ``eval`` section ``cfg``."""
+        return cls.from_predictions(
+            predictions,
+            cfg.ood_scores,
+            cfg.metrics,
+            bootstrap,
+            temperature_scaling=cfg.temperature_scaling,
+            conformal=ConformalTarget.of(cfg),
+        )
 
     def extended(self, **entries: Any) -> EvalResults:
         """These results with ``entries`` after the record's own keys (``results.json``'s order)."""
@@ -289,23 +319,34 @@ def eval_results(
     ood_scores: Sequence[str] = ("entropy",),
     task_metrics: Sequence[str] = (),
     bootstrap: Bootstrap | None = None,
+    *,
+    temperature_scaling: bool = True,
+    conformal: ConformalTarget | None = None,
 ) -> dict[str, Any]:
     """The results record of ``predictions``: their metrics (:func:`evaluate_predictions`).
 
-    Predictions with validation logits (``eval.temperature_scaling``) also get
-    ``temperature_scaled`` (:func:`temperature_scaled_results`), predictions with groups
-    (``eval.group_by``) ``groups`` (:func:`group_results`), and with ``bootstrap`` resamples
+    With ``temperature_scaling`` (``eval.temperature_scaling``), predictions with validation
+    logits also get ``temperature_scaled`` (:func:`temperature_scaled_results`); predictions
+    with "+ LLLA" ones (``eval.laplace``) get ``laplace``: the fit's record (``hessian``,
+    ``prior_method``, ``prior_precision``), then their metrics as here. Predictions with groups
+    (``eval.group_by``) get ``groups`` (:func:`group_results`), with ``bootstrap`` resamples
     ``intervals`` (:func:`~fseb_ft.evaluation.bootstrap.prediction_intervals`, after the
-    others), in both. ``RESULTS_SPLIT`` (first) names the split the in-distribution metrics
-    come from (``predictions.split``).
+    others), and with ``conformal`` and validation logits the coverage and mean size of its
+    sets in ``test`` (:func:`~fseb_ft.evaluation.conformal.conformal_coverage`, calibrated on
+    each block's own validation logits), in every block. ``RESULTS_SPLIT`` (first) names the
+    split the in-distribution metrics come from (``predictions.split``).
     """
-    found = _metrics(predictions, ood_scores, task_metrics, bootstrap)
+    found = _metrics(predictions, ood_scores, task_metrics, bootstrap, conformal)
     intervals = found.pop("intervals", None)
     results = {RESULTS_SPLIT: predictions.split} | found
-    if predictions.val is not None:
-        results["temperature_scaled"] = temperature_scaled_results(
-            predictions, ood_scores, task_metrics, bootstrap
+    if temperature_scaling and predictions.val is not None:
+        results[TEMPERATURE.key] = temperature_scaled_results(
+            predictions, ood_scores, task_metrics, bootstrap, conformal
         )
+    if predictions.laplace is not None:
+        laplace = predictions.laplace
+        found = _metrics(laplace, ood_scores, task_metrics, bootstrap, conformal)
+        results[LAPLACE.key] = laplace.fit | found
     if intervals is not None:
         results["intervals"] = intervals
     return results
@@ -316,11 +357,13 @@ def temperature_scaled_results(
     ood_scores: Sequence[str] = ("entropy",),
     task_metrics: Sequence[str] = (),
     bootstrap: Bootstrap | None = None,
+    conformal: ConformalTarget | None = None,
 ) -> dict[str, Any]:
     """``{"temperature": T, "test": ..., "ood": ...}``: ``T`` fitted on ``predictions.val`` by
     NLL (:func:`~fseb_ft.evaluation.temperature.fit_temperature`), then the metrics of
     ``logits / T`` on the test split, the OOD sets, the corruptions (as
-    :func:`evaluate_predictions`) and the groups.
+    :func:`evaluate_predictions`) and the groups, and with ``conformal`` the sets' coverage
+    calibrated on the validation logits over ``T``.
     A fit that ran into an end of the searched range is not used: ``T`` = 1, with the fitted
     value and a ``note`` saying why.
     """
@@ -329,7 +372,7 @@ def temperature_scaled_results(
     fitted = float(fit_temperature(*predictions.val))
     temperature = fitted if temperature_identified(fitted) else 1.0
     scaled = predictions.scaled(temperature)
-    metrics = _metrics(scaled, ood_scores, task_metrics, bootstrap)
+    metrics = _metrics(scaled, ood_scores, task_metrics, bootstrap, conformal)
     if temperature == fitted:
         return {"temperature": temperature, **metrics}
     note = (
@@ -345,10 +388,12 @@ def _metrics(
     ood_scores: Sequence[str],
     task_metrics: Sequence[str],
     bootstrap: Bootstrap | None = None,
+    conformal: ConformalTarget | None = None,
 ) -> dict[str, Any]:
     """:func:`evaluate_predictions` of every set ``predictions`` holds, the test metrics per
-    group (``groups``: :func:`group_results`) when they carry groups, and with ``bootstrap``
-    resamples the ``intervals`` of every scalar test and OOD metric."""
+    group (``groups``: :func:`group_results`) when they carry groups, with ``bootstrap``
+    resamples the ``intervals`` of every scalar test and OOD metric, and with ``conformal`` and
+    validation logits the sets' ``conformal_coverage`` and ``conformal_set_size`` in ``test``."""
     out = evaluate_predictions(
         predictions.test,
         predictions.ood,
@@ -366,6 +411,17 @@ def _metrics(
     if bootstrap is not None and bootstrap.resamples:
         names = [k for k, v in out["test"].items() if k != "n" and isinstance(v, float)]
         out["intervals"] = prediction_intervals(predictions, names, ood_scores, bootstrap)
+    if conformal is not None and predictions.val is not None:
+        val_logits, val_labels = predictions.val
+        log_probs, labels = predictions.test
+        test_logits = log_probs if predictions.test_logits is None else predictions.test_logits
+        out["test"] |= conformal_coverage(
+            torch.softmax(val_logits.double(), -1),  # (N_v, K)
+            val_labels,
+            torch.softmax(test_logits.double(), -1),  # (N, K)
+            labels,
+            conformal,
+        )
     return out
 
 

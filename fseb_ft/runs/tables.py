@@ -14,14 +14,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from fseb_ft.data.splits import VALIDATION_SPLIT
+from fseb_ft.evaluation.conformal import COVERAGE_KEY, SET_SIZE_KEY
 from fseb_ft.evaluation.metrics import METRIC_REGISTRY, Metric
 from fseb_ft.evaluation.ood import OOD_SCORE_REGISTRY
 from fseb_ft.recipe import Recipe
+from fseb_ft.runs.posthoc import posthoc_blocks
 from fseb_ft.runs.published import model_label
 from fseb_ft.runs.rundir import results_split
 
 __all__ = [
-    "TS_SUFFIX",
     "VALIDATION_NOTE",
     "corruption_markdown",
     "corruption_summary",
@@ -59,6 +60,12 @@ _TASK_COLUMNS: tuple[Metric, ...] = tuple(
 )
 """The task metrics' columns (``eval.metrics``), after those, each shown when some result has
 it; a per-class metric is a table of its own (:func:`_per_class_markdown`)."""
+_CONFORMAL_COLUMNS: tuple[tuple[str, str, float], ...] = (
+    (COVERAGE_KEY, "Cov. (%)", 100.0),
+    (SET_SIZE_KEY, "Set size", 1.0),
+)
+"""(key, title, scale) of the conformal sets' columns (``eval.conformal``), after the metrics',
+each shown when some result has it."""
 _CORRUPTION_COLUMNS: tuple[Metric, ...] = tuple(
     METRIC_REGISTRY[name] for name in ("accuracy", "nll", "ece", "sel_pred_auc")
 )
@@ -69,8 +76,6 @@ _OOD_COLUMNS: tuple[tuple[str, str], ...] = (
     ("aupr", "AUPR (%)"),
     ("fpr95", "FPR95 (%)"),
 )
-TS_SUFFIX = " + TS"
-"""Appended to a method's row title for its temperature-scaled results."""
 VALIDATION_NOTE = (
     "no test split was given (`data.test`), so these are the validation split's numbers: model "
     "selection saw them, so they are optimistic"
@@ -104,9 +109,10 @@ def corruption_markdown(results: Mapping[str, Any]) -> str:
     ``corruptions``).
 
     The first gives, per severity, the mean over the corruptions of accuracy, NLL, ECE and
-    Sel. Pred. (the clean split first, for reference), each row followed by its
-    temperature-scaled one ("<severity> + TS") when ``results`` has a ``temperature_scaled``
-    block; the second the accuracy and ECE of every corruption at every severity.
+    Sel. Pred. (the clean split first, for reference), each row followed by its post-hoc ones
+    ("<severity> + TS", "<severity> + LLLA") when ``results`` has those blocks
+    (:data:`~fseb_ft.runs.posthoc.POSTHOC_BLOCKS`); the second the accuracy and ECE of every
+    corruption at every severity.
     """
     corruptions = results.get("corruptions") or {}
     if not corruptions:
@@ -120,16 +126,21 @@ def corruption_markdown(results: Mapping[str, Any]) -> str:
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
     ]
-    scaled = results.get("temperature_scaled") or {}
-    scaled_summary = scaled.get("corruption_summary") or {}
+    posthoc = [
+        (block.suffix, found)
+        for block, found in posthoc_blocks(results)
+        if found.get("corruption_summary")
+    ]
     rows = [("clean", results.get("test", {}))]
-    if scaled_summary:
-        rows.append((f"clean{TS_SUFFIX}", scaled["test"]))
+    rows += [(f"clean{suffix}", found["test"]) for suffix, found in posthoc]
     for sev, metrics in summary.items():
         label = sev if sev != "all" else "all severities"
         rows.append((label, metrics))
-        if sev in scaled_summary:
-            rows.append((f"{label}{TS_SUFFIX}", scaled_summary[sev]))
+        rows += [
+            (f"{label}{suffix}", found["corruption_summary"][sev])
+            for suffix, found in posthoc
+            if sev in found["corruption_summary"]
+        ]
     for label, metrics in rows:
         cells = [_num(metrics.get(m.name), m.scale) for m in _CORRUPTION_COLUMNS]
         lines.append("| " + " | ".join([label, *cells]) + " |")
@@ -161,15 +172,19 @@ def groups_markdown(
     empty without), under a heading of ``level``.
 
     One row per group: its value, ``n`` and the results table's metric columns that the groups
-    have (only ``names`` when given), each followed by its "<value> + TS" row when ``results``
-    has temperature-scaled groups. A metric a group cannot define shows "–", with a note; only
-    the first ``max_groups`` groups are shown when given, with the count of the others.
+    have (only ``names`` when given), each followed by its post-hoc rows ("<value> + TS",
+    "<value> + LLLA") when ``results`` has those blocks with groups. A metric a group cannot
+    define shows "–", with a note; only the first ``max_groups`` groups are shown when given,
+    with the count of the others.
     """
     found = results.get("groups") or {}
     groups: Mapping[str, Mapping[str, Any]] = found.get("groups") or {}
     if not groups:
         return ""
-    scaled = ((results.get("temperature_scaled") or {}).get("groups") or {}).get("groups") or {}
+    posthoc = [
+        (block.suffix, (found.get("groups") or {}).get("groups") or {})
+        for block, found in posthoc_blocks(results)
+    ]
     columns = [
         m
         for m in (*_COLUMNS, *_TASK_COLUMNS)
@@ -185,15 +200,15 @@ def groups_markdown(
     for value, record in shown:
         label = value.replace("|", "\\|") if value else "(empty)"
         rows = [(label, record)]
-        if value in scaled:
-            rows.append((f"{label}{TS_SUFFIX}", scaled[value]))
+        rows += [(f"{label}{suffix}", found[value]) for suffix, found in posthoc if value in found]
         for title, metrics in rows:
             cells = [_num(metrics.get(m.name), m.scale) for m in columns]
             lines.append("| " + " | ".join([title, str(metrics["n"]), *cells]) + " |")
     text = "\n".join(lines) + "\n"
     if len(shown) < len(groups):
         text += f"\n{len(groups) - len(shown)} more group(s) in `results.json`.\n"
-    if any(record.get("undefined") for record in (*groups.values(), *scaled.values())):
+    others = [record for _, found in posthoc for record in found.values()]
+    if any(record.get("undefined") for record in (*groups.values(), *others)):
         text += (
             "\n–: not defined for that group (e.g. an AUROC where one class is present); "
             "`results.json` gives the reason under `undefined`.\n"
@@ -232,49 +247,60 @@ def markdown_table(
     index = label; the labels where not given) and a column per method. Each OOD set has
     AUROC, AUPR and FPR95 columns for every score found in the results (titles name the score
     unless entropy is the only one); a missing value (an ensemble's logit scores) shows "–". A
-    result with a ``temperature_scaled`` block gets a second row, "<method> + TS", below its own;
-    one whose temperature was left at 1 also gets a note under the table saying why.
+    result with post-hoc blocks (:data:`~fseb_ft.runs.posthoc.POSTHOC_BLOCKS`) gets a row for
+    each below its own, "<method> + TS", "<method> + LLLA"; a block with a ``note`` (a
+    temperature left at 1) also gets it under the table.
     Rows of results on the validation split (no test split) end in "(validation split)".
-    Results with bootstrap ``intervals`` (``eval.bootstrap``) get a second table of them, with
-    the same rows and columns (:func:`intervals_markdown`).
+    Results with conformal sets (``eval.conformal``) get their "Cov. (%)" and "Set size"
+    columns after the metrics'. Results with bootstrap ``intervals`` (``eval.bootstrap``) get a
+    second table of them, with the same rows and columns but those two
+    (:func:`intervals_markdown`).
     """
-    notes = _ts_notes(results)
-    results = _with_ts_rows(results)
+    notes = _posthoc_notes(results)
+    results = _with_posthoc_rows(results)
     ood_names = sorted({n for r in results.values() for n in r.get("ood", {})})
     ood_scores = ood_scores_in(results.values())
-    columns = [
-        m
+
+    def shown(name: str) -> bool:
+        return any(name in r["test"] for r in results.values())
+
+    metrics = [
+        (m.name, m.title, m.scale)
         for m in (*_COLUMNS, *_TASK_COLUMNS)
-        if (m.applies is None and not m.task) or any(m.name in r["test"] for r in results.values())
+        if (m.applies is None and not m.task) or shown(m.name)
     ]
-    header = ["Method", *(m.title for m in columns)]
+    metrics += [column for column in _CONFORMAL_COLUMNS if shown(column[0])]
     # Entropy alone keeps the titles tables had before other scores existed.
     named = ood_scores != ["entropy"]
-    header += [
-        f"{name} {score + ' ' if named else ''}{title}"
+    ood_columns = [
+        (f"{name}/{score}_{key}", f"{name} {score + ' ' if named else ''}{title}", 100.0)
         for name in ood_names
         for score in ood_scores
-        for _, title in _OOD_COLUMNS
+        for key, title in _OOD_COLUMNS
     ]
+    columns = metrics + ood_columns
+    header = ["Method", *(title for _, title, _ in columns)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for method, res in results.items():
-        row = [method]
-        row += [_num(res["test"].get(m.name), m.scale) for m in columns]
-        for name in ood_names:
-            scores = res.get("ood", {}).get(name, {})
-            for score in ood_scores:
-                row += [_num(scores.get(f"{score}_{key}"), 100.0) for key, _ in _OOD_COLUMNS]
-        lines.append("| " + " | ".join(row) + " |")
+        cells = [_num(_cell(res, key), scale) for key, _, scale in columns]
+        lines.append("| " + " | ".join([method, *cells]) + " |")
     table = "\n".join(lines) + "\n" + notes
-    cells = [(m.name, m.scale) for m in columns]
-    cells += [
-        (f"{n}/{s}_{key}", 100.0) for n in ood_names for s in ood_scores for key, _ in _OOD_COLUMNS
-    ]
+    # The conformal sets' columns have no bootstrap interval: the intervals table leaves them out.
+    drawn = [c for c in columns if c not in _CONFORMAL_COLUMNS]
     return (
         table
-        + intervals_markdown(results, header, cells)
+        + intervals_markdown(
+            results, ["Method", *(t for _, t, _ in drawn)], [(k, s) for k, _, s in drawn]
+        )
         + _per_class_markdown(results, class_names)
     )
+
+
+def _cell(record: Mapping[str, Any], key: str) -> Any:
+    """A table cell's value in a results (or intervals) record: ``test``'s ``key``, or for
+    ``set/name`` the OOD set's ``name``."""
+    ood_set, _, name = key.rpartition("/")
+    return (record.get("ood", {}).get(ood_set, {}) if ood_set else record["test"]).get(name)
 
 
 def intervals_markdown(
@@ -296,11 +322,7 @@ def intervals_markdown(
         "|" + "---|" * len(header),
     ]
     for method, found in rows.items():
-        row = [method]
-        for key, scale in cells:
-            ood_set, _, name = key.rpartition("/")
-            pair = (found.get("ood", {}).get(ood_set, {}) if ood_set else found["test"]).get(name)
-            row.append(interval_text(pair, scale))
+        row = [method, *(interval_text(_cell(found, key), scale) for key, scale in cells)]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
@@ -344,13 +366,14 @@ def padded_class_names(class_names: Sequence[str] | None, k: int) -> list[str]:
     return names + [str(i) for i in range(len(names), k)]
 
 
-def _ts_notes(results: Mapping[str, Mapping[str, Any]]) -> str:
-    """Lines under a table for each "+ TS" row whose temperature was left at 1, saying why:
-    otherwise the row repeats its method's numbers with no reason given."""
+def _posthoc_notes(results: Mapping[str, Mapping[str, Any]]) -> str:
+    """Lines under a table for each post-hoc row whose block has a ``note`` (a temperature left
+    at 1), saying why: otherwise the row repeats its method's numbers with no reason given."""
     notes = [
-        f"\n*{method}{TS_SUFFIX}:* {res['temperature_scaled']['note']}.\n"
+        f"\n*{method}{block.suffix}:* {found['note']}.\n"
         for method, res in results.items()
-        if (res.get("temperature_scaled") or {}).get("note")
+        for block, found in posthoc_blocks(res)
+        if found.get("note")
     ]
     return "".join(notes)
 
@@ -369,15 +392,16 @@ def ood_score_titles(results: Iterable[Mapping[str, Any]]) -> list[str]:
     return [OOD_SCORE_REGISTRY[name].title for name in ood_scores_in(results)]
 
 
-def _with_ts_rows(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
-    """``results`` with each temperature-scaled block as a row "<method> + TS" after its own,
-    each row labelled with its split when that is not the test split (:func:`split_suffix`)."""
+def _with_posthoc_rows(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """``results`` with each post-hoc block as a row "<method> + TS", "<method> + LLLA" after
+    its own, each row labelled with its split when that is not the test split
+    (:func:`split_suffix`)."""
     rows: dict[str, Mapping[str, Any]] = {}
     for method, res in results.items():
         suffix = split_suffix(res)
         rows[f"{method}{suffix}"] = res
-        if res.get("temperature_scaled"):
-            rows[f"{method}{TS_SUFFIX}{suffix}"] = res["temperature_scaled"]
+        for block, found in posthoc_blocks(res):
+            rows[f"{method}{block.suffix}{suffix}"] = found
     return rows
 
 

@@ -1,0 +1,218 @@
+"""Last-layer Laplace (LLLA): pure tensor maths on laplace-torch (docs/method.md, "Last-layer
+Laplace").
+
+The network's body is held fixed at its trained weights and only its linear classifier
+``f(h) = W h + b`` (``W`` ``(K, D)``, ``b`` ``(K,)``, ``P = (D + 1)·K`` weights) gets a Gaussian
+posterior ``N(θ_MAP, Σ)`` (Daxberger et al., 2021, "Laplace Redux"):
+
+- ``Σ⁻¹ = Σ_n J_nᵀ Λ_n J_n + λ I``: the generalised Gauss-Newton (GGN) of the training split's
+  cross-entropy at the trained weights (``J_n`` the ``(K, P)`` Jacobian of the logits in the
+  classifier's weights, ``Λ_n = diag(p_n) − p_n p_nᵀ``), full, Kronecker-factored or diagonal
+  (``hessian``), plus the precision ``λ`` of LLLA's prior ``N(0, λ⁻¹ I)``;
+- ``λ`` maximises the Laplace approximation of the training split's log marginal likelihood
+  (``marglik``), or minimises the validation split's NLL on a grid (``validation``);
+- the predictive is the linearised (GLM) one, ``f ~ N(f_μ, J Σ Jᵀ)``, pushed through the softmax
+  by the probit approximation (MacKay, 1992): ``softmax(κ ⊙ f_μ)``,
+  ``κ_c = (1 + π/8 · Var[f_c])^(-1/2)``.
+
+laplace-torch does the fitting, the prior's tuning and the functional variance, on an
+``nn.Sequential(nn.Identity(), nn.Linear)`` holding the classifier's weights, so that its own
+last-layer class fits exactly the classifier on the features given. :func:`laplace_logits`
+returns the probit-scaled logits ``κ ⊙ f_μ``, whose softmax is laplace-torch's probit
+predictive: every function of logits (entropy, MSP, max logit, energy) applies to them.
+Everything runs in float64 on the features' device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from fseb_ft.errors import FsebError
+from fseb_ft.evaluation.checks import check_float_matrix, describe
+
+__all__ = [
+    "FULL_MAX_WEIGHTS",
+    "LAPLACE_MISSING",
+    "LaplaceFit",
+    "fit_last_layer_laplace",
+    "laplace_logits",
+    "laplace_torch",
+]
+
+LAPLACE_MISSING = "eval.laplace needs laplace-torch: pip install 'fseb_ft[laplace]'"
+"""The one line a run with ``eval.laplace`` stops with when laplace-torch is not installed."""
+FULL_MAX_WEIGHTS = 25_000
+"""The largest classifier (``(D + 1)·K`` weights) the ``full`` GGN is built for: its matrix is
+that size squared, 5 GB in float64 here."""
+_JACOBIAN_BYTES = 2**28
+"""Memory for one batch of last-layer Jacobians ``(B, K, P)`` in float64: sets ``B``."""
+_LAST_LAYER = "1"
+"""The classifier's name in the ``nn.Sequential(nn.Identity(), nn.Linear)`` laplace-torch fits."""
+
+
+@dataclass(frozen=True)
+class LaplaceFit:
+    """A fitted last-layer Laplace: what :func:`laplace_logits` needs."""
+
+    hessian: str
+    """The GGN's structure: ``kron``, ``full`` or ``diag``."""
+    prior_method: str
+    """How the prior precision was chosen: ``marglik``, ``validation``, or ``fixed`` (given)."""
+    prior_precision: float
+    """The prior precision ``λ`` the posterior uses."""
+    posterior: Any
+    """laplace-torch's fitted last-layer Laplace (its ``backend`` and ``functional_variance``)."""
+
+    def record(self) -> dict[str, Any]:
+        """What ``results.json``'s ``laplace`` block says of the fit, before its metrics."""
+        return {
+            "hessian": self.hessian,
+            "prior_method": self.prior_method,
+            "prior_precision": self.prior_precision,
+        }
+
+
+def laplace_torch() -> ModuleType:
+    """The ``laplace`` package, imported now (its import costs seconds).
+
+    Raises:
+        FsebError: laplace-torch is not installed; the message names the extra.
+    """
+    try:
+        with _quiet_jit():
+            import laplace
+    except ImportError:
+        raise FsebError(LAPLACE_MISSING) from None
+    return laplace
+
+
+def fit_last_layer_laplace(
+    features: Tensor,
+    labels: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    hessian: str = "kron",
+    prior: str | float = "marglik",
+    val: tuple[Tensor, Tensor] | None = None,
+) -> LaplaceFit:
+    """Fit LLLA on the training split's features (module docstring).
+
+    Args:
+        features: ``(N, D)`` the training split's penultimate features (the classifier's
+            input), from the network in eval mode, un-augmented.
+        labels: ``(N,)`` their labels.
+        weight: ``(K, D)`` the classifier's weight.
+        bias: ``(K,)`` its bias, or ``None`` when it has none.
+        hessian: ``kron``, ``full`` or ``diag``.
+        prior: ``marglik``, ``validation`` (needs ``val``), or a fixed prior precision.
+        val: ``(features (N_v, D), labels (N_v,))`` of the validation split, for ``validation``.
+
+    Raises:
+        FsebError: laplace-torch is missing, or ``full`` for a classifier of more than
+            :data:`FULL_MAX_WEIGHTS` weights.
+    """
+    h = check_float_matrix(features, "features").double()
+    head = _head(weight, bias, h.device)
+    k, d = head[1].weight.shape
+    n_weights = sum(p.numel() for p in head.parameters())
+    if hessian == "full" and n_weights > FULL_MAX_WEIGHTS:
+        raise FsebError(
+            f"eval.laplace_hessian=full: this classifier has {n_weights} weights ({d} features "
+            f"+ 1, times {k} classes), above {FULL_MAX_WEIGHTS} for a full {n_weights}² matrix; "
+            "use eval.laplace_hessian=kron"
+        )
+    if labels.shape != (h.shape[0],):
+        raise ValueError(f"`labels` must have shape ({h.shape[0]},), got {describe(labels)}")
+    la = laplace_torch().Laplace(
+        head,
+        "classification",
+        subset_of_weights="last_layer",
+        hessian_structure=hessian,
+        last_layer_name=_LAST_LAYER,
+    )
+    batch = _batch_size(k, n_weights)
+    with _quiet_jit():
+        la.fit(_loader(h, labels, batch))
+        _tune_prior(la, prior, val, batch)
+    method = prior if isinstance(prior, str) else "fixed"
+    return LaplaceFit(hessian, method, float(la.prior_precision), la)
+
+
+@torch.no_grad()
+def laplace_logits(fit: LaplaceFit, features: Tensor) -> Tensor:
+    """The probit-scaled logits ``κ ⊙ f_μ`` ``(N, K)``, float64, of ``features`` ``(N, D)``:
+    their softmax is laplace-torch's GLM predictive with ``link_approx="probit"``."""
+    h = check_float_matrix(features, "features").double()
+    la = fit.posterior
+    k = la.model.last_layer.out_features
+    out = []
+    for chunk in h.split(_batch_size(k, la.n_params)):
+        jacobians, f_mu = la.backend.last_layer_jacobians(chunk)  # (B, K, P), (B, K)
+        f_var = la.functional_variance(jacobians).diagonal(dim1=1, dim2=2)  # (B, K)
+        out.append(f_mu * torch.rsqrt(1.0 + math.pi / 8.0 * f_var))  # (B, K)
+    return torch.cat(out) if out else h.new_zeros(0, k)
+
+
+@contextlib.contextmanager
+def _quiet_jit() -> Iterator[None]:
+    """Silence torch's deprecation of ``torch.jit.script``, which laplace-torch's import and the
+    forward-mode derivatives of the full GGN (torch's own decompositions) call: not the user's
+    to act on."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"`torch\.jit\.script` is deprecated", FutureWarning)
+        yield
+
+
+def _head(weight: Tensor, bias: Tensor | None, device: torch.device) -> nn.Sequential:
+    """``nn.Sequential(nn.Identity(), nn.Linear)`` in float64 holding ``weight`` and ``bias``:
+    on features, the classifier itself, as laplace-torch's last layer."""
+    k, d = weight.shape
+    linear = nn.Linear(d, k, bias=bias is not None, dtype=torch.float64, device=device)
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+        if bias is not None:
+            linear.bias.copy_(bias)
+    return nn.Sequential(nn.Identity(), linear).eval()
+
+
+def _tune_prior(la: Any, prior: str | float, val: tuple[Tensor, Tensor] | None, batch: int) -> None:
+    """Set ``la``'s prior precision by ``prior`` (:func:`fit_last_layer_laplace`)."""
+    if not isinstance(prior, str):
+        la.prior_precision = float(prior)
+        return
+    with warnings.catch_warnings():
+        # laplace-torch reminds every caller that its tuning assumes the probit link: ours does.
+        warnings.filterwarnings("ignore", "By default `link_approx` is `probit`", UserWarning)
+        if prior == "marglik":
+            la.optimize_prior_precision(pred_type="glm", method="marglik")
+        elif prior == "validation" and val is not None:
+            val_features = check_float_matrix(val[0], "val features").double()
+            la.optimize_prior_precision(
+                pred_type="glm",
+                method="gridsearch",
+                link_approx="probit",
+                val_loader=_loader(val_features, val[1], batch),
+            )
+        else:
+            raise ValueError(f"prior must be marglik, validation (with val) or a float: {prior!r}")
+
+
+def _loader(features: Tensor, labels: Tensor, batch: int) -> DataLoader:
+    """The (features, labels) batches laplace-torch reads, in order."""
+    labels = torch.as_tensor(labels, device=features.device).long()
+    return DataLoader(TensorDataset(features, labels), batch_size=batch)
+
+
+def _batch_size(k: int, n_weights: int) -> int:
+    """Images per batch whose ``(B, K, P)`` Jacobians fit :data:`_JACOBIAN_BYTES`."""
+    return max(1, _JACOBIAN_BYTES // (8 * k * n_weights))

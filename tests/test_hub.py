@@ -257,8 +257,8 @@ def test_card_has_hub_metadata_results_plots_recipe_and_usage(tiny_run) -> None:
     found = {(r.dataset_name, r.metric_name): r for r in card.data.eval_results}
     accuracy = found["ind", "Acc. (%)"]
     assert accuracy.metric_value == round(100 * tiny_run.results["test"]["accuracy"], 2)
-    assert (accuracy.dataset_type, accuracy.dataset_split) == ("ind", "test")
-    assert found["owls", "OOD AUROC (%), predictive entropy"].dataset_type == "ood"
+    assert (accuracy.dataset_type, accuracy.dataset_split) == ("local:ind", "test")
+    assert found["owls", "OOD AUROC (%), predictive entropy"].dataset_type == "local:ood"
     row = markdown_table({"FS-EB · test_byobnet": tiny_run.results}).splitlines()[2]
     assert row in text  # the numbers of results.json, as the results table prints them
     assert "![Reliability diagram (test split)](reliability.png)" in text

@@ -127,7 +127,7 @@ def test_card_front_matter_holds_a_model_index_of_the_tables_values(tmp_path: Pa
         77.12,
     )
     assert found["owls", f"{entropy}, temperature-scaled"].metric_value == 78.12
-    assert found["owls", entropy].dataset_type == "owls"
+    assert found["owls", entropy].dataset_type == "local:owls"  # no Hub id has a colon
     assert not any(r.metric_config == "energy" for r in found.values())
     text = (tmp_path / "README.md").read_text()
     assert "/home/alice" not in text
@@ -150,12 +150,54 @@ def test_an_ood_set_from_the_test_sets_own_dataset_keeps_its_name(tmp_path: Path
     found = _by_name(card)
     ood = found["digits_5_9", "OOD AUROC (%), predictive entropy"]
     assert (ood.dataset_type, ood.dataset_split, ood.dataset_config) == (
-        "sklearn_digits",
+        "local:sklearn_digits",
         "test",
         "digits_5_9",
     )
     assert found["sklearn_digits", "Acc. (%)"].dataset_config is None
     assert card.data.datasets is None  # no Hub dataset
+
+
+def test_ood_sets_of_one_dataset_keep_their_own_names_and_values(tmp_path: Path) -> None:
+    cifar100 = {"source": "hub", "path": "uoft-cs/cifar100", "split": "test"}
+    recipe = _recipe(
+        tmp_path,
+        {
+            "train": {"source": "hub", "path": CIFAR10, "split": "train"},
+            "test": {"source": "hub", "path": CIFAR10, "split": "test"},
+            "ood": {
+                "near": cifar100 | {"classes": [0, 1]},
+                "far": cifar100 | {"classes": [2, 3]},
+                "svhn": {"source": "hub", "path": "ufldl-stanford/svhn", "split": "test"},
+            },
+        },
+    )
+    results = _results(("near", "far", "svhn"))
+    results["ood"]["far"]["entropy_auroc"] = 0.6
+    card = _write_card(tmp_path / "README.md", recipe, results)
+    found = _by_name(card)
+    entropy = "OOD AUROC (%), predictive entropy"
+    near, far, svhn = (found[name, entropy] for name in ("near", "far", "svhn"))
+    assert (near.metric_value, far.metric_value) == (77.12, 60.0)
+    assert (near.dataset_config, far.dataset_config) == ("near", "far")
+    assert near.dataset_type == far.dataset_type == "uoft-cs/cifar100"
+    assert svhn.dataset_config is None  # shares its dataset with nothing
+    assert found[CIFAR10, "Acc. (%)"].dataset_config is None
+    assert len({r.unique_identifier for r in card.data.eval_results}) == 4
+
+
+def test_a_hold_out_is_named_as_the_part_of_its_source_split(tmp_path: Path) -> None:
+    train = {"source": "hub", "path": CIFAR10, "split": "train", "revision": "abc"}
+    data = {"train": train, "test_fraction": 0.2, "val_fraction": 0.1, "seed": 7}
+    data["ood"] = {"train_ood": train | {"classes": [5]}}
+    card = _write_card(tmp_path / "README.md", _recipe(tmp_path, data), _results(("train_ood",)))
+    found = _by_name(card)
+    accuracy = found[f"{CIFAR10}, held-out test part", "Acc. (%)"]
+    assert (accuracy.dataset_type, accuracy.dataset_split) == (CIFAR10, "train")
+    assert accuracy.dataset_config is None and accuracy.dataset_revision == "abc"
+    assert accuracy.dataset_args == {"held_out": "test", "fraction": 0.2, "seed": 7}
+    # An OOD set from the training split's other classes is told apart from the hold-out.
+    assert found["train_ood", "OOD AUROC (%), predictive entropy"].dataset_config == "train_ood"
 
 
 @pytest.mark.parametrize("split", ["validation", "test"])
@@ -167,5 +209,6 @@ def test_results_without_a_test_split_name_the_validation_split(tmp_path: Path, 
         data["test_fraction"] = 0.2
     results = _results(()) | {"split": split}
     card = _write_card(tmp_path / "README.md", _recipe(tmp_path, data), results)
-    accuracy = _by_name(card)["aptos", "Acc. (%)"]
-    assert (accuracy.dataset_type, accuracy.dataset_split) == ("aptos", split)
+    accuracy = _by_name(card)[f"aptos, held-out {split} part", "Acc. (%)"]
+    assert (accuracy.dataset_type, accuracy.dataset_split) == ("local:aptos", None)
+    assert accuracy.dataset_args == {"held_out": split, "fraction": 0.2, "seed": 0}

@@ -4,11 +4,17 @@ number), so the Hub reads the metrics, the datasets they were measured on and th
 
 Every value is the one the card's results table prints, at its scale and rounding: percentages
 where the table's title says ``(%)``, and the metric's name is that title.
+
+A dataset is typed by its Hub id when it is a Hub dataset, else by ``local:`` and its name
+(``local:owls``): ``EvalResult.dataset_type`` is free text, which ``huggingface_hub`` takes as
+given, and a colon is in no Hub id, so a local folder is never read as a link to an unrelated
+Hub dataset of the same name.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from pathlib import PureWindowsPath
 from typing import Any
@@ -19,15 +25,17 @@ from fseb_ft.data.splits import VALIDATION_SPLIT
 from fseb_ft.evaluation.metrics import METRIC_REGISTRY
 from fseb_ft.evaluation.ood import OOD_SCORE_REGISTRY
 from fseb_ft.recipe import Recipe
-from fseb_ft.recipe.datasets import DatasetSpec
+from fseb_ft.recipe.datasets import DataConfig, DatasetSpec
 from fseb_ft.runs.posthoc import posthoc_blocks
 from fseb_ft.runs.published import folder_name
 from fseb_ft.runs.rundir import results_split
 
-__all__ = ["TASK_TYPE", "card_data", "dataset_type", "eval_results"]
+__all__ = ["LOCAL_TYPE", "TASK_TYPE", "card_data", "dataset_type", "eval_results", "local_name"]
 
 TASK_TYPE = "image-classification"
 """The model-index task of every result (the Hub's task id)."""
+LOCAL_TYPE = "local:"
+"""What starts the dataset type of a dataset that is not on the Hub (a colon is in no Hub id)."""
 _METRICS = ("accuracy", "nll", "ece", "sel_pred_auc")
 """The in-distribution metrics every model-index has (when the results hold them); the task
 metrics of ``eval.metrics`` follow."""
@@ -62,16 +70,15 @@ def eval_results(recipe: Recipe, results: Mapping[str, Any]) -> list[EvalResult]
     """
     blocks = [(results, "")]
     blocks += [(found, block.metric_suffix) for block, found in posthoc_blocks(results)]
-    reported = _reported_spec(recipe, results)
-    split = results_split(results)
+    data = recipe.data
+    reported = _reported_dataset(data, results_split(results), data.draw_seed(recipe.train.seed))
     found = [
-        EvalResult(**_dataset(reported, split), **metric)
+        EvalResult(**reported, **metric)
         for block, suffix in blocks
         for metric in _test_metrics(block.get("test") or {}, suffix)
     ]
-    in_distribution = _identifier(_dataset(reported, split))
-    for name, spec in recipe.data.ood.items():
-        dataset = _ood_dataset(name, spec, in_distribution)
+    ood = _ood_datasets(data.ood, _identifier(reported))
+    for name, dataset in ood.items():
         for block, suffix in blocks:
             scores = (block.get("ood") or {}).get(name) or {}
             found += [EvalResult(**dataset, **m) for m in _ood_metrics(scores, suffix)]
@@ -79,9 +86,16 @@ def eval_results(recipe: Recipe, results: Mapping[str, Any]) -> list[EvalResult]
 
 
 def dataset_type(spec: DatasetSpec) -> str:
-    """A dataset as the model-index names it: its Hub id (source ``hub``), else its local name:
-    the folder (a ``csv`` label file's folder), file or source (``sklearn_digits``), never a
-    path."""
+    """A dataset as the model-index types it: its Hub id (source ``hub``), else
+    :data:`LOCAL_TYPE` and its local name (:func:`local_name`), which no Hub id can be."""
+    if spec.source == "hub":
+        return spec.path
+    return LOCAL_TYPE + local_name(spec)
+
+
+def local_name(spec: DatasetSpec) -> str:
+    """A dataset's name without its path: a Hub id as it is, else the folder (a ``csv`` label
+    file's folder), file or source (``sklearn_digits``)."""
     if spec.source == "hub":
         return spec.path
     if spec.source == "sklearn_digits":
@@ -91,22 +105,31 @@ def dataset_type(spec: DatasetSpec) -> str:
     return folder_name(spec.path)
 
 
-def _reported_spec(recipe: Recipe, results: Mapping[str, Any]) -> DatasetSpec:
-    """The spec of the split the in-distribution results come from: ``data.test`` (or
-    ``data.val`` without a test split), else ``data.train``, which that split was held out of."""
-    data = recipe.data
-    given = data.val if results_split(results) == VALIDATION_SPLIT else data.test
-    return given or data.train
+def _reported_dataset(data: DataConfig, split: str, seed: int) -> dict[str, Any]:
+    """The dataset the in-distribution results come from: ``data.test`` (``data.val`` when
+    ``split`` is the validation split), else the part of ``data.train``'s split held out as
+    ``split`` (``test_fraction`` / ``val_fraction`` of it, drawn with ``seed``): named so, with
+    the hold-out in the dataset's ``args``, as no Hub split holds those images alone."""
+    validation = split == VALIDATION_SPLIT
+    given = data.val if validation else data.test
+    if given is not None:
+        return _dataset(given)
+    dataset = _dataset(data.train)
+    dataset["dataset_name"] += f", held-out {split} part"
+    fraction = data.val_fraction if validation else data.test_fraction
+    dataset["dataset_args"] = {"held_out": split, "fraction": fraction, "seed": seed}
+    return dataset
 
 
-def _dataset(spec: DatasetSpec, split: str | None) -> dict[str, Any]:
-    name = dataset_type(spec)
+def _dataset(spec: DatasetSpec) -> dict[str, Any]:
+    """The model-index's dataset fields of ``spec`` (a ``csv`` file is one split, so none is
+    named)."""
     return {
         "task_type": TASK_TYPE,
-        "dataset_type": name,
-        "dataset_name": name,
+        "dataset_type": dataset_type(spec),
+        "dataset_name": local_name(spec),
         "dataset_config": spec.config,
-        "dataset_split": split,
+        "dataset_split": None if spec.source == "csv" else spec.split,
         "dataset_revision": spec.revision,
     }
 
@@ -117,17 +140,22 @@ def _identifier(dataset: Mapping[str, Any]) -> tuple[Any, ...]:
     return tuple(dataset[key] for key in keys)
 
 
-def _ood_dataset(name: str, spec: DatasetSpec, in_distribution: tuple[Any, ...]) -> dict[str, Any]:
-    """The OOD set ``name``'s dataset (a ``csv`` file is one split, so none is named). One drawn
-    from the reported split's own dataset (other classes of it, as the quickstart's digits 5–9)
-    gets its name as the config too: the Hub groups results by dataset, and would otherwise file
-    its AUROC under the in-distribution set."""
-    dataset = _dataset(spec, None if spec.source == "csv" else spec.split)
-    dataset["dataset_name"] = name
-    if _identifier(dataset) == in_distribution:
-        config = spec.config
-        dataset["dataset_config"] = name if config is None else f"{config}/{name}"
-    return dataset
+def _ood_datasets(
+    specs: Mapping[str, DatasetSpec], in_distribution: tuple[Any, ...]
+) -> dict[str, dict[str, Any]]:
+    """Each OOD set's dataset, named by its recipe key. The Hub groups results by dataset
+    (:func:`_identifier`) and names each group once, so a set whose dataset is shared with the
+    in-distribution set or with another OOD set (other classes of the same split: the
+    quickstart's digits 5–9, CIFAR-100's ``near`` and ``far`` classes) gets its key as the
+    config too, which keeps its AUROCs under its own name."""
+    datasets = {name: _dataset(spec) | {"dataset_name": name} for name, spec in specs.items()}
+    seen = Counter(_identifier(d) for d in datasets.values())
+    seen[in_distribution] += 1
+    for name, dataset in datasets.items():
+        if seen[_identifier(dataset)] > 1:
+            config = dataset["dataset_config"]
+            dataset["dataset_config"] = name if config is None else f"{config}/{name}"
+    return datasets
 
 
 def _test_metrics(test: Mapping[str, Any], suffix: str) -> Iterator[dict[str, Any]]:

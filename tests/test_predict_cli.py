@@ -455,6 +455,7 @@ def test_conformal_sets_are_calibrated_on_the_cached_validation_logits(
     assert record["empirical_coverage"] == pytest.approx(covered)
     assert record["mean_set_size"] == pytest.approx(np.mean([int(r["set_size"]) for r in rows]))
     assert "conformal sets: APS, target coverage 0.9 (marginal" in printed
+    assert "; approximate, as they also chose the run's best epoch)" in printed
     assert f"conformal coverage on the labelled dataset: {covered:.4f}" in printed
     jsonl = api.predict_images(run_dir, [images / "00.png"], conformal=0.9, class_conditional=True,
                                progress=False)  # fmt: skip

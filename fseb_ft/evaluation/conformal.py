@@ -8,12 +8,14 @@ at most the quantile ``q̂`` of the scores of the true labels on a labelled cali
 (Vovk et al., 2005; Angelopoulos & Bates, 2021): when the calibration images and a new image
 are exchangeable (drawn alike, e.g. i.i.d. from one distribution), ``P(y ∈ C(x)) ≥ 1 − α``,
 marginally over the calibration draw and the new image; with continuous scores it is also at
-most ``1 − α + 1 / (n + 1)``. It says nothing of one image, nor of images unlike the
-calibration split (another hospital, a corruption, an unseen class). Class-conditional
-(Mondrian) calibration takes one quantile per class from that class's calibration images, so
-the guarantee holds for each class: ``P(y ∈ C(x) | y = k) ≥ 1 − α`` (rare classes then get
-their own, larger sets, and a class with fewer than ``1/α − 1`` calibration images is in every
-set).
+most ``1 − α + 1 / (n + 1)``. It assumes the probabilities were fitted without the calibration
+images: a run's validation split also chose its best epoch (and its temperature, with
+temperature scaling), so on a run the guarantee is approximate. It says nothing of one image,
+nor of images unlike the calibration split (another hospital, a corruption, an unseen class).
+Class-conditional (Mondrian) calibration takes one quantile per class from that class's
+calibration images, so the guarantee holds for each class: ``P(y ∈ C(x) | y = k) ≥ 1 − α``
+(rare classes then get their own, larger sets, and a class with fewer than ``1/α − 1``
+calibration images is in every set).
 
 The scores (``p`` the probabilities, ``o(x, y)`` the 1-based rank of ``y`` by decreasing
 probability, ``m(x, y)`` the mass of the classes ranked before ``y``):
@@ -23,8 +25,10 @@ probability, ``m(x, y)`` the mass of the classes ranked before ``y``):
 - ``raps`` (Angelopoulos et al., 2021): ``m(x, y) + u · p_y + λ · max(0, o(x, y) − k_reg)``,
   which penalises long tails of small probabilities.
 
-``u`` randomises APS and RAPS: one uniform draw in ``[0, 1)`` per image (:func:`uniform_draws`,
-seeded), the same at calibration and prediction, gives coverage close to ``1 − α`` itself.
+``u`` randomises APS and RAPS: one independent uniform draw in ``[0, 1)`` per image
+(:func:`uniform_draws`, seeded), for the calibration images when calibrating and a fresh one for
+each new image when predicting (never the calibration's), gives coverage close to ``1 − α``
+itself: a new image's randomised score is then exchangeable with the calibration scores.
 Without it ``u = 0``: deterministic sets that always hold the top class, and coverage still
 ``≥ 1 − α`` (more conservative). LAC ignores ``u``.
 """
@@ -201,7 +205,8 @@ def prediction_sets(
 ) -> Tensor:
     """The prediction set of each image of ``probs`` ``(M, K)`` as a bool mask ``(M, K)``:
     ``s(x, y) ≤ q̂`` (``q̂_y`` when class-conditional); ``u`` ``(M,)`` when ``calibration`` is
-    randomised (fresh draws, not the calibration's), else ``None``."""
+    randomised (fresh draws, independent of the calibration's: module docstring), else
+    ``None``."""
     if (u is not None) != calibration.randomized:
         raise ValueError(
             f"the calibration is {'' if calibration.randomized else 'not '}randomised: give u "

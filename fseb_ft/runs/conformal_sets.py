@@ -5,7 +5,8 @@ size; what the meta file and the summary say of them.
 
 The sets are deterministic (APS and RAPS without randomisation, RAPS with ``λ = 0.01`` and
 ``k_reg = 1``): the same images give the same sets every time. The maths and the guarantee are
-:mod:`fseb_ft.evaluation.conformal`'s.
+:mod:`fseb_ft.evaluation.conformal`'s; on a run the guarantee is approximate
+(:func:`calibrate_on_run`).
 """
 
 from __future__ import annotations
@@ -84,6 +85,10 @@ def calibrate_on_run(
 ) -> ConformalCalibration:
     """The conformal calibration on ``loaded``'s validation split for target ``coverage``.
 
+    The guarantee needs calibration images that served for nothing else; a run's validation
+    split chose its best epoch (and fitted its temperature, with temperature scaling), so on a
+    run the coverage is approximate, as the certified abstention's guarantee is.
+
     Raises:
         FsebError: ``loaded`` is a model folder or a Hub model, which has no validation split.
     """
@@ -143,8 +148,9 @@ def conformal_lines(meta: Mapping[str, Any]) -> list[str]:
     lines = [
         f"conformal sets: {record['method'].upper()}, target coverage "
         f"{record['target_coverage']:g} ({scope}, over images exchangeable with the "
-        f"{record['validation_images']} validation images it was calibrated on); mean set "
-        f"size {record['mean_set_size']:.3f}, {record['empty_sets']} empty"
+        f"{record['validation_images']} validation images it was calibrated on; approximate, "
+        f"as they also chose the run's best epoch); mean set size "
+        f"{record['mean_set_size']:.3f}, {record['empty_sets']} empty"
     ]
     if "empirical_coverage" in record:
         lines.append(

@@ -95,6 +95,28 @@ def test_the_guarantee_holds_over_simulated_validation_draws() -> None:
     assert certified_any > draws / 2  # and the certified one is not only abstaining
 
 
+def test_under_a_flat_risk_the_guarantee_is_exact_as_the_module_says() -> None:
+    # P(wrong | c) = 0.104 for every image, just above r = 0.1: every threshold is too risky, and
+    # the sequence certifies one exactly when its first test passes. Given the confidences that
+    # test sees Bin(n0, 0.104) errors among the n0 = 22 most confident images (0.9^22 <= 0.1 <
+    # 0.9^21) and passes at 0 errors only (P(Bin(22, 0.1) <= 1) > 0.1): with probability
+    # 0.896^22 = 0.0894 <= 1 - C, which the simulated draws meet within 3 SE.
+    generator = torch.Generator().manual_seed(5)
+    draws, n, max_risk, level, risk = 300, 300, 0.1, 0.9, 0.104
+    assert stats.binom.cdf(0, 22, max_risk) <= 1 - level < stats.binom.cdf(1, 22, max_risk)
+    certified = 0
+    for _ in range(draws):
+        confidence = torch.rand(n, generator=generator, dtype=torch.float64)
+        correct = torch.rand(n, generator=generator, dtype=torch.float64) >= risk
+        cert = certified_threshold(confidence, correct, max_risk=max_risk, level=level)
+        first_test_passes = bool(correct[confidence.argsort(descending=True)[:22]].all())
+        assert bool(torch.isfinite(cert["threshold"])) == first_test_passes
+        certified += first_test_passes
+    exact = (1 - risk) ** 22
+    assert exact <= 1 - level
+    assert abs(certified / draws - exact) <= 3 * math.sqrt(exact * (1 - exact) / draws)
+
+
 def test_a_certified_rule_records_its_guarantee_and_old_records_still_load() -> None:
     rule = certified_rule(0.4, 0.9, 0.5, CONFIDENCE, CORRECT)
     record = json.loads(json.dumps(rule.to_json()))

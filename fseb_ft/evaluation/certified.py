@@ -1,5 +1,6 @@
 """Certified abstention: a confidence threshold whose risk among accepted images is at most ``r``
-with probability at least ``C`` over the validation draw; pure maths on tensors.
+with probability at least ``C`` over the validation draw (exactly or approximately: see below
+for which); pure maths on tensors.
 
 The risk of a threshold ``λ`` is the conditional error rate ``R(λ) = P(wrong | c ≥ λ)`` of a new
 image, the *selective risk*. :func:`certified_threshold` picks ``λ`` by Learn-then-Test
@@ -7,20 +8,38 @@ image, the *selective risk*. :func:`certified_threshold` picks ``λ`` by Learn-t
 thresholds are tested from the most conservative downwards, each null hypothesis ``R(λ) > r``
 rejected when the exact one-sided Clopper–Pearson upper bound on ``R(λ)`` at level ``C``, from
 the ``e`` errors among the ``n`` validation images ``λ`` accepts, is at most ``r``; the first
-failure stops the sequence and the last rejected ``λ`` is chosen. Given ``n``, the ``e`` errors
-are binomial, ``Bin(n, R(λ))``, so each test has level ``1 - C`` and the sequence controls the
-probability of choosing any ``λ`` with ``R(λ) > r`` at ``1 - C``:
+failure stops the sequence and the last rejected ``λ`` is chosen. When none is, or ``r = 0``,
+no threshold is certified: ``λ̂ = +inf``, abstain on everything.
+
+What Learn-then-Test proves: for candidates fixed before the validation draw, in a fixed order,
+the errors among the ``n`` images a candidate accepts are ``Bin(n, R(λ))`` given ``n``, so each
+test has level ``1 - C`` and fixed-sequence testing keeps the probability of choosing any ``λ``
+with ``R(λ) > r`` at most ``1 - C``:
 
     P_validation( R(λ̂) ≤ r ) ≥ C,
 
 when the validation images and the new ones are exchangeable (drawn alike), and nothing the
 confidences depend on was fitted on the validation images (a run picks its best epoch and fits
-its temperature there, so on a run the guarantee is approximate). As in Angelopoulos & Bates's
-selective-classification example ("A Gentle Introduction to Conformal Prediction", 2021, §5.1),
-the candidates are the distinct validation confidences, and the sequence starts at the first
-that accepts enough images for zero errors to meet the bound (more conservative ones accept too
-few to certify anything, and would stop every sequence at once). When even that one fails, or
-``r = 0``, no threshold is certified: ``λ̂ = +inf``, abstain on everything.
+its temperature there, so on a run it is approximate for that reason too).
+
+What is done here differs in two ways, both chosen from the validation confidences, never from
+their labels: the candidates are the distinct validation confidences themselves, and the
+sequence starts at the first that accepts enough images for zero errors to meet the bound,
+``1 - (1 - C)^(1/n) ≤ r`` (more conservative ones can certify nothing and would stop every
+sequence at once; the selective-classification example of Angelopoulos & Bates, "A Gentle
+Introduction to Conformal Prediction", 2021, likewise drops the points of its fixed grid that
+accept fewer than 30 images). So the proof above does not apply verbatim. What holds instead:
+given the confidences of i.i.d. validation images, the candidates and the start are fixed and
+each image's error is an independent draw with probability ``P(wrong | c_i)``. Where that
+probability is the same for every image (a flat risk), the error counts are binomial again and
+the guarantee holds exactly; otherwise they are sums of unequal draws, which the binomial
+argument does not cover, and the guarantee is approximate. A fixed grid with a point in every
+gap between adjacent confidences would run the same tests in the same order (a grid point in
+a gap accepts the same validation images as the confidence above it) and choose a threshold
+no higher than ``λ̂`` (the lowest grid point of the gap below it), so where the risk falls as
+the threshold rises, ``λ̂`` is never riskier than that grid's choice. tests/test_certified.py
+checks the realised rate of choosing a ``λ̂`` with ``R(λ̂) > r`` over simulated validation
+draws, for a flat risk and a falling one.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """What evaluation computes from the penultimate features, the linear classifier's input: one
-un-augmented pass over a split (:func:`predict_features`), the feature OOD scores' values
-fitted on the training split's (:func:`feature_scores`), and the last-layer Laplace fitted on
-them (:func:`fit_laplace_logits`), which turns the features the evaluation passes record into
-LLLA's logits (:class:`LaplaceLogits`).
+un-augmented pass over a split (:func:`predict_features`: the training split's), the feature
+OOD scores' values fitted on the training split's (:func:`feature_scores`, of the features the
+evaluation passes record), and the last-layer Laplace fitted on them
+(:func:`fit_laplace_logits`), which turns the features the evaluation passes record into LLLA's
+logits (:class:`LaplaceLogits`).
 
 The maths is :mod:`~fseb_ft.evaluation.feature_ood`'s and :mod:`~fseb_ft.evaluation.laplace`'s;
 the passes over the other splits are :mod:`~fseb_ft.evaluation.predictions`'.
@@ -11,7 +12,7 @@ the passes over the other splits are :mod:`~fseb_ft.evaluation.predictions`'.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -20,7 +21,6 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from fseb_ft.data.splits import Splits
 from fseb_ft.errors import FsebError
 from fseb_ft.evaluation.feature_ood import FEATURE_SCORES, feature_ood_score, fit_feature_ood
 from fseb_ft.evaluation.laplace import LaplaceFit, fit_last_layer_laplace, laplace_logits
@@ -34,6 +34,7 @@ __all__ = [
     "laplace_validates",
     "linear_classifier",
     "predict_features",
+    "wants_feature_scores",
 ]
 
 
@@ -110,17 +111,21 @@ def predict_features(
     return torch.cat(found), torch.cat(labels)
 
 
+def wants_feature_scores(names: Sequence[str]) -> bool:
+    """Whether the OOD scores ``names`` (``eval.ood_scores``) hold a feature score."""
+    return any(name in FEATURE_SCORES for name in names)
+
+
 def feature_scores(
     network: nn.Module,
-    splits: Splits,
-    reported: Any,
     names: Sequence[str],
-    loader: Callable[[Any], DataLoader],
-    accelerator: Accelerator,
     train: tuple[Tensor, Tensor] | None,
+    test: Tensor,
+    ood: Mapping[str, Tensor],
 ) -> dict[str, Any]:
-    """The feature scores of ``names`` (:mod:`~fseb_ft.evaluation.feature_ood`) on ``reported``
-    and each OOD set, fitted on ``train``, the training split's features and labels
+    """The feature scores of ``names`` (:mod:`~fseb_ft.evaluation.feature_ood`) of the
+    penultimate features ``test`` (N, D) of the reported split and ``ood`` (N_o, D) of each OOD
+    set, fitted on ``train``, the training split's features and labels
     (:func:`predict_features`: one un-augmented pass in eval mode): the
     :class:`~fseb_ft.evaluation.predictions.Predictions` fields ``test_feature_scores``,
     ``ood_feature_scores`` and ``feature_fit``, empty when ``names`` has none.
@@ -135,13 +140,12 @@ def feature_scores(
         raise ValueError("the feature scores need the training split's features")
     fit = fit_feature_ood(*train, *_vim_classifier(network, "vim" in wanted))
 
-    def scores(data: Any) -> dict[str, Tensor]:
-        h = predict_features(network, loader(data), accelerator)[0]
+    def scores(h: Tensor) -> dict[str, Tensor]:
         return {name: feature_ood_score(name, fit, h) for name in wanted}
 
     return {
-        "test_feature_scores": scores(reported),
-        "ood_feature_scores": {name: scores(data) for name, data in splits.ood.items()},
+        "test_feature_scores": scores(test),
+        "ood_feature_scores": {name: scores(h) for name, h in ood.items()},
         "feature_fit": fit,
     }
 

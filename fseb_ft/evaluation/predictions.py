@@ -20,7 +20,7 @@ from fseb_ft.data.images import IndexedImages, LabeledImages
 from fseb_ft.data.inputs import InputSpec
 from fseb_ft.data.splits import TEST_SPLIT, VALIDATION_SPLIT, Splits, stratified_split
 from fseb_ft.data.transforms import TransformedImages, eval_transform, make_loader
-from fseb_ft.evaluation.feature_ood import FEATURE_SCORES, FeatureOodFit
+from fseb_ft.evaluation.feature_ood import FeatureOodFit
 from fseb_ft.evaluation.features import (
     LaplaceLogits,
     feature_scores,
@@ -28,8 +28,10 @@ from fseb_ft.evaluation.features import (
     laplace_validates,
     linear_classifier,
     predict_features,
+    wants_feature_scores,
 )
 from fseb_ft.evaluation.groups import Groups, reported_groups
+from fseb_ft.method.posterior import unwrap_model
 from fseb_ft.recipe import EvalConfig
 
 __all__ = [
@@ -234,7 +236,9 @@ def predict_splits(
     ``cfg.group_by`` values, the feature scores ``cfg.ood_scores`` names
     (:func:`feature_scores` of ``network``, the timm network behind ``model``; default
     ``model``) and, with ``cfg.laplace``, the "+ LLLA" predictions (``laplace``) of a
-    last-layer Laplace fitted on the training split's features, from the same passes.
+    last-layer Laplace fitted on the training split's features. Both take the features the
+    logits passes record (one pass per set; :func:`_recorded_classifier` says when another is
+    needed), fitted on one more pass, over the training split.
 
     Without a test split (``data.test`` unset) the validation split stands in for it, and the
     predictions say so (``split``): its numbers are those model selection saw, so optimistic.
@@ -249,15 +253,25 @@ def predict_splits(
     def loader(data: Any) -> DataLoader:
         return accelerator.prepare(eval_loader(data, spec, cfg.batch_size, num_workers, seed))
 
-    needs_train = cfg.laplace or any(name in FEATURE_SCORES for name in cfg.ood_scores)
+    needs_train = cfg.laplace or wants_feature_scores(cfg.ood_scores)
     train = predict_features(network, loader(splits.train), accelerator) if needs_train else None
-    head = linear_classifier(network, "eval.laplace") if cfg.laplace else None
+    head = _recorded_classifier(model, network, cfg)
 
     def scored(data: Any) -> _Scored:
         return predict_with_features(model, loader(data), accelerator, head)
 
     test = scored(reported)
     ood = {name: scored(data) for name, data in splits.ood.items()}
+
+    def features(data: Any, passed: _Scored) -> Tensor:
+        if passed[2] is not None:  # recorded in the logits pass
+            return passed[2]
+        return predict_features(network, loader(data), accelerator)[0]
+
+    scores = {}
+    if wants_feature_scores(cfg.ood_scores):
+        by_set = {name: features(data, ood[name]) for name, data in splits.ood.items()}
+        scores = feature_scores(network, cfg.ood_scores, train, features(reported, test), by_set)
     val = None
     if _wants_val(cfg) and reported is splits.val:
         val = test  # predicted already: the same images
@@ -284,7 +298,7 @@ def predict_splits(
         split=split,
         groups=groups,
         class_names=list(splits.train.class_names),
-        **feature_scores(network, splits, reported, cfg.ood_scores, loader, accelerator, train),
+        **scores,
     )
     if laplace is None:
         return predictions
@@ -311,6 +325,22 @@ def _laplace_predictions(
         None if val is None else (laplace.logits(val[2]), val[1]),
         laplace.fit.record(),
     )
+
+
+def _recorded_classifier(model: nn.Module, network: nn.Module, cfg: EvalConfig) -> nn.Module | None:
+    """The classifier whose input the evaluation passes of ``model`` record: LLLA's
+    (``eval.laplace``), else for the feature scores ``network``'s linear classifier, whose input
+    is the penultimate features :func:`predict_features` computes, when ``model`` is
+    ``network`` itself (a MAP run; FS-VI's Monte-Carlo predictive runs sampled weights, and a
+    classifier of another kind may take other inputs: both get a pass of their own); ``None``:
+    nothing to record."""
+    if cfg.laplace:
+        return linear_classifier(network, "eval.laplace")
+    head = unwrap_model(network).get_classifier()
+    same = unwrap_model(model) is unwrap_model(network)
+    if wants_feature_scores(cfg.ood_scores) and same and isinstance(head, nn.Linear):
+        return head
+    return None
 
 
 def _wants_val(cfg: EvalConfig) -> bool:

@@ -91,7 +91,7 @@ from fseb_ft.runs.prediction_files import (
 )
 from fseb_ft.runs.prediction_summary import summary
 from fseb_ft.runs.rundir import ABSTENTION_FILE
-from fseb_ft.runs.thresholds import DEFAULT_COVERAGE, choose_rule, keep_rule
+from fseb_ft.runs.thresholds import DEFAULT_COVERAGE, choose_rule, keep_rule, validation_fetch
 
 __all__ = ["ImagePredictions", "main", "predict_images", "summary"]
 
@@ -184,14 +184,14 @@ def predict_images(
         loader_kw={"batch_size": batch_size, "num_workers": num_workers, "progress": progress},
     )
     inputs, names, labels, skipped = gather_inputs(loaded, images, dataset)
+    validation = validation_fetch(loaded, call.device, call.loader_kw)  # predicted at most once
     rule = choose_rule(
-        loaded, call.temperature, coverage, max_risk, threshold, call.device, call.loader_kw,
-        level=confidence,
-    )  # fmt: skip
+        loaded, call.temperature, coverage, max_risk, threshold, validation, level=confidence
+    )
     sets = None
     if conformal is not None:
         sets = calibrate_on_run(loaded, call.temperature, conformal, conformal_method,
-                                class_conditional, call.device, call.loader_kw)  # fmt: skip
+                                class_conditional, validation)  # fmt: skip
     rows, unreadable = _rows(loaded, call, rule, inputs, names, labels, sets)
     # A temperature the caller chose is not the fit's, so its range says nothing of it.
     warnings = _temperature_warnings(call.temperature) if temperature is None else []

@@ -437,15 +437,34 @@ def test_mistakes_end_in_one_line(
     assert "could not load hf-hub:someone/model from the Hugging Face Hub (OSError: We " in message
 
 
-def test_conformal_sets_are_calibrated_on_the_cached_validation_logits(
-    run_dir: Path, images: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_conformal_sets_share_the_thresholds_validation_pass_no_second_pass(
+    run_dir: Path,
+    images: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # A read-only run without cached validation logits: nothing on disk spares a second pass.
+    copy = shutil.copytree(run_dir, tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints"))
+    (copy / VAL_LOGITS).unlink(missing_ok=True)
+    read_only(copy, monkeypatch)
+    passes: list[tuple[torch.Tensor, torch.Tensor | None, list[str]]] = []
+    predicted = thresholds.logits_and_read_errors
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        passes.append(predicted(*args, **kwargs))
+        return passes[-1]
+
+    monkeypatch.setattr(thresholds, "logits_and_read_errors", counted)
     out, spec = tmp_path / "sets.csv", "{source: sklearn_digits, split: test, classes: [0, 1, 2]}"
-    printed = _predict([str(run_dir), "--dataset", spec, "--conformal", "0.9", "--out", str(out),
+    printed = _predict([str(copy), "--dataset", spec, "--conformal", "0.9", "--out", str(out),
                         "--conformal-method", "aps", "--threshold", "0"], capsys)  # fmt: skip
+    assert len(passes) == 1  # the threshold's validation logits are the sets' too
     meta, rows = read_json(tmp_path / "sets.meta.json"), _read_csv(out)
     record = meta["conformal"]
-    logits, labels = read_val_logits(run_dir)  # what --coverage caches: no second pass
+    recipe = read_run(copy)[0]
+    logits = passes[0][0]  # (N_v, K)
+    labels = torch.as_tensor(build_splits(recipe.data, recipe.train.seed).val.labels)  # (N_v,)
     probs = torch.softmax(logits.double() / meta["temperature"], -1)
     cal = calibrate(probs, labels, 0.9, "aps")
     assert record["quantiles"] == pytest.approx(cal.quantiles.tolist())

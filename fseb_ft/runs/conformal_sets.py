@@ -1,7 +1,8 @@
 """Conformal prediction sets for ``fseb-ft predict --conformal``: calibrated on a run's
-validation split, from its cached validation logits (:func:`~fseb_ft.runs.thresholds.
-validation_logits`, so no second pass) at the temperature the rows use; each row's set and its
-size; what the meta file and the summary say of them.
+validation split, from the validation logits the threshold is chosen on (cached with the run,
+and fetched once per call: :func:`~fseb_ft.runs.thresholds.validation_fetch`) at the
+temperature the rows use; each row's set and its size; what the meta file and the summary say
+of them.
 
 The sets are deterministic (APS and RAPS without randomisation, RAPS with ``λ = 0.01`` and
 ``k_reg = 1``): the same images give the same sets every time. The maths and the guarantee are
@@ -28,7 +29,6 @@ from fseb_ft.evaluation.conformal import (
     prediction_sets,
 )
 from fseb_ft.runs.loading import LoadedModel
-from fseb_ft.runs.thresholds import validation_logits
 
 __all__ = [
     "add_conformal_arguments",
@@ -80,10 +80,11 @@ def calibrate_on_run(
     coverage: float,
     method: str,
     class_conditional: bool,
-    device: torch.device,
-    loader_kw: dict[str, Any],
+    validation: Callable[[], tuple[Tensor, Tensor]],
 ) -> ConformalCalibration:
-    """The conformal calibration on ``loaded``'s validation split for target ``coverage``.
+    """The conformal calibration on ``loaded``'s validation split for target ``coverage``, of
+    the logits and labels ``validation`` gives (:func:`~fseb_ft.runs.thresholds.
+    validation_fetch`: the same the threshold was chosen on, predicted at most once).
 
     The guarantee needs calibration images that served for nothing else; a run's validation
     split chose its best epoch (and fitted its temperature, with temperature scaling), so on a
@@ -97,7 +98,7 @@ def calibrate_on_run(
             f"--conformal calibrates on a run's validation split, and {loaded.where} has none: "
             "predict with the run folder"
         )
-    logits, labels = validation_logits(loaded, device, loader_kw)  # (N_v, K), (N_v,)
+    logits, labels = validation()  # (N_v, K), (N_v,)
     return calibrate(_probs(logits, temperature), labels, coverage, method, class_conditional)
 
 

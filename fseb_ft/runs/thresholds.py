@@ -11,7 +11,9 @@ a model folder exported from the run and a pushed copy abstain the same way.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,7 @@ __all__ = [
     "choose_rule",
     "keep_rule",
     "validation_confidence",
+    "validation_fetch",
     "validation_logits",
 ]
 
@@ -64,8 +67,7 @@ def choose_rule(
     coverage: float | None,
     max_risk: float | None,
     threshold: float | None,
-    device: torch.device,
-    loader_kw: dict[str, Any],
+    validation: Callable[[], tuple[Tensor, Tensor]],
     level: float | None = None,
 ) -> AbstentionRule:
     """The abstention rule: ``τ``, how it was chosen, and its validation coverage and risk.
@@ -74,7 +76,8 @@ def choose_rule(
     model's kept rule (when kept for this ``temperature``), else a run's rule for
     :data:`DEFAULT_COVERAGE`, else nothing abstains. ``level`` (with ``max_risk`` only, from
     ``--confidence``) certifies the risk with that probability (:func:`certified_rule`);
-    without it, the empirical rule.
+    without it, the empirical rule. ``validation`` gives the run's validation logits and labels
+    (:func:`validation_fetch`), called only when the rule needs them.
 
     Raises:
         FsebError: ``coverage`` or ``max_risk`` for a model without a run's validation split.
@@ -97,7 +100,7 @@ def choose_rule(
             )
         return given_rule(threshold, temperature)
     try:
-        confidence, correct = validation_confidence(loaded, temperature, device, loader_kw)
+        confidence, correct = validation_confidence(*validation(), temperature)
     except FsebError:
         if threshold is None:
             raise
@@ -111,15 +114,20 @@ def choose_rule(
 
 
 def validation_confidence(
-    loaded: LoadedModel,
-    temperature: float | None,
-    device: torch.device,
-    loader_kw: dict[str, Any],
+    logits: Tensor, labels: Tensor, temperature: float | None
 ) -> tuple[Tensor, Tensor]:
-    """Confidences (top-class log-odds, (N_v,)) and correctness (N_v,) on the validation split
-    of ``loaded``'s run (``loaded.run_dir`` is set), from :func:`validation_logits`."""
-    logits, labels = validation_logits(loaded, device, loader_kw)
+    """Confidences (top-class log-odds, (N_v,)) at ``temperature`` and correctness (N_v,) of
+    the validation ``logits`` (N_v, K) and ``labels`` (N_v,)."""
     return top_class_log_odds(logits, temperature or 1.0), logits.argmax(dim=-1) == labels
+
+
+def validation_fetch(
+    loaded: LoadedModel, device: torch.device, loader_kw: dict[str, Any]
+) -> Callable[[], tuple[Tensor, Tensor]]:
+    """:func:`validation_logits` of ``loaded``'s run, fetched at the first call and kept: a
+    call that needs them twice (a threshold and conformal sets) predicts the validation split
+    at most once, whether or not the run folder can cache them."""
+    return functools.cache(functools.partial(validation_logits, loaded, device, loader_kw))
 
 
 def validation_logits(

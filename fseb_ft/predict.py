@@ -36,9 +36,10 @@ model, temperature, threshold, validation coverage and risk, files left out — 
 ``<out stem>.meta.json`` beside it, both written atomically. A file that cannot be read is left
 out of the predictions and named in a note and in the meta file.
 
-``--conformal C`` adds each image's conformal prediction set (``set``, ``set_size``): the classes
+``--conformal P`` adds each image's conformal prediction set (``set``, ``set_size``): the classes
 that, over images exchangeable with the run's validation split, hold the true one with probability
-at least C (:mod:`fseb_ft.evaluation.conformal`, calibrated from the cached validation logits).
+at least P (:mod:`fseb_ft.evaluation.conformal`, calibrated on the validation logits the threshold
+is chosen on; approximately, as that split also chose the run's best epoch).
 
 ``--ood-score`` picks the row's OOD score: one of the outputs (default: the run's first), or a
 feature score (``mahalanobis``, ``relative_mahalanobis``, ``knn``, ``vim``) of the images'
@@ -400,6 +401,17 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         choices=("csv", "jsonl"),
         help="default: by --out's extension; without --out, csv to standard output",
     )
+    _add_rule_arguments(parser)
+    _add_row_arguments(parser)
+    add_conformal_arguments(parser, _fraction("coverage"))
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="also show the libraries' INFO lines"
+    )
+    return parser
+
+
+def _add_rule_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of the abstention rule: how its threshold is chosen or given, and kept."""
     rule = parser.add_mutually_exclusive_group()
     rule.add_argument(
         "--coverage", type=_fraction("coverage"), metavar="A",
@@ -422,6 +434,15 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         help="abstain when max probability < T",
     )
     parser.add_argument(
+        "--keep", action="store_true",
+        help="store the threshold in the run (abstention.json, fseb.json, model card): later "
+        "predict calls and the model card use it; without --keep the run is left as it was",
+    )  # fmt: skip
+
+
+def _add_row_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of what each row holds and how the images are predicted."""
+    parser.add_argument(
         "--top-k", type=int, default=3, metavar="K", help="classes ranked per image"
     )
     parser.add_argument(
@@ -438,16 +459,6 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--num-workers", type=int, default=0, help="image-reading processes")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
-    parser.add_argument(
-        "--keep", action="store_true",
-        help="store the threshold in the run (abstention.json, fseb.json, model card): later "
-        "predict calls and the model card use it; without --keep the run is left as it was",
-    )  # fmt: skip
-    add_conformal_arguments(parser, _fraction("coverage"))
-    parser.add_argument(
-        "-v", "--verbose", action="store_true", help="also show the libraries' INFO lines"
-    )
-    return parser
 
 
 def _fraction(name: str) -> Callable[[str], float]:

@@ -22,6 +22,7 @@ from PIL import Image
 from safetensors import SafetensorError
 
 import fseb_ft
+import fseb_ft.predict as predict_module
 from fseb_ft import api, cli
 from fseb_ft.data.sources import build_splits
 from fseb_ft.data.sources.sklearn_digits import load_sklearn_digits
@@ -154,6 +155,14 @@ def _validation_confidence(run_dir: Path, temperature: float) -> torch.Tensor:
     with torch.no_grad():
         logits = torch.cat([model(x) for x, _ in eval_loader(val, info.input, 64, 0, 0)])
     return top_class_log_odds(logits, temperature)  # (N_v,)
+
+
+def test_each_option_value_has_its_own_name_in_the_help() -> None:
+    # --conformal's coverage and --confidence's probability are different things.
+    valued = [a for a in predict_module._parser("p")._actions if a.metavar]
+    named = {a.metavar: a.dest for a in valued}
+    assert named["P"] == "conformal" and named["C"] == "confidence"
+    assert len(named) == len(valued)  # no two options share a name
 
 
 def test_folder_to_csv_with_validation_coverage_within_one_image(

@@ -132,7 +132,7 @@ class EvalConfig:
     ``test`` (the "+ TS" block's calibrated on the temperature-scaled validation logits, the
     "+ LLLA" block's on its own), and the columns "Cov. (%)" and "Set size" of the tables
     (docs/method.md, "Conformal coverage"). The sets are those of ``fseb-ft predict
-    --conformal C``. ``null``: none."""
+    --conformal`` at the same coverage. ``null``: none."""
     conformal_method: Literal[CONFORMAL_METHODS] = "lac"
     """The conformal sets' non-conformity score: ``lac`` (``1 − p_y``, the smallest sets),
     ``aps`` or ``raps`` (the mass of the classes ranked before ``y``; RAPS penalises long

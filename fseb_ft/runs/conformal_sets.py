@@ -46,9 +46,10 @@ def add_conformal_arguments(
     """``--conformal`` (parsed by ``coverage``), ``--conformal-method`` and
     ``--class-conditional``: the predict command's options of the sets."""
     parser.add_argument(
-        "--conformal", type=coverage, metavar="C",
+        "--conformal", type=coverage, metavar="P",
         help="add each image's conformal prediction set, covering the true class with "
-        "probability ≥ C over images like the run's validation split",
+        "probability ≥ P over images like the run's validation split (approximately: that "
+        "split also chose the run's best epoch)",
     )  # fmt: skip
     parser.add_argument(
         "--conformal-method", choices=CONFORMAL_METHODS, default="lac",

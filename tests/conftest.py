@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
+from collections.abc import Iterator
 
+import pytest
+import torch
+
+from fseb_ft.evaluation.metrics import METRIC_REGISTRY, MetricInputs, metric
 from tests.helpers import skip_figures
 
 
@@ -13,3 +17,22 @@ def _no_figures(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     spent on what tests/test_plots.py and test_pipeline.py check."""
     if request.node.get_closest_marker("no_figures"):
         skip_figures(monkeypatch)
+
+
+@pytest.fixture
+def fake_metric() -> Iterator[str]:
+    """A metric registered as a contributor would add one (for K > 2, with no batched bootstrap
+    form), removed again afterwards."""
+
+    @metric(
+        "first_class_rate",
+        title="First class (%)",
+        scale=100.0,
+        higher_is_better=True,
+        applies=lambda k: k > 2,
+    )
+    def first_class_rate(x: MetricInputs) -> torch.Tensor:
+        return (x.probs.argmax(-1) == 0).double().mean()
+
+    yield "first_class_rate"
+    METRIC_REGISTRY.pop("first_class_rate")

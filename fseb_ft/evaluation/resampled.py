@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
-from scipy import sparse
 from torch import Tensor
 
 from fseb_ft.evaluation.metrics import (
@@ -78,6 +77,8 @@ def _mean_of(values: np.ndarray) -> Statistic:
 def _group_sums(group: np.ndarray, groups: int, weight: np.ndarray | None = None) -> Statistic:
     """counts (N, B) → (groups, B): the sum of ``weight`` (1 when ``None``) over each
     resample's images in each group, through a sparse (groups, N) membership matrix."""
+    from scipy import sparse  # imported with scipy.stats, when a bootstrap runs
+
     n = len(group)
     values = np.ones(n) if weight is None else weight
     member = sparse.csr_matrix((values, (group, np.arange(n))), shape=(groups, n))

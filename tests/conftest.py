@@ -11,10 +11,22 @@ from fseb_ft.evaluation.metrics import METRIC_REGISTRY, MetricInputs, metric
 from tests.helpers import skip_figures
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _no_figures_in_module(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A module marked ``no_figures`` draws none in its module-scoped fixtures either (its tiny
+    runs, set up before any test's own fixtures)."""
+    if not request.node.get_closest_marker("no_figures"):
+        yield
+        return
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        skip_figures(monkeypatch)
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _no_figures(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Runs in a test (or module) marked ``no_figures`` draw no figures: half a tiny run's time,
-    spent on what tests/test_plots.py and test_pipeline.py check."""
+    spent on what tests/test_plots.py and the tests of a run's figures check."""
     if request.node.get_closest_marker("no_figures"):
         skip_figures(monkeypatch)
 

@@ -1,14 +1,20 @@
-"""Fixtures every test module gets."""
+"""Fixtures every test module gets.
+
+Nothing heavy is imported here: pytest-xdist's controller loads this file too, and runs no test;
+importing torch and fseb_ft for it alone would cost every suite run 6 s of CPU before any worker
+starts. The fixtures import what they use."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
 
-from fseb_ft.evaluation.metrics import METRIC_REGISTRY, MetricInputs, metric
-from tests.helpers import skip_figures
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from fseb_ft.evaluation.metrics import MetricInputs
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -18,6 +24,8 @@ def _no_figures_in_module(request: pytest.FixtureRequest) -> Iterator[None]:
     if not request.node.get_closest_marker("no_figures"):
         yield
         return
+    from tests.helpers import skip_figures
+
     with pytest.MonkeyPatch.context() as monkeypatch:
         skip_figures(monkeypatch)
         yield
@@ -28,6 +36,8 @@ def _no_figures(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     """Runs in a test (or module) marked ``no_figures`` draw no figures: half a tiny run's time,
     spent on what tests/test_plots.py and the tests of a run's figures check."""
     if request.node.get_closest_marker("no_figures"):
+        from tests.helpers import skip_figures
+
         skip_figures(monkeypatch)
 
 
@@ -35,6 +45,7 @@ def _no_figures(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
 def fake_metric() -> Iterator[str]:
     """A metric registered as a contributor would add one (for K > 2, with no batched bootstrap
     form), removed again afterwards."""
+    from fseb_ft.evaluation.metrics import METRIC_REGISTRY, metric
 
     @metric(
         "first_class_rate",
@@ -43,7 +54,7 @@ def fake_metric() -> Iterator[str]:
         higher_is_better=True,
         applies=lambda k: k > 2,
     )
-    def first_class_rate(x: MetricInputs) -> torch.Tensor:
+    def first_class_rate(x: MetricInputs) -> Tensor:
         return (x.probs.argmax(-1) == 0).double().mean()
 
     yield "first_class_rate"

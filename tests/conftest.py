@@ -1,15 +1,61 @@
-"""Fixtures every test module gets."""
+"""Fixtures every test module gets.
+
+Nothing heavy is imported here: pytest-xdist's controller loads this file too, and runs no test;
+importing torch and fseb_ft for it alone would cost every suite run 6 s of CPU before any worker
+starts. The fixtures import what they use."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
 import pytest
 
-from tests.helpers import skip_figures
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from fseb_ft.evaluation.metrics import MetricInputs
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_figures_in_module(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A module marked ``no_figures`` draws none in its module-scoped fixtures either (its tiny
+    runs, set up before any test's own fixtures)."""
+    if not request.node.get_closest_marker("no_figures"):
+        yield
+        return
+    from tests.helpers import skip_figures
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        skip_figures(monkeypatch)
+        yield
 
 
 @pytest.fixture(autouse=True)
 def _no_figures(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Runs in a test (or module) marked ``no_figures`` draw no figures: half a tiny run's time,
-    spent on what tests/test_plots.py and test_pipeline.py check."""
+    spent on what tests/test_plots.py and the tests of a run's figures check."""
     if request.node.get_closest_marker("no_figures"):
+        from tests.helpers import skip_figures
+
         skip_figures(monkeypatch)
+
+
+@pytest.fixture
+def fake_metric() -> Iterator[str]:
+    """A metric registered as a contributor would add one (for K > 2, with no batched bootstrap
+    form), removed again afterwards."""
+    from fseb_ft.evaluation.metrics import METRIC_REGISTRY, metric
+
+    @metric(
+        "first_class_rate",
+        title="First class (%)",
+        scale=100.0,
+        higher_is_better=True,
+        applies=lambda k: k > 2,
+    )
+    def first_class_rate(x: MetricInputs) -> Tensor:
+        return (x.probs.argmax(-1) == 0).double().mean()
+
+    yield "first_class_rate"
+    METRIC_REGISTRY.pop("first_class_rate")

@@ -175,6 +175,23 @@ def test_light_modules_load_neither_accelerate_nor_albumentations_nor_sklearn() 
     assert out.stdout.strip() == "[]", f"one of {light} loads {out.stdout.strip()}"
 
 
+def test_no_module_imports_scipy_stats_or_sklearn_at_its_top_level() -> None:
+    # Each costs every command's start 0.6 s (scipy.stats) to 2 s (sklearn) of CPU: the
+    # functions that use them import them.
+    heavy = ("scipy.stats", "sklearn")
+    found = []
+    for name, path in _modules().items():
+        for node in ast.parse(path.read_text()).body:  # the top level only
+            if isinstance(node, ast.Import):
+                imported = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported = [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            found += [f"{name}: {i}" for i in imported if i.startswith(heavy)]
+    assert found == []
+
+
 def test_every_file_is_written_through_a_temporary_name() -> None:
     """Run files are written atomically: to a temporary name, then renamed (fseb_ft.runs.atomic)."""
     writer = re.compile(r"\.write_text\(|\.write_bytes\(|open\([^)]*[\"']w|\.savefig\(|np\.save")

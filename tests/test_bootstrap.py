@@ -10,18 +10,18 @@ from scipy import stats
 
 from fseb_ft.evaluation.bootstrap import (
     Bootstrap,
-    _detection_statistic,
-    _metric_statistics,
     metric_intervals,
     ood_intervals,
     paired_difference_intervals,
 )
-from fseb_ft.evaluation.metrics import classification_metrics
+from fseb_ft.evaluation.metrics import METRIC_REGISTRY, bundle, classification_metrics
 from fseb_ft.evaluation.ood import ood_metrics, ood_score
+from fseb_ft.evaluation.resampled import detection_statistic, metric_statistics
 from fseb_ft.recipe import ConfigError
 from fseb_ft.recipe.reporting import EvalConfig
 
 N, K = 40, 2
+_TASK_METRICS = [name for name, m in METRIC_REGISTRY.items() if m.task]
 DRAWN = Bootstrap(resamples=100, confidence=0.9, seed=3)
 
 
@@ -37,14 +37,49 @@ def test_every_batched_metric_equals_the_registered_one_on_a_resample() -> None:
     drawn = torch.randint(0, N, (N,), generator=torch.Generator().manual_seed(1))
     expected = classification_metrics(log_probs[drawn], labels[drawn])
     counts = np.bincount(drawn.numpy(), minlength=N).astype(float)[:, None]  # (N, 1)
-    found = _metric_statistics(log_probs, labels, list(expected))
+    found = metric_statistics(log_probs, labels, list(expected))
     for name, stat in zip(expected, found, strict=True):
         assert stat(counts)[0] == pytest.approx(float(expected[name]), abs=1e-12), name
     probs_out = torch.log_softmax(torch.randn(30, 2, generator=torch.Generator()), -1).exp()
     s_in, s_out = ood_score("entropy", log_probs.exp()), ood_score("entropy", probs_out)
-    found = _detection_statistic(s_in, s_out)(counts, np.ones((30, 1)))[:, 0]
+    found = detection_statistic(s_in, s_out)(counts, np.ones((30, 1)))[:, 0]
     reference = ood_metrics(log_probs[drawn].exp(), probs_out)
     assert found == pytest.approx([float(v) for v in reference.values()], abs=1e-12)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_every_batched_task_metric_equals_scikit_learns_on_each_resample(k: int) -> None:
+    log_probs, labels = _case(seed=k, k=k)
+    labels[:3] = torch.arange(3) % k  # each class labelled, for the draws of the first images
+    names = [m.name for m in bundle(k, _TASK_METRICS) if m.task and not m.per_class]
+    generator = torch.Generator().manual_seed(2)
+    draws = [torch.randint(0, N, (N,), generator=generator) for _ in range(20)]
+    # Degenerate resamples: one image (one class, every ranking metric NaN), two of one class
+    # and one of another (a class missing for K = 3), the first k images (every class once).
+    draws += [torch.ones(N, dtype=torch.long), torch.tensor([0, 0, 1]), torch.arange(k)]
+    # The 20 highest-scored images of label 0, each once, and 10 of label 1: one and two false
+    # positives are exactly 95 % and 90 % specificity, thresholds the sensitivities count in.
+    negatives, positives = (labels == 0).nonzero()[:, 0], (labels == 1).nonzero()[:, 0]
+    ranked = negatives[log_probs[negatives, 1].argsort(descending=True)]
+    draws.insert(0, torch.cat([ranked[:20], positives[:10]]))
+    counts = np.stack([np.bincount(d.numpy(), minlength=N) for d in draws], 1)  # (N, B)
+    statistics = metric_statistics(log_probs, labels, names)
+    found = np.stack([f(counts.astype(float)) for f in statistics])  # (M, B)
+    for b, drawn in enumerate(draws):
+        expected = classification_metrics(log_probs[drawn], labels[drawn], names)
+        reference = [float(expected[name]) for name in names]
+        assert found[:, b] == pytest.approx(reference, abs=1e-12, nan_ok=True), (b, names)
+    assert np.isnan(found[names.index("average_precision"), -3])  # one class: undefined
+    assert np.isfinite(found[:, -1]).all()  # every class once: all defined
+
+
+def test_a_metric_without_a_batched_form_is_computed_on_each_resample(fake_metric: str) -> None:
+    log_probs, labels = _case(k=3)
+    drawn = torch.randint(0, N, (N,), generator=torch.Generator().manual_seed(4))
+    counts = np.bincount(drawn.numpy(), minlength=N).astype(float)[:, None]  # (N, 1)
+    [found] = metric_statistics(log_probs, labels, [fake_metric])
+    expected = classification_metrics(log_probs[drawn], labels[drawn])[fake_metric]
+    assert found(counts)[0] == pytest.approx(float(expected), abs=1e-12)
 
 
 def test_intervals_equal_scipys_percentile_bootstrap_of_the_registered_metrics() -> None:

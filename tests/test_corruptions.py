@@ -14,6 +14,8 @@ from PIL import Image
 from scipy import ndimage
 
 import fseb_ft.data.corruptions as C
+import fseb_ft.engine.ensemble as ensemble_module
+import fseb_ft.runs.report as report_module
 from fseb_ft.data.images import ArrayImages
 from fseb_ft.data.splits import stratified_split
 from fseb_ft.data.transforms import TransformedImages, eval_transform
@@ -327,6 +329,10 @@ def test_corruption_table_puts_each_temperature_scaled_row_under_its_own() -> No
 def test_run_reports_every_corruption_and_severity_and_reevaluates_from_the_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The corruption figures are checked here; the others would cost seconds, not behaviour.
+    for module in (report_module, ensemble_module):
+        monkeypatch.setattr(module, "write_plots", lambda *args, **kwargs: [])
+        monkeypatch.setattr(module, "write_confusion_plot", lambda *args, **kwargs: None)
     root = tmp_path / "data"
     write_image_folder(root / "ind", "train", {"cat": 12, "dog": 12, "fox": 12})
     write_image_folder(root / "ind", "test", {"cat": 5, "dog": 4, "fox": 4})

@@ -18,6 +18,8 @@ from fseb_ft.recipe import DataConfig, DatasetSpec
 from fseb_ft.recipe.schema import ConfigError
 from tests.helpers import tiny_recipe, write_image_folder
 
+pytestmark = pytest.mark.no_figures  # figures are test_plots.py's and test_pipeline.py's to check
+
 
 def write_images(folder: Path, names: list[str], size: int = 8) -> None:
     """A small noisy PNG per name in ``folder``."""

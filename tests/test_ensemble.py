@@ -49,12 +49,16 @@ def test_runs_and_compare_write_plots(runs: dict[str, Path]) -> None:
 
 
 def test_ensemble_equals_metrics_of_the_naive_average(
-    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+    runs: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     out = tmp_path / "ens"
     argv = [str(runs["psmap"]), str(runs["fseb"]), "--ensemble", "--out", str(out), "--cpu"]
     got = evaluate.main(argv)
     printed = capsys.readouterr().out
+    skip_figures(monkeypatch)  # the ensemble's are checked below; the members' would cost seconds
 
     # The members' own predictions, from the Python API; the single-run CLI gives its record.
     single = evaluate.main([str(runs["psmap"]), "--cpu"])

@@ -70,6 +70,7 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     return out, run(recipe_from_dict(recipe))
 
 
+@pytest.mark.no_figures  # of the re-evaluations: the run's are drawn by the module's fixture
 def test_run_and_evaluate_run_return_results_json_as_a_plain_dict(
     finished: tuple[Path, Any],
 ) -> None:

@@ -12,6 +12,8 @@ from fseb_ft.evaluate import main as evaluate_main
 from fseb_ft.runs.rundir import read_json
 from tests.test_predict_cli import read_only, snapshot, train_tiny_run
 
+pytestmark = pytest.mark.no_figures  # figures are test_plots.py's and test_pipeline.py's to check
+
 
 def test_positional_eval_overrides_reach_the_evaluation(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

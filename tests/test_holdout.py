@@ -22,6 +22,8 @@ from fseb_ft.recipe import DataConfig, DatasetSpec, ImageCacheConfig, recipe_fro
 from fseb_ft.recipe.schema import ConfigError
 from tests.helpers import tiny_recipe
 
+pytestmark = pytest.mark.no_figures  # figures are test_plots.py's and test_pipeline.py's to check
+
 PATIENTS = 24
 
 
@@ -204,9 +206,8 @@ def test_too_few_groups_or_images_name_the_key(tmp_path: Path) -> None:
 
 
 def test_a_run_reports_on_its_test_hold_out_and_re_evaluates_it(
-    table: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    table: Path, tmp_path: Path
 ) -> None:
-    import fseb_ft.runs.report as report_module
     from fseb_ft.engine.reevaluate import evaluate_run
     from fseb_ft.engine.run import run
     from fseb_ft.recipe import load_recipe
@@ -222,8 +223,6 @@ def test_a_run_reports_on_its_test_hold_out_and_re_evaluates_it(
         "group_column": "patient_id",
     }  # fmt: skip
     raw["fseb"]["reg_scale"] = 0.0  # PS-MAP: no context to draw
-    # Which split is reported is in results.json; drawing it costs seconds, not behaviour.
-    monkeypatch.setattr(report_module, "write_plots", lambda *args, **kwargs: [])
     results = run(recipe_from_dict(raw))
     info = json.loads((out / "run.json").read_text())
     records = info["splits"]

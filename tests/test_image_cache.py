@@ -38,6 +38,8 @@ from fseb_ft.runs.loading import validation_split
 from fseb_ft.runs.rundir import RunInfo
 from tests.helpers import tiny_recipe, write_image_folder
 
+pytestmark = pytest.mark.no_figures  # figures are test_plots.py's and test_pipeline.py's to check
+
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
 
 

@@ -4,7 +4,6 @@ function and its decorator; the bundle, the tables and the metric directions all
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -13,7 +12,6 @@ from torch import Tensor
 from fseb_ft.evaluation import metrics as M
 from fseb_ft.evaluation.metrics import (
     METRIC_REGISTRY,
-    MetricInputs,
     classification_metrics,
     higher_is_better,
     metric,
@@ -21,8 +19,6 @@ from fseb_ft.evaluation.metrics import (
 from fseb_ft.recipe import val_ood_metric
 from fseb_ft.recipe.options import SELECT_METRICS
 from fseb_ft.runs.tables import corruption_markdown, markdown_table
-
-FAKE = "first_class_rate"
 
 
 def _inputs(k: int, seed: int, n: int = 200) -> tuple[Tensor, Tensor]:
@@ -85,20 +81,6 @@ def test_each_selective_curve_is_computed_once_per_bundle(monkeypatch: pytest.Mo
     monkeypatch.setattr(M, "selective_prediction", counted)
     classification_metrics(*_inputs(3, seed=1))
     assert len(calls) == 2  # max probability and negative entropy, shared by four metrics
-
-
-@pytest.fixture
-def fake_metric() -> Iterator[str]:
-    """A metric registered as a contributor would add one, removed again afterwards."""
-
-    @metric(
-        FAKE, title="First class (%)", scale=100.0, higher_is_better=True, applies=lambda k: k > 2
-    )
-    def first_class_rate(x: MetricInputs) -> Tensor:
-        return (x.probs.argmax(-1) == 0).double().mean()
-
-    yield FAKE
-    METRIC_REGISTRY.pop(FAKE)
 
 
 def test_a_registered_metric_joins_the_bundle_last_where_it_applies(fake_metric: str) -> None:

@@ -20,6 +20,8 @@ from fseb_ft.recipe import DatasetSpec, recipe_from_dict
 from fseb_ft.runs.tables import markdown_table
 from tests.helpers import kill_after_checkpoint, tiny_recipe, write_image_folder
 
+pytestmark = pytest.mark.no_figures  # figures are test_plots.py's and test_pipeline.py's to check
+
 QUICKSTART = Path(__file__).parents[1] / "recipes" / "quickstart.yaml"
 
 

@@ -1,4 +1,7 @@
-"""End to end on a tiny image folder: train, evaluate, re-evaluate, resume, two processes."""
+"""End to end on a tiny image folder: train, evaluate, re-evaluate, resume, two processes.
+
+The first run and the two processes draw their figures, as every run does; the other tests
+(``no_figures``) are about something else and draw none: half a tiny run's time."""
 
 from __future__ import annotations
 
@@ -88,6 +91,7 @@ def test_end_to_end_run_writes_everything_and_reevaluates_identically(
         assert again["ood"]["owls"][key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
 
 
+@pytest.mark.no_figures
 def test_temperature_scaling_and_ood_scores_end_to_end(
     folders: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -133,6 +137,7 @@ def test_temperature_scaling_and_ood_scores_end_to_end(
     assert again["temperature_scaled"]["temperature"] == pytest.approx(ts["temperature"])
 
 
+@pytest.mark.no_figures
 def test_killed_run_resumes_to_the_same_weights(
     folders: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -190,6 +195,7 @@ class StepCounter(Callback):
         self.steps, self.epochs = state["steps"], list(state["epochs"])
 
 
+@pytest.mark.no_figures
 def test_callback_state_survives_a_kill_and_resume(
     folders: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -227,6 +233,7 @@ def test_callback_state_survives_a_kill_and_resume(
     assert "callbacks" not in json.loads(saved.read_text())
 
 
+@pytest.mark.no_figures
 def test_more_epochs_for_a_finished_run_say_why_and_the_command_that_trains_on(
     folders: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -271,6 +278,7 @@ def test_two_process_run_counts_every_test_sample_once(
     assert json.loads((out / "run.json").read_text())["num_processes"] == 2
 
 
+@pytest.mark.no_figures
 def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(
     folders: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -292,6 +300,7 @@ def fresh_accelerate_state() -> None:
     AcceleratorState._reset_state(reset_partial_state=True)
 
 
+@pytest.mark.no_figures
 @pytest.mark.parametrize(
     ("precision", "environ", "recorded", "warning"),
     [

@@ -38,6 +38,8 @@ from fseb_ft.runs.loading import load_model, load_run_model
 from fseb_ft.runs.rundir import VAL_LOGITS, read_json, read_run, read_val_logits
 from tests.helpers import snapshot
 
+pytestmark = pytest.mark.no_figures  # figures are test_plots.py's and test_pipeline.py's to check
+
 COLUMNS = ["image", "prediction", "probability", "log_odds", "abstain", "entropy", "ood_entropy"]
 N_GOOD = 12  # readable PNGs in the image folder
 

@@ -31,6 +31,8 @@ from fseb_ft.recipe import dump_recipe
 from fseb_ft.runs.report import EvalResults
 from fseb_ft.runs.rundir import RECIPE_FILE, TRAINER_STATE, checkpoint_name
 
+pytestmark = pytest.mark.no_figures  # figures are test_plots.py's and test_pipeline.py's to check
+
 ROOT = Path(__file__).parents[1]
 MODULE_COMMANDS = {command.module: name for name, command in cli.COMMANDS.items()}
 

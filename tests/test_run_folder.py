@@ -16,6 +16,8 @@ from fseb_ft.finetune import run
 from fseb_ft.recipe import recipe_from_dict
 from tests.helpers import snapshot, tiny_recipe, write_image_folder
 
+pytestmark = pytest.mark.no_figures  # figures are test_plots.py's and test_pipeline.py's to check
+
 
 def test_a_compare_output_folder_stands_for_its_runs(tmp_path: Path) -> None:
     for name in ("psmap", "fseb"):

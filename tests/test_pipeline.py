@@ -268,8 +268,9 @@ def test_two_process_run_counts_every_test_sample_once(
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(tiny_recipe(folders, out, epochs=1)))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-           "--master_port=29533", "-m", "fseb_ft.finetune", str(recipe)]  # fmt: skip
+    # --standalone: a free port of the OS's choosing, so two suites at once do not collide.
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "fseb_ft.finetune", str(recipe)]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())

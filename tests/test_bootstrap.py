@@ -88,12 +88,14 @@ def test_intervals_equal_scipys_percentile_bootstrap_of_the_registered_metrics()
     found = metric_intervals(log_probs, labels, names, DRAWN)
     point = classification_metrics(log_probs, labels)
 
-    def registered(i: np.ndarray) -> np.ndarray:  # one resample's indices, the slow way
-        got = classification_metrics(log_probs[torch.from_numpy(i)], labels[torch.from_numpy(i)])
+    def registered(*by_class: np.ndarray) -> np.ndarray:  # one resample, the slow way
+        i = torch.from_numpy(np.concatenate(by_class))
+        got = classification_metrics(log_probs[i], labels[i])
         return np.array([float(got[n]) for n in names])
 
+    # Resampled within each class: each class's indices a sample of its own.
     reference = stats.bootstrap(
-        (np.arange(N),),
+        tuple(np.flatnonzero(labels.numpy() == c) for c in range(K)),
         registered,
         n_resamples=DRAWN.resamples,
         confidence_level=DRAWN.confidence,
@@ -129,3 +131,22 @@ def test_bootstrap_keys_are_checked() -> None:
         EvalConfig(bootstrap=10)
     with pytest.raises(ConfigError, match=r"bootstrap_confidence=1.0"):
         EvalConfig(bootstrap_confidence=1.0)
+
+
+def test_a_rare_class_keeps_its_interval_and_tiny_samples_have_none() -> None:
+    g = torch.Generator().manual_seed(5)
+    labels = torch.zeros(300, dtype=torch.long)
+    labels[:3] = 1  # 3 positives in 300: a plain resample has none 5 % of the time
+    log_probs = torch.log_softmax(torch.randn(300, 2, generator=g) + 2 * labels[:, None], -1)
+    auroc = metric_intervals(log_probs, labels, ["auroc_positive"], DRAWN)["auroc_positive"]
+    assert None not in auroc and auroc[0] < auroc[1]
+    # A class of one image is in every resample as it is; the other is resampled.
+    labels[1:3] = 0
+    assert None not in metric_intervals(log_probs, labels, ["accuracy"], DRAWN)["accuracy"]
+    one = metric_intervals(log_probs[:1], labels[:1], ["accuracy", "nll"], DRAWN)
+    assert one == {"accuracy": [None, None], "nll": [None, None]}
+    s_in, s_out = {"entropy": torch.rand(N, dtype=torch.float64)}, {"entropy": torch.rand(1)}
+    found = ood_intervals(s_in, s_out, DRAWN)  # one OOD image
+    assert set(found) == {"entropy_auroc", "entropy_aupr", "entropy_fpr95"}
+    assert all(pair == [None, None] for pair in found.values())
+    assert ood_intervals({}, {}, DRAWN) == {}  # no score can be computed (an ensemble's energy)

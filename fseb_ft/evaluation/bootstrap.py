@@ -74,23 +74,29 @@ class Bootstrap:
         """What ``results.json`` says of how its intervals were drawn."""
         return {
             "method": "percentile",
+            "strata": "label",
             "confidence": self.confidence,
             "resamples": self.resamples,
             "seed": self.seed,
         }
 
     def intervals(
-        self, statistic: Callable[..., np.ndarray], sizes: Sequence[int]
+        self, statistic: Callable[..., np.ndarray], samples: Sequence[np.ndarray]
     ) -> list[list[float | None]]:
-        """The percentile interval of each row of ``statistic`` (resample indices of each of
-        ``sizes`` samples (B, n_j) → (M, B)), resampling each sample independently."""
+        """The percentile interval of each row of ``statistic`` (the resampled indices of each
+        sample of ``samples``, (B, n_j) each → (M, B)), resampling each sample independently.
+        A sample of fewer than two images cannot be resampled: every interval is then
+        ``None``."""
         from scipy import stats  # 0.6 s to import: not on every command's start
 
+        if any(len(sample) < 2 for sample in samples):
+            rows = statistic(*(np.asarray(sample)[None] for sample in samples)).shape[0]
+            return [[None, None] for _ in range(rows)]
         with warnings.catch_warnings():
             # A resample distribution of one value (two identical runs' difference) is [v, v].
             warnings.simplefilter("ignore", stats.DegenerateDataWarning)
             found = stats.bootstrap(
-                tuple(np.arange(n) for n in sizes),
+                tuple(samples),
                 lambda *idx, axis=-1: statistic(*idx),
                 n_resamples=self.resamples,
                 confidence_level=self.confidence,
@@ -175,10 +181,12 @@ def metric_intervals(
     log_probs: Tensor, labels: Tensor, names: Sequence[str], bootstrap: Bootstrap
 ) -> dict[str, list[float | None]]:
     """``{name: [low, high]}``: the interval of each registered metric of ``names`` over the
-    images of ``(log_probs (N, K), labels (N,))`` resampled; ``None`` where a resample cannot
-    define it (an AUROC of one class)."""
+    images of ``(log_probs (N, K), labels (N,))`` resampled within each class
+    (:func:`_by_label`), so every resample has the split's class counts and a metric of the
+    classes (an AUROC of a rare one) is defined on each."""
     stat = _stacked(metric_statistics(log_probs, labels, names))
-    found = bootstrap.intervals(lambda i: stat(draw_counts(i)), [len(labels)])
+    strata, draw = _by_label(labels)
+    found = bootstrap.intervals(lambda *idx: stat(draw_counts(draw(idx))), strata)
     return dict(zip(names, found, strict=True))
 
 
@@ -191,12 +199,13 @@ def paired_difference_intervals(
         raise ValueError("a paired difference needs the same images in the same order")
     stat_a = _stacked(metric_statistics(*a, names))
     stat_b = _stacked(metric_statistics(*b, names))
+    strata, draw = _by_label(a[1])
 
-    def difference(i: np.ndarray) -> np.ndarray:
-        counts = draw_counts(i)
+    def difference(*idx: np.ndarray) -> np.ndarray:
+        counts = draw_counts(draw(idx))
         return stat_a(counts) - stat_b(counts)
 
-    found = bootstrap.intervals(difference, [len(a[1])])
+    found = bootstrap.intervals(difference, strata)
     return dict(zip(names, found, strict=True))
 
 
@@ -209,7 +218,9 @@ def ood_intervals(
     """``{f"{score}_{auroc|aupr|fpr95}": [low, high]}`` of each OOD score (name → its ``(N_in,)``
     values on the in-distribution images and ``(N_out,)`` on the OOD ones), resampling both
     sets of images independently. With ``minus``, another run's scores on the same images,
-    the intervals are of the difference, on the same resamples."""
+    the intervals are of the difference, on the same resamples. No score: ``{}``."""
+    if not scores_in:
+        return {}
     stats_ = [detection_statistic(scores_in[s], scores_out[s]) for s in scores_in]
     if minus is not None:
         others = [detection_statistic(minus[0][s], minus[1][s]) for s in scores_in]
@@ -219,8 +230,8 @@ def ood_intervals(
         counts_in, counts_out = draw_counts(i), draw_counts(j)
         return np.concatenate([f(counts_in, counts_out) for f in stats_])
 
-    n_in, n_out = len(next(iter(scores_in.values()))), len(next(iter(scores_out.values())))
-    found = bootstrap.intervals(statistic, [n_in, n_out])
+    n_in, n_out = (len(next(iter(scores.values()))) for scores in (scores_in, scores_out))
+    found = bootstrap.intervals(statistic, [np.arange(n_in), np.arange(n_out)])
     keys = [f"{s}_{k}" for s in scores_in for k in ("auroc", "aupr", "fpr95")]
     return dict(zip(keys, found, strict=True))
 
@@ -238,6 +249,25 @@ def ood_score_values(
         for name in names
         if available(name, (logits,), (features,))
     }
+
+
+def _by_label(
+    labels: Tensor,
+) -> tuple[list[np.ndarray], Callable[[Sequence[np.ndarray]], np.ndarray]]:
+    """The strata of a resample within classes: the indices of each class of ``labels`` (N,)
+    with two images or more, and a function from their resampled indices ((B, n_k) each) to a
+    whole resample (B, N), which also holds every image of a class of one (the only resample
+    of one image is itself)."""
+    found = labels.numpy()
+    strata = [np.flatnonzero(found == c) for c in np.unique(found)]
+    fixed = np.concatenate([s for s in strata if len(s) < 2] or [np.empty(0, np.int64)])
+    strata = [s for s in strata if len(s) >= 2] or [np.empty(0, np.int64)]
+
+    def draw(idx: Sequence[np.ndarray]) -> np.ndarray:
+        rows = idx[0].shape[0]
+        return np.concatenate([*idx, np.broadcast_to(fixed, (rows, len(fixed)))], axis=1)
+
+    return strata, draw
 
 
 def _stacked(statistics: Sequence[Statistic]) -> Statistic:

@@ -317,7 +317,8 @@ def intervals_markdown(
     how = next(iter(rows.values()))
     lines = [
         f"\n{how['confidence']:.0%} bootstrap intervals ({how['method']}, {how['resamples']} "
-        "resamples of the evaluated images, the model held fixed: not seed-to-seed variation):\n",
+        "resamples of the evaluated images, within each class for the test metrics; the model "
+        "held fixed: not seed-to-seed variation):\n",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
     ]

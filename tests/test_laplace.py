@@ -225,6 +225,7 @@ def test_diag_fit_is_laplace_torchs_own_fit(bias: bool, monkeypatch: pytest.Monk
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", r"`torch\.jit\.script` is deprecated", FutureWarning)
         reference.fit(DataLoader(train, batch_size=40))
+    assert isinstance(fit.posterior.backend, llla._linear_ggn_backend())  # fseb_ft's diagonal
     assert fit.posterior.H.shape == (p,) and fit.posterior.n_data == reference.n_data == 40
     torch.testing.assert_close(fit.posterior.H, reference.H, rtol=1e-12, atol=0)
     torch.testing.assert_close(fit.posterior.loss, reference.loss, rtol=1e-12, atol=0)

@@ -1,5 +1,6 @@
 """The last-layer Laplace (fseb_ft.evaluation.laplace) against laplace-torch's own call on a whole
-network, in float64: fitted on the features, it must give the same probit predictive."""
+network, in float64: fitted on the features, it must give the same probit predictive; its closed
+forms (the kron variance, the diag GGN) against laplace-torch's generic Jacobian paths."""
 
 from __future__ import annotations
 
@@ -15,7 +16,13 @@ from torch.utils.data import DataLoader, TensorDataset
 from fseb_ft.errors import FsebError
 from fseb_ft.evaluation import laplace as llla
 from fseb_ft.evaluation.features import linear_classifier
-from fseb_ft.evaluation.laplace import fit_last_layer_laplace, laplace_logits, laplace_torch
+from fseb_ft.evaluation.laplace import (
+    fit_last_layer_laplace,
+    kron_output_variance,
+    laplace_logits,
+    laplace_torch,
+    linear_ggn_diagonal,
+)
 from fseb_ft.evaluation.predictions import predict_logits, predict_with_features
 from tests.helpers import TinyNet
 
@@ -125,6 +132,113 @@ def test_llla_only_tempers_the_map_logits(trained: dict, hessian: str) -> None:
     kappa = got / map_logits  # (N, K)
     assert ((kappa > 0) & (kappa <= 1)).all() and (kappa < 1).any()
     assert torch.equal(got.argmax(-1), map_logits.argmax(-1))
+
+
+def _random_fit(
+    d: int, k: int, bias: bool, hessian: str
+) -> tuple[llla.LaplaceFit, TensorDataset, torch.Tensor]:
+    """LLLA fitted at prior precision 0.3 on 40 random float64 features of a random classifier:
+    the fit, its training set and 9 new features."""
+    generator = torch.Generator().manual_seed(0)
+
+    def draw(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator, dtype=torch.float64)
+
+    h, weight, b = draw(40, d), draw(k, d), draw(k) if bias else None
+    labels = torch.randint(0, k, (40,), generator=generator)
+    fit = fit_last_layer_laplace(h, labels, weight, b, hessian, 0.3)
+    return fit, TensorDataset(h, labels), draw(9, d)
+
+
+def _jacobian_variance(la, x: torch.Tensor) -> torch.Tensor:  # laplace-torch's generic Var[f]
+    jacobians, _ = la.backend.last_layer_jacobians(x)  # (N, K, P)
+    return la.functional_variance(jacobians).diagonal(dim1=1, dim2=2)  # (N, K)
+
+
+@pytest.mark.parametrize(
+    ("d", "k", "bias", "prior", "temperature"),
+    [
+        (7, 3, True, None, 1.0),
+        (7, 3, False, None, 1.0),
+        (4, 6, True, None, 0.5),  # fewer features than classes; a tempered posterior
+        (12, 2, False, None, 1.0),
+        (5, 4, True, [0.5, 2.0], 1.0),  # a prior precision per block: weight, bias
+    ],
+)
+def test_kron_variance_is_laplace_torchs_functional_variance(
+    d: int, k: int, bias: bool, prior: list[float] | None, temperature: float
+) -> None:
+    fit, _, x = _random_fit(d, k, bias, "kron")
+    la = fit.posterior
+    la.temperature = temperature
+    if prior is not None:
+        la.prior_precision = torch.tensor(prior, dtype=torch.float64)
+    got = kron_output_variance(la.posterior_precision, x)
+    want = _jacobian_variance(la, x)
+    assert got is not None and got.shape == (9, k)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=0)
+
+
+def test_kron_predictive_takes_the_closed_form_and_falls_back_for_a_damped_precision(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fit, _, x = _random_fit(5, 3, True, "kron")
+    la = fit.posterior
+    calls = []
+    generic = la.functional_variance
+    monkeypatch.setattr(la, "functional_variance", lambda js: calls.append(js) or generic(js))
+
+    closed = laplace_logits(fit, x)
+    assert not calls  # no Jacobians: the closed form
+    want = la(x, pred_type="glm", link_approx="probit")  # laplace-torch's own, by Jacobians
+    torch.testing.assert_close(torch.softmax(closed, -1), want, rtol=0, atol=1e-12)
+
+    # laplace-torch 0.3 drops `damping` when it scales H into the posterior precision, so a
+    # damped one is built by hand: the closed form does not handle it and must step aside.
+    precision = la.posterior_precision
+    damped = type(precision)(
+        precision.eigenvectors, precision.eigenvalues, precision.deltas, damping=True
+    )
+    monkeypatch.setattr(type(la), "posterior_precision", property(lambda self: damped))
+    assert kron_output_variance(damped, x) is None
+    calls.clear()
+    fallback = laplace_logits(fit, x)
+    assert calls
+    want = la(x, pred_type="glm", link_approx="probit")
+    torch.testing.assert_close(torch.softmax(fallback, -1), want, rtol=0, atol=1e-12)
+    assert not torch.allclose(fallback, closed)  # the damping mattered: the test can fail
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_diag_fit_is_laplace_torchs_own_fit(bias: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same diagonal GGN, loss and N as laplace-torch's default backend, which contracts
+    the (B, K, P) Jacobians; in one batch there, in three here."""
+    p = (6 + bias) * 4
+    monkeypatch.setattr(llla, "_JACOBIAN_BYTES", 8 * 4 * p * 16)  # batches of 16 of 40 images
+    fit, train, _ = _random_fit(6, 4, bias, "diag")
+    reference = laplace_torch().Laplace(
+        fit.posterior.model.model,  # the nn.Sequential holding the classifier
+        "classification",
+        subset_of_weights="last_layer",
+        hessian_structure="diag",
+    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"`torch\.jit\.script` is deprecated", FutureWarning)
+        reference.fit(DataLoader(train, batch_size=40))
+    assert isinstance(fit.posterior.backend, llla._linear_ggn_backend())  # fseb_ft's diagonal
+    assert fit.posterior.H.shape == (p,) and fit.posterior.n_data == reference.n_data == 40
+    torch.testing.assert_close(fit.posterior.H, reference.H, rtol=1e-12, atol=0)
+    torch.testing.assert_close(fit.posterior.loss, reference.loss, rtol=1e-12, atol=0)
+
+
+def test_linear_ggn_diagonal_by_hand() -> None:
+    """Two classes at logits 0: p = 1/2, p − p² = 1/4 for each; h = (1, 2) gives the weights'
+    1/4 · h² per class row, the biases 1/4."""
+    features = torch.tensor([[1.0, 2.0]], dtype=torch.float64)
+    logits = torch.zeros(1, 2, dtype=torch.float64)
+    want = torch.tensor([0.25, 1.0, 0.25, 1.0, 0.25, 0.25], dtype=torch.float64)
+    assert torch.equal(linear_ggn_diagonal(features, logits, bias=True), want)
+    assert torch.equal(linear_ggn_diagonal(features, logits, bias=False), want[:4])
 
 
 def test_full_hessian_of_a_large_head_is_refused(

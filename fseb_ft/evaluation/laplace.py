@@ -15,17 +15,27 @@ posterior ``N(θ_MAP, Σ)`` (Daxberger et al., 2021, "Laplace Redux"):
   by the probit approximation (MacKay, 1992): ``softmax(κ ⊙ f_μ)``,
   ``κ_c = (1 + π/8 · Var[f_c])^(-1/2)``.
 
-laplace-torch does the fitting, the prior's tuning and the functional variance, on an
+laplace-torch does the fitting and the prior's tuning, on an
 ``nn.Sequential(nn.Identity(), nn.Linear)`` holding the classifier's weights, so that its own
-last-layer class fits exactly the classifier on the features given. :func:`laplace_logits`
-returns the probit-scaled logits ``κ ⊙ f_μ``, whose softmax is laplace-torch's probit
-predictive: every function of logits (entropy, MSP, max logit, energy) applies to them.
-Everything runs in float64 on the features' device.
+last-layer class fits exactly the classifier on the features given. Two of its generic steps go
+through ``(B, K, P)`` Jacobians, which a linear classifier does not need; fseb_ft computes them
+in closed form instead, pinned to laplace-torch's own results by tests:
+
+- the ``kron`` predictive's ``Var[f_c]`` from the eigendecomposed Kronecker factors of
+  laplace-torch's posterior precision (:func:`kron_output_variance`), where laplace-torch's
+  ``KronLLLaplace.functional_variance_fast`` is not implemented;
+- the ``diag`` GGN (:func:`linear_ggn_diagonal`), handed to laplace-torch's ``fit`` through its
+  documented ``backend`` interface, where its generic one contracts the Jacobians by ``einsum``.
+
+:func:`laplace_logits` returns the probit-scaled logits ``κ ⊙ f_μ``, whose softmax is
+laplace-torch's probit predictive: every function of logits (entropy, MSP, max logit, energy)
+applies to them. Everything runs in float64 on the features' device.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import warnings
 from collections.abc import Iterator
@@ -45,8 +55,10 @@ __all__ = [
     "LAPLACE_MISSING",
     "LaplaceFit",
     "fit_last_layer_laplace",
+    "kron_output_variance",
     "laplace_logits",
     "laplace_torch",
+    "linear_ggn_diagonal",
 ]
 
 LAPLACE_MISSING = "eval.laplace needs laplace-torch: pip install 'fseb_ft[laplace]'"
@@ -139,6 +151,7 @@ def fit_last_layer_laplace(
         subset_of_weights="last_layer",
         hessian_structure=hessian,
         last_layer_name=_LAST_LAYER,
+        backend=_linear_ggn_backend() if hessian == "diag" else None,
     )
     batch = _batch_size(k, n_weights)
     with _quiet_jit():
@@ -151,16 +164,97 @@ def fit_last_layer_laplace(
 @torch.no_grad()
 def laplace_logits(fit: LaplaceFit, features: Tensor) -> Tensor:
     """The probit-scaled logits ``κ ⊙ f_μ`` ``(N, K)``, float64, of ``features`` ``(N, D)``:
-    their softmax is laplace-torch's GLM predictive with ``link_approx="probit"``."""
+    their softmax is laplace-torch's GLM predictive with ``link_approx="probit"``.
+
+    ``Var[f_c]`` is :func:`kron_output_variance`'s closed form for a ``kron`` fit it handles,
+    else laplace-torch's ``functional_variance`` of the last-layer Jacobians."""
     h = check_float_matrix(features, "features").double()
     la = fit.posterior
+    f_var = kron_output_variance(la.posterior_precision, h) if fit.hessian == "kron" else None
+    if f_var is None:
+        f_mu, f_var = _jacobian_variance(la, h)  # (N, K), (N, K)
+    else:
+        f_mu = la.model(h)  # (N, K)
+    return f_mu * torch.rsqrt(1.0 + math.pi / 8.0 * f_var)  # (N, K)
+
+
+def kron_output_variance(precision: Any, features: Tensor) -> Tensor | None:
+    """``Var[f_c]`` ``(N, K)`` of a linear classifier's logits under laplace-torch's Kronecker
+    posterior, in closed form; ``None`` for a posterior of another form.
+
+    ``precision`` is laplace-torch's ``KronDecomposed`` posterior precision of one
+    ``nn.Linear(D, K)``: a weight block with factors ``B`` ``(K, K)`` (the logits' curvature) and
+    ``A`` ``(D, D)`` (the features'), eigendecomposed as ``B = Q_B diag(μ) Q_Bᵀ``,
+    ``A = Q_A diag(λ) Q_Aᵀ``, whose precision is ``B ⊗ A + δ_W I`` over ``W`` flattened row by
+    row (temperature already in ``μ`` and ``λ``, the prior precision in ``δ``); and, with a bias, a
+    bias block ``B + δ_b I`` (laplace-torch's ``KronDecomposed._bmm``). The Jacobian of ``f_c`` in
+    ``W`` is ``e_c ⊗ h``, so
+
+        Var[f_c] = Σ_{j,i} Q_B[c, j]² (Q_Aᵀ h)_i² / (μ_j λ_i + δ_W) + Σ_j Q_B[c, j]² / (μ_j + δ_b),
+
+    ``O(N D²)`` for the projection ``Q_Aᵀ h`` where the Jacobians cost ``O(N K² D)`` in memory
+    and ``O(N K² D²)`` in time. ``None`` (take the Jacobians) for a damped precision or blocks
+    of other sizes.
+    """
+    sizes = [tuple(len(values) for values in block) for block in precision.eigenvalues]
+    k, d = len(precision.eigenvalues[0][0]), features.shape[1]
+    if precision.damping or sizes not in ([(k, d)], [(k, d), (k,)]):
+        return None
+    (q_out, q_in), (mu, lam) = precision.eigenvectors[0], precision.eigenvalues[0]
+    inverse = 1.0 / (torch.outer(mu, lam) + precision.deltas[0])  # (K, D)
+    projected = (features @ q_in).square()  # (N, D)
+    variance = projected @ inverse.T @ q_out.square().T  # (N, K)
+    if len(sizes) == 2:
+        (q_bias,), (mu_bias,) = precision.eigenvectors[1], precision.eigenvalues[1]
+        variance = variance + q_bias.square() @ (1.0 / (mu_bias + precision.deltas[1]))  # (N, K)
+    return variance
+
+
+def linear_ggn_diagonal(features: Tensor, logits: Tensor, bias: bool) -> Tensor:
+    """The diagonal ``(P,)`` of the softmax cross-entropy's GGN ``Σ_n J_nᵀ Λ_n J_n`` in a linear
+    classifier's weights, ``W`` ``(K, D)`` flattened row by row, then ``b`` when ``bias``
+    (laplace-torch's order): with ``Λ_n = diag(p_n) − p_n p_nᵀ`` and ``J_n`` selecting ``h_n``
+    for ``W``'s row ``c`` and 1 for ``b_c``, ``Σ_n (p_nc − p_nc²) h_ni²`` and
+    ``Σ_n (p_nc − p_nc²)``.
+
+    Args:
+        features: ``(N, D)`` the classifier's inputs ``h_n``.
+        logits: ``(N, K)`` its outputs.
+        bias: whether the classifier has a bias.
+    """
+    probs = torch.softmax(logits, dim=-1)  # (N, K)
+    curvature = probs - probs.square()  # (N, K): Λ_n's diagonal
+    weight = curvature.T @ features.square()  # (K, D)
+    return torch.cat([weight.flatten(), curvature.sum(0)] if bias else [weight.flatten()])
+
+
+@functools.cache
+def _linear_ggn_backend() -> type:
+    """laplace-torch's default GGN backend whose ``diag`` is :func:`linear_ggn_diagonal`: the
+    ``backend`` argument is laplace-torch's interface for a curvature's source, and ``diag``
+    returns what its ``fit`` sums, the batch's summed cross-entropy and diagonal."""
+
+    class LinearGGN(laplace_torch().curvature.CurvlinopsGGN):
+        def diag(self, x: Tensor, y: Tensor, **kwargs: Any) -> tuple[Tensor, Tensor]:
+            with torch.no_grad():
+                logits, features = self.model.forward_with_features(x)  # (B, K), (B, D)
+                has_bias = self.model.last_layer.bias is not None
+                loss = self.factor * self.lossfunc(logits, y)
+                return loss, linear_ggn_diagonal(features, logits, has_bias)
+
+    return LinearGGN
+
+
+def _jacobian_variance(la: Any, h: Tensor) -> tuple[Tensor, Tensor]:
+    """``f_μ`` and ``Var[f_c]`` ``(N, K)`` by laplace-torch's generic path: last-layer Jacobians
+    and its ``functional_variance``."""
     k = la.model.last_layer.out_features
-    out = []
+    means, variances = [h.new_zeros(0, k)], [h.new_zeros(0, k)]
     for chunk in h.split(_batch_size(k, la.n_params)):
         jacobians, f_mu = la.backend.last_layer_jacobians(chunk)  # (B, K, P), (B, K)
-        f_var = la.functional_variance(jacobians).diagonal(dim1=1, dim2=2)  # (B, K)
-        out.append(f_mu * torch.rsqrt(1.0 + math.pi / 8.0 * f_var))  # (B, K)
-    return torch.cat(out) if out else h.new_zeros(0, k)
+        means.append(f_mu)
+        variances.append(la.functional_variance(jacobians).diagonal(dim1=1, dim2=2))  # (B, K)
+    return torch.cat(means), torch.cat(variances)
 
 
 @contextlib.contextmanager

@@ -5,6 +5,8 @@ network itself (FS-VI's Monte-Carlo predictive) gets the separate pass, with the
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -14,6 +16,7 @@ from torch import Tensor, nn
 from fseb_ft.data.images import ArrayImages
 from fseb_ft.data.inputs import InputSpec
 from fseb_ft.data.splits import Splits
+from fseb_ft.errors import FsebError
 from fseb_ft.evaluation.features import feature_scores, predict_features
 from fseb_ft.evaluation.predictions import eval_loader, predict_splits
 from fseb_ft.recipe import EvalConfig
@@ -90,3 +93,14 @@ def test_each_set_is_forwarded_once_and_scored_as_by_its_own_feature_pass(wrappe
             got = found.ood_feature_scores[ood][name]
             torch.testing.assert_close(got, want["ood_feature_scores"][ood][name], rtol=0, atol=0)
     assert torch.equal(found.feature_fit.means, want["feature_fit"].means)
+    # Feature scores alone fit no last-layer Laplace (it needs eval.laplace, and laplace-torch).
+    assert found.laplace is None and not found.fit
+
+
+def test_a_classifier_llla_cannot_fit_is_refused_before_any_pass() -> None:
+    net = _Counted().eval()
+    net.head = nn.Sequential(net.head)  # not an nn.Linear
+    cfg = dataclasses.replace(CFG, laplace=True)
+    with pytest.raises(FsebError, match=r"eval\.laplace needs a linear classifier"):
+        predict_splits(net, _splits(), SPEC, cfg, Accelerator(cpu=True), 0, 0)
+    assert net.seen == 0

@@ -714,6 +714,7 @@ def test_all_exports() -> None:
         "metric",
         "metric_inputs",
         "sensitivity_at_specificity",
+        "top_label_bins",
     }
     assert set(O.__all__) == {
         "available",

@@ -106,15 +106,15 @@ def evaluate_run_with_predictions(
 
 
 def _rewrite_results(run_dir: Path, results: EvalResults, title: str) -> None:
-    """Write the results into the run, with the feature scores' fit when they were computed
-    (then the model folder's ``fseb.json`` and card are refreshed, to list the scores it can
-    compute); a folder the OS refuses to write to is left as it is."""
+    """Write the results into the run, with the feature scores' fit when they were computed,
+    then refresh an exported model folder's ``fseb.json`` and card (its results, and the feature
+    scores it can compute); a folder the OS refuses to write to is left as it is."""
     try:
         write_results(run_dir, results.results, title, results.predictions)
         if results.predictions.feature_fit is not None:
             write_feature_fit(run_dir, results.predictions.feature_fit)
-            if is_exported(run_dir):
-                write_model_card(run_dir)
+        if is_exported(run_dir):
+            write_model_card(run_dir)
     except OSError as err:
         if not is_not_writable(err):
             raise

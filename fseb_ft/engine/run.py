@@ -48,6 +48,7 @@ from fseb_ft.engine.run_callbacks import builtin_callbacks
 from fseb_ft.engine.run_checks import check_data, class_count, reported_task_metrics
 from fseb_ft.engine.speed import apply_speed_keys
 from fseb_ft.evaluation.bootstrap import Bootstrap
+from fseb_ft.evaluation.features import laplace_classifier
 from fseb_ft.evaluation.predictions import eval_loader, predict_splits
 from fseb_ft.method.context import context_sets, context_stream, resolve_prior_on_pool
 from fseb_ft.method.likelihood import class_weights
@@ -235,6 +236,8 @@ def _model_and_objective(
     """The model, its input spec, the loaders (the validation OOD sets' prepared apart), the
     objective, optimiser and schedule; everything prepared, the context still to come."""
     model = create_model(recipe.model, data.num_classes, in_chans=recipe.data.channels)
+    if recipe.eval.laplace:  # its classifier checked now, not only after training
+        laplace_classifier(model, recipe.eval)
     spec = input_spec(model, recipe.model, recipe.data)
     check_cache_size(recipe.data.cache, spec.size, recipe.model.name)
     kw, size = _loader_kw(recipe), recipe.eval.batch_size

@@ -43,6 +43,7 @@ from torch import Tensor
 
 from fseb_ft.errors import FsebError
 from fseb_ft.evaluation.checks import check_float_matrix, describe, to_float64
+from fseb_ft.recipe.options import FEATURE_OOD_SCORES
 
 __all__ = [
     "FEATURE_SCORES",
@@ -60,7 +61,7 @@ __all__ = [
     "vim_score",
 ]
 
-FEATURE_SCORES = ("mahalanobis", "relative_mahalanobis", "knn", "vim")
+FEATURE_SCORES = FEATURE_OOD_SCORES
 """The feature-space scores, in the order of :data:`~fseb_ft.recipe.options.OOD_SCORES`."""
 
 _KNN_CHUNK = 256  # rows scored at once: bounds the (rows, N_train) similarity matrix

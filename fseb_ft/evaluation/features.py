@@ -23,7 +23,13 @@ from tqdm.auto import tqdm
 
 from fseb_ft.errors import FsebError
 from fseb_ft.evaluation.feature_ood import FEATURE_SCORES, feature_ood_score, fit_feature_ood
-from fseb_ft.evaluation.laplace import LaplaceFit, fit_last_layer_laplace, laplace_logits
+from fseb_ft.evaluation.laplace import (
+    LaplaceFit,
+    check_hessian_size,
+    fit_last_layer_laplace,
+    laplace_logits,
+    laplace_torch,
+)
 from fseb_ft.method.posterior import unwrap_model
 from fseb_ft.recipe import EvalConfig
 
@@ -31,6 +37,7 @@ __all__ = [
     "LaplaceLogits",
     "feature_scores",
     "fit_laplace_logits",
+    "laplace_classifier",
     "laplace_validates",
     "linear_classifier",
     "predict_features",
@@ -159,6 +166,21 @@ def _vim_classifier(network: nn.Module, required: bool) -> tuple[Tensor | None, 
     head = linear_classifier(network, "eval.ood_scores: vim")
     bias = None if head.bias is None else head.bias.detach().float().cpu()
     return head.weight.detach().float().cpu(), bias
+
+
+def laplace_classifier(network: nn.Module, cfg: EvalConfig) -> nn.Linear:
+    """The classifier ``eval.laplace`` fits, checked before any pass: laplace-torch installed,
+    a linear classifier, and one small enough for ``eval.laplace_hessian=full``.
+
+    Raises:
+        FsebError: naming what to change.
+    """
+    laplace_torch()
+    head = linear_classifier(network, "eval.laplace")
+    check_hessian_size(
+        cfg.laplace_hessian, head.in_features, head.out_features, head.bias is not None
+    )
+    return head
 
 
 def linear_classifier(network: nn.Module, key: str) -> nn.Linear:

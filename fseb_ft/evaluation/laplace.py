@@ -54,6 +54,7 @@ __all__ = [
     "FULL_MAX_WEIGHTS",
     "LAPLACE_MISSING",
     "LaplaceFit",
+    "check_hessian_size",
     "fit_last_layer_laplace",
     "kron_output_variance",
     "laplace_logits",
@@ -136,13 +137,8 @@ def fit_last_layer_laplace(
     h = check_float_matrix(features, "features").double()
     head = _head(weight, bias, h.device)
     k, d = head[1].weight.shape
+    check_hessian_size(hessian, d, k, bias is not None)
     n_weights = sum(p.numel() for p in head.parameters())
-    if hessian == "full" and n_weights > FULL_MAX_WEIGHTS:
-        raise FsebError(
-            f"eval.laplace_hessian=full: this classifier has {n_weights} weights ({d} features "
-            f"+ 1, times {k} classes), above {FULL_MAX_WEIGHTS} for a full {n_weights}² matrix; "
-            "use eval.laplace_hessian=kron"
-        )
     if labels.shape != (h.shape[0],):
         raise ValueError(f"`labels` must have shape ({h.shape[0]},), got {describe(labels)}")
     la = laplace_torch().Laplace(
@@ -153,12 +149,29 @@ def fit_last_layer_laplace(
         last_layer_name=_LAST_LAYER,
         backend=_linear_ggn_backend() if hessian == "diag" else None,
     )
-    batch = _batch_size(k, n_weights)
+    jacobians = _batch_size(k, n_weights)  # the full GGN's and the validation grid's batches
+    # kron and diag build no (B, K, P) Jacobians: their batches are bounded by the features'.
+    batch = jacobians if hessian == "full" else max(1, _JACOBIAN_BYTES // (8 * (d + k)))
     with _quiet_jit():
         la.fit(_loader(h, labels, batch))
-        _tune_prior(la, prior, val, batch)
+        _tune_prior(la, prior, val, jacobians)
     method = prior if isinstance(prior, str) else "fixed"
     return LaplaceFit(hessian, method, float(la.prior_precision), la)
+
+
+def check_hessian_size(hessian: str, features: int, classes: int, bias: bool) -> None:
+    """Refuse ``full`` for a classifier of more than :data:`FULL_MAX_WEIGHTS` weights.
+
+    Raises:
+        FsebError: naming the classifier's size and the structure to use instead.
+    """
+    n_weights = (features + int(bias)) * classes
+    if hessian == "full" and n_weights > FULL_MAX_WEIGHTS:
+        raise FsebError(
+            f"eval.laplace_hessian=full: this classifier has {n_weights} weights ({features} "
+            f"features{' + 1' if bias else ''}, times {classes} classes), above "
+            f"{FULL_MAX_WEIGHTS} for a full {n_weights}² matrix; use eval.laplace_hessian=kron"
+        )
 
 
 @torch.no_grad()

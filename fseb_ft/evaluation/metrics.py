@@ -73,6 +73,7 @@ __all__ = [
     "predictive_entropy",
     "selective_prediction",
     "sensitivity_at_specificity",
+    "top_label_bins",
 ]
 
 
@@ -233,7 +234,7 @@ def ece(probs: Tensor, labels: Tensor, n_bins: int = 15) -> Tensor:
     Returns:
         0-dim float64 tensor in ``[0, 1]``.
     """
-    conf64, correct, bin_idx = _top_label_bins(probs, labels, n_bins)  # (N,) each
+    conf64, correct, bin_idx = top_label_bins(probs, labels, n_bins)  # (N,) each
     gap = torch.zeros(n_bins, dtype=torch.float64, device=conf64.device)  # (n_bins,)
     gap.scatter_add_(0, bin_idx, correct - conf64)  # (n_bins,) Σ_{i∈B_b} (a_i - c_i)
     return gap.abs().sum() / conf64.shape[0]
@@ -256,7 +257,7 @@ def calibration_bins(probs: Tensor, labels: Tensor, n_bins: int = 15) -> dict[st
         ``confidence`` and ``accuracy`` ``(n_bins,)``, the mean top-label confidence and the
         fraction correct in each bin, NaN for empty bins. All float64.
     """
-    conf64, correct, bin_idx = _top_label_bins(probs, labels, n_bins)  # (N,) each
+    conf64, correct, bin_idx = top_label_bins(probs, labels, n_bins)  # (N,) each
     zeros = torch.zeros(n_bins, dtype=torch.float64, device=conf64.device)  # (n_bins,)
     count = zeros.scatter_add(0, bin_idx, torch.ones_like(conf64))  # (n_bins,)
     sum_conf = zeros.scatter_add(0, bin_idx, conf64)  # (n_bins,)
@@ -270,7 +271,7 @@ def calibration_bins(probs: Tensor, labels: Tensor, n_bins: int = 15) -> dict[st
     }
 
 
-def _top_label_bins(probs: Tensor, labels: Tensor, n_bins: int) -> tuple[Tensor, Tensor, Tensor]:
+def top_label_bins(probs: Tensor, labels: Tensor, n_bins: int) -> tuple[Tensor, Tensor, Tensor]:
     """Top-label confidence (float64), correctness (0/1 float64) and ECE bin index, each (N,)."""
     probs = check_float_matrix(probs, "probs")
     labels = check_labels(labels, probs.shape[0], probs.shape[1])

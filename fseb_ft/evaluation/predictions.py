@@ -25,8 +25,8 @@ from fseb_ft.evaluation.features import (
     LaplaceLogits,
     feature_scores,
     fit_laplace_logits,
+    laplace_classifier,
     laplace_validates,
-    linear_classifier,
     predict_features,
     wants_feature_scores,
 )
@@ -67,8 +67,8 @@ class Predictions:
     """OOD set name → logits (N_o, K); empty for an ensemble."""
     val: tuple[Tensor, Tensor] | None = None
     """(logits (N_v, K), labels (N_v,)) on the validation split, for ``eval.temperature_scaling``
-    and ``eval.conformal`` (an ensemble's: its log-probabilities, which softmax treats alike);
-    ``None`` when neither is on."""
+    and ``eval.conformal``, and for LLLA's ``eval.laplace_prior=validation`` (an ensemble's: its
+    log-probabilities, which softmax treats alike); ``None`` when none of them is on."""
     split: str = TEST_SPLIT
     """The split behind ``test`` and the corruptions: ``TEST_SPLIT`` or ``VALIDATION_SPLIT``."""
     groups: Groups | None = None
@@ -136,7 +136,9 @@ class Predictions:
 
         test_logits = None if self.test_logits is None else self.test_logits / temperature
         ood_logits = {name: z / temperature for name, z in self.ood_logits.items()}
-        return Predictions(
+        # Every other field (labels, groups, feature scores, ...) is kept as it is.
+        return dataclasses.replace(
+            self,
             test=(
                 scale(self.test[0] if self.test_logits is None else self.test_logits),
                 self.test[1],
@@ -146,16 +148,11 @@ class Predictions:
                 name: {sev: scale(lp) for sev, lp in by_sev.items()}
                 for name, by_sev in self.corruptions.items()
             },
-            corruption_labels=self.corruption_labels,
             test_logits=test_logits,
             ood_logits=ood_logits,
             val=None if self.val is None else (self.val[0] / temperature, self.val[1]),
-            split=self.split,
-            groups=self.groups,
-            class_names=self.class_names,
-            test_feature_scores=self.test_feature_scores,
-            ood_feature_scores=self.ood_feature_scores,
-            feature_fit=self.feature_fit,
+            laplace=None,
+            fit={},
         )
 
 
@@ -208,8 +205,12 @@ def predict_with_features(
                 logits = model(x)  # (B, K)
             batch = [logits.float(), y]
             if classifier is not None:
-                batch.append(inputs[-1].float().flatten(1))  # (B, D)
-                inputs.clear()
+                if len(inputs) != 1:  # the features would not be those the fit was made on
+                    raise RuntimeError(
+                        f"the classifier ran {len(inputs)} times in one forward pass: its input "
+                        "is not one set of penultimate features"
+                    )
+                batch.append(inputs.pop().float().flatten(1))  # (B, D)
             for kept, part in zip(found, accelerator.gather_for_metrics(batch), strict=False):
                 kept.append(part.cpu())
     finally:
@@ -253,9 +254,9 @@ def predict_splits(
     def loader(data: Any) -> DataLoader:
         return accelerator.prepare(eval_loader(data, spec, cfg.batch_size, num_workers, seed))
 
+    head = _recorded_classifier(model, network, cfg)  # first: LLLA's checks before any pass
     needs_train = cfg.laplace or wants_feature_scores(cfg.ood_scores)
     train = predict_features(network, loader(splits.train), accelerator) if needs_train else None
-    head = _recorded_classifier(model, network, cfg)
 
     def scored(data: Any) -> _Scored:
         return predict_with_features(model, loader(data), accelerator, head)
@@ -278,7 +279,7 @@ def predict_splits(
     elif _wants_val(cfg) and splits.val is not None:
         val = scored(splits.val)
     laplace = None
-    if head is not None and train is not None:
+    if cfg.laplace and head is not None and train is not None:
         val_features = None if val is None or val[2] is None else (val[2], val[1])
         laplace = fit_laplace_logits(head, train, val_features, cfg, _maths_device(accelerator))
     corrupted = corruption_subset(reported, cfg.corruption_limit, cfg.corruption_seed)
@@ -335,7 +336,7 @@ def _recorded_classifier(model: nn.Module, network: nn.Module, cfg: EvalConfig) 
     classifier of another kind may take other inputs: both get a pass of their own); ``None``:
     nothing to record."""
     if cfg.laplace:
-        return linear_classifier(network, "eval.laplace")
+        return laplace_classifier(network, cfg)
     head = unwrap_model(network).get_classifier()
     same = unwrap_model(model) is unwrap_model(network)
     if wants_feature_scores(cfg.ood_scores) and same and isinstance(head, nn.Linear):

@@ -21,8 +21,8 @@ from fseb_ft.evaluation.metrics import (
     METRIC_REGISTRY,
     Metric,
     MetricInputs,
-    _top_label_bins,  # the ECE's bins, shared so a resample bins exactly as ece() does
     metric_inputs,
+    top_label_bins,  # the ECE's bins, shared so a resample bins exactly as ece() does
 )
 
 __all__ = ["Statistic", "detection_statistic", "draw_counts", "metric_statistics"]
@@ -86,7 +86,7 @@ def _group_sums(group: np.ndarray, groups: int, weight: np.ndarray | None = None
 
 
 def _ece_of(probs: Tensor, labels: Tensor, n_bins: int) -> Statistic:
-    conf, correct, bins = _top_label_bins(probs, labels, n_bins)
+    conf, correct, bins = top_label_bins(probs, labels, n_bins)
     gaps = _group_sums(bins.numpy(), n_bins, (correct - conf).numpy())
     return lambda counts: np.abs(gaps(counts)).sum(0) / len(bins)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from torch import nn
 
@@ -58,9 +58,21 @@ def read_feature_fit(path: Path) -> FeatureOodFit:
 
 def feature_scores_in(folder: Path) -> list[str]:
     """The feature scores the model folder ``folder`` can compute with the fit it keeps (none
-    without one), for its ``fseb.json``."""
+    without one), for its ``fseb.json``: read from the file's tensor names alone (the fit can
+    be hundreds of MB), ``vim`` when the classifier's weights are among them.
+
+    Raises:
+        FsebError: the file is not a readable safetensors file.
+    """
     path = Path(folder) / FEATURE_OOD_FIT.name
-    return list(fit_scores(read_feature_fit(path))) if path.is_file() else []
+    if not path.is_file():
+        return []
+    try:
+        with safe_open(str(path), framework="pt") as found:
+            names = set(found.keys())
+    except (SafetensorError, OSError) as err:
+        raise FsebError(f"{path} is not a readable feature OOD scores' fit: {err}") from err
+    return [name for name in FEATURE_OOD_SCORES if name != "vim" or "weight" in names]
 
 
 def load_feature_fit(loaded: LoadedModel, name: str) -> FeatureOodFit | None:

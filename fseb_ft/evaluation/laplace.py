@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import math
 import warnings
 from collections.abc import Iterator
@@ -102,7 +103,7 @@ def laplace_torch() -> ModuleType:
         FsebError: laplace-torch is not installed; the message names the extra.
     """
     try:
-        with _quiet_jit():
+        with _quiet_jit(), _quiet_root_log():
             import laplace
     except ImportError:
         raise FsebError(LAPLACE_MISSING) from None
@@ -278,6 +279,18 @@ def _quiet_jit() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", r"`torch\.jit\.script` is deprecated", FutureWarning)
         yield
+
+
+@contextlib.contextmanager
+def _quiet_root_log() -> Iterator[None]:
+    """Silence the INFO line laplace-torch's import logs on the root logger about a backend
+    (asdfghjkl) fseb_ft never uses: not the user's to act on."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.INFO)
+    try:
+        yield
+    finally:
+        logging.disable(previous)
 
 
 def _head(weight: Tensor, bias: Tensor | None, device: torch.device) -> nn.Sequential:

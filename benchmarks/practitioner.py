@@ -183,13 +183,18 @@ def _row(label: str, seeds: Sequence[int], cells: Sequence[str]) -> str:
     return "| " + " | ".join([label, ", ".join(map(str, seeds)), *numbers]) + " |"
 
 
+def _short(value: float | str) -> str:
+    """A searched value as the leaderboard prints it: 3 significant digits, or the choice."""
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
 def winners(out: Path) -> str:
     """One line per arm: the winner's validation NLL and values, and the sweep's trial count."""
     text = ""
     for arm, label in ARMS.items():
         board = json.loads((out / arm / "leaderboard.json").read_text())
         best = board["best"]
-        values = ", ".join(f"{k} {v:.3g}" for k, v in best["params"].items())
+        values = ", ".join(f"{k} {_short(v)}" for k, v in best["params"].items())
         text += (f"- {label}: validation NLL {best['value']:.4f} ({values}); "
                  f"{len(board['trials'])} trials.\n")  # fmt: skip
     return text

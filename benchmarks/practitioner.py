@@ -18,7 +18,8 @@ learning-rate decay. Steps, each skipped when its results are on disk:
    recipe reaches about 72 %, so validation decides), winners chosen on validation NLL;
    FS-EB's first trial is PS-MAP's winner. ``--jobs`` processes share each study.
 2. Each winner's ``best_recipe.yaml`` at ``--seeds`` (seed 0 is the sweep's own run), and the
-   variants of :data:`VARIANTS` (frozen backbone; LP-FT) at seed 0 and ``--seeds``.
+   variants of :data:`VARIANTS` (frozen backbone; LP-FT; no label smoothing) at seed 0 and
+   ``--seeds``.
 3. The table: per variant, PS-MAP, FS-EB and their paired Δ (mean ± standard error of per-seed
    differences), then the same with temperature scaling; written between the markers
    ``<!-- cifar10-practitioner:begin/end -->`` of ``--results``.
@@ -60,6 +61,8 @@ VARIANTS = {
     "full": ("fine-tuned", []),
     "frozen": ("frozen backbone", ["model.freeze=backbone"]),
     "lp-ft": ("LP-FT, 1 probe epoch", ["train.linear_probe_epochs=1"]),
+    # label smoothing is known to hurt selective prediction: the winner without it
+    "no-smoothing": ("fine-tuned, no label smoothing", ["train.label_smoothing=0"]),
 }
 MARKERS = ("<!-- cifar10-practitioner:begin -->", "<!-- cifar10-practitioner:end -->")
 # (column title, key of a results block's test/ood part, OOD set or None, scale)

@@ -2,7 +2,7 @@
 form.
 
     OMP_NUM_THREADS=1 python -m benchmarks.laplace_speed [--train 9000] [--predict 10000]
-        [--features 1280] [--classes 10] [--diag]
+        [--features 1280] [--classes 10] [--val 1000] [--diag]
 
 Random float64 features (``--train`` training, ``--predict`` predicted, ``--features`` wide) of
 a random linear classifier of ``--classes`` classes, labels drawn from its softmax. Timed, each
@@ -14,6 +14,9 @@ once, in float64 on the CPU:
   path, the ``(B, K, P)`` last-layer Jacobians and its ``functional_variance`` (fseb_ft's
   fallback, and its only path before the closed form);
 - ``closed_form_predictive``: :func:`fseb_ft.evaluation.laplace.kron_output_variance`;
+- ``validation_grid``: :func:`fseb_ft.evaluation.laplace.validation_grid_search` on the first
+  ``--val`` training features (``eval.laplace_prior: validation``: laplace-torch's 100 grid
+  points, each point's predictive in closed form);
 - with ``--diag``, the diagonal fit at a fixed prior precision, fseb_ft's
   (:func:`~fseb_ft.evaluation.laplace.linear_ggn_diagonal` as laplace-torch's backend) and
   laplace-torch's own default backend.
@@ -89,6 +92,7 @@ def main() -> None:
     parser.add_argument("--predict", type=int, default=10_000)
     parser.add_argument("--features", type=int, default=1280)
     parser.add_argument("--classes", type=int, default=10)
+    parser.add_argument("--val", type=int, default=1000, help="validation features of the grid")
     parser.add_argument("--diag", action="store_true", help="also time the diagonal fits")
     args = parser.parse_args()
     llla.laplace_torch()
@@ -114,6 +118,8 @@ def main() -> None:
             (probit(f_mu, closed_var) - probit(f_mu, jacobian_var)).abs().max()
         ),
     }
+    val = (data["h"][: args.val], data["y"][: args.val])
+    _, result["validation_grid"] = timed(lambda: llla.validation_grid_search(la, *val))
     if args.diag:
         result |= diag_fits(data)
     print(
@@ -121,6 +127,7 @@ def main() -> None:
         f"closed form {closed_s:.2f} s | max |ΔVar| {result['max_abs_diff_variance']:.1e}, "
         f"max |Δp| {result['max_abs_diff_probit']:.1e}"
     )
+    print(f"validation grid (100 points, {args.val} images): {result['validation_grid']:.1f} s")
     if args.diag:
         print(
             f"diag fit: fseb_ft {result['diag_fit']:.1f} s, laplace-torch's backend "

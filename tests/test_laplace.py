@@ -106,18 +106,50 @@ def test_predictive_equals_laplace_torch_on_the_whole_network(trained: dict, hes
     torch.testing.assert_close(got, want, rtol=0, atol=1e-9)
 
 
-def test_validation_prior_is_laplace_torchs_grid_search_on_the_validation_nll(
-    trained: dict,
+def _validation_nll(reference: object, trained: dict) -> torch.Tensor:
+    """``(100,)`` laplace-torch's own probit predictive's mean validation NLL at each grid point."""
+    nll = []
+    for precision in llla.PRIOR_GRID:
+        reference.prior_precision = precision
+        probs = reference(trained["x_val"], pred_type="glm", link_approx="probit")  # (N_val, K)
+        nll.append(nn.functional.nll_loss(probs.log(), trained["y_val"]))
+    return torch.stack(nll)
+
+
+@pytest.mark.parametrize("hessian", ["kron", "full", "diag"])
+def test_validation_prior_minimises_the_validation_nll_of_laplace_torchs_predictive(
+    trained: dict, hessian: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fit = _ours(trained, "kron", "validation")
+    """fseb_ft's grid is laplace-torch's, its criterion the mean validation NLL of laplace-torch's
+    own probit predictive at each point; laplace-torch's grid search is not called."""
+    tuning = laplace_torch().baselaplace.BaseLaplace.optimize_prior_precision
+    calls: list[object] = []
+
+    def spy(self: object, *args: object, **kwargs: object) -> object:
+        calls.append(kwargs.get("method", args[1] if len(args) > 1 else None))
+        return tuning(self, *args, **kwargs)
+
+    monkeypatch.setattr(laplace_torch().baselaplace.BaseLaplace, "optimize_prior_precision", spy)
+    fit = _ours(trained, hessian, "validation")
+    assert calls == []
+    nll = _validation_nll(_reference(trained, hessian), trained)
+    assert fit.prior_method == "validation"
+    assert fit.prior_precision == float(llla.PRIOR_GRID[nll.argmin()])
+
+
+def test_laplace_torchs_grid_search_compares_running_means(trained: dict) -> None:
+    """Why fseb_ft does not call it: laplace-torch 0.3's ``gridsearch`` never resets its
+    ``RunningNLLMetric``, so at each point it scores the mean NLL over the grid so far."""
     reference = _reference(trained, "kron")
+    nll = _validation_nll(reference, trained)
     val = DataLoader(TensorDataset(trained["x_val"], trained["y_val"]), batch_size=N_VAL)
     with pytest.warns(UserWarning, match="link_approx"):
         reference.optimize_prior_precision(
             pred_type="glm", method="gridsearch", val_loader=val, link_approx="probit"
         )
-    assert fit.prior_method == "validation"
-    assert fit.prior_precision == float(reference.prior_precision)
+    running = nll.cumsum(0) / torch.arange(1, len(nll) + 1)  # (100,)
+    assert float(reference.prior_precision) == float(llla.PRIOR_GRID[running.argmin()])
+    assert float(reference.prior_precision) != float(llla.PRIOR_GRID[nll.argmin()])
 
 
 @pytest.mark.parametrize("hessian", ["kron", "full", "diag"])

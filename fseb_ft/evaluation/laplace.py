@@ -25,7 +25,10 @@ in closed form instead, pinned to laplace-torch's own results by tests:
   laplace-torch's posterior precision (:func:`kron_output_variance`), where laplace-torch's
   ``KronLLLaplace.functional_variance_fast`` is not implemented;
 - the ``diag`` GGN (:func:`linear_ggn_diagonal`), handed to laplace-torch's ``fit`` through its
-  documented ``backend`` interface, where its generic one contracts the Jacobians by ``einsum``.
+  documented ``backend`` interface, where its generic one contracts the Jacobians by ``einsum``;
+- the validation grid of the prior (:func:`validation_grid_search`): laplace-torch's grid and
+  criterion, each point's NLL its own (laplace-torch 0.3's ``gridsearch`` compares running
+  means over the points so far) and, for ``kron``, its predictive in closed form.
 
 :func:`laplace_logits` returns the probit-scaled logits ``κ ⊙ f_μ``, whose softmax is
 laplace-torch's probit predictive: every function of logits (entropy, MSP, max logit, energy)
@@ -54,6 +57,7 @@ from fseb_ft.evaluation.checks import check_float_matrix, describe
 __all__ = [
     "FULL_MAX_WEIGHTS",
     "LAPLACE_MISSING",
+    "PRIOR_GRID",
     "LaplaceFit",
     "check_hessian_size",
     "fit_last_layer_laplace",
@@ -61,6 +65,7 @@ __all__ = [
     "laplace_logits",
     "laplace_torch",
     "linear_ggn_diagonal",
+    "validation_grid_search",
 ]
 
 LAPLACE_MISSING = "eval.laplace needs laplace-torch: pip install 'fseb_ft[laplace]'"
@@ -68,6 +73,9 @@ LAPLACE_MISSING = "eval.laplace needs laplace-torch: pip install 'fseb_ft[laplac
 FULL_MAX_WEIGHTS = 25_000
 """The largest classifier (``(D + 1)·K`` weights) the ``full`` GGN is built for: its matrix is
 that size squared, 5 GB in float64 here."""
+PRIOR_GRID = torch.logspace(-4.0, 4.0, 100)
+"""laplace-torch's default grid of ``optimize_prior_precision(method="gridsearch")``, float32
+as there: ``eval.laplace_prior: validation`` chooses among these."""
 _JACOBIAN_BYTES = 2**28
 """Memory for one batch of last-layer Jacobians ``(B, K, P)`` in float64: sets ``B``."""
 _LAST_LAYER = "1"
@@ -150,12 +158,12 @@ def fit_last_layer_laplace(
         last_layer_name=_LAST_LAYER,
         backend=_linear_ggn_backend() if hessian == "diag" else None,
     )
-    jacobians = _batch_size(k, n_weights)  # the full GGN's and the validation grid's batches
     # kron and diag build no (B, K, P) Jacobians: their batches are bounded by the features'.
-    batch = jacobians if hessian == "full" else max(1, _JACOBIAN_BYTES // (8 * (d + k)))
+    features_batch = max(1, _JACOBIAN_BYTES // (8 * (d + k)))
+    batch = _batch_size(k, n_weights) if hessian == "full" else features_batch
     with _quiet_jit():
         la.fit(_loader(h, labels, batch))
-        _tune_prior(la, prior, val, jacobians)
+        _tune_prior(la, prior, val)
     method = prior if isinstance(prior, str) else "fixed"
     return LaplaceFit(hessian, method, float(la.prior_precision), la)
 
@@ -182,9 +190,13 @@ def laplace_logits(fit: LaplaceFit, features: Tensor) -> Tensor:
 
     ``Var[f_c]`` is :func:`kron_output_variance`'s closed form for a ``kron`` fit it handles,
     else laplace-torch's ``functional_variance`` of the last-layer Jacobians."""
-    h = check_float_matrix(features, "features").double()
-    la = fit.posterior
-    f_var = kron_output_variance(la.posterior_precision, h) if fit.hessian == "kron" else None
+    return _probit_logits(fit.posterior, check_float_matrix(features, "features").double())
+
+
+def _probit_logits(la: Any, h: Tensor) -> Tensor:
+    """``κ ⊙ f_μ`` ``(N, K)`` of features ``h`` ``(N, D)`` under ``la``'s posterior as it is."""
+    kron = isinstance(la, laplace_torch().lllaplace.KronLLLaplace)
+    f_var = kron_output_variance(la.posterior_precision, h) if kron else None
     if f_var is None:
         f_mu, f_var = _jacobian_variance(la, h)  # (N, K), (N, K)
     else:
@@ -305,26 +317,36 @@ def _head(weight: Tensor, bias: Tensor | None, device: torch.device) -> nn.Seque
     return nn.Sequential(nn.Identity(), linear).eval()
 
 
-def _tune_prior(la: Any, prior: str | float, val: tuple[Tensor, Tensor] | None, batch: int) -> None:
+def _tune_prior(la: Any, prior: str | float, val: tuple[Tensor, Tensor] | None) -> None:
     """Set ``la``'s prior precision by ``prior`` (:func:`fit_last_layer_laplace`)."""
     if not isinstance(prior, str):
         la.prior_precision = float(prior)
-        return
-    with warnings.catch_warnings():
-        # laplace-torch reminds every caller that its tuning assumes the probit link: ours does.
-        warnings.filterwarnings("ignore", "By default `link_approx` is `probit`", UserWarning)
-        if prior == "marglik":
+    elif prior == "marglik":
+        with warnings.catch_warnings():
+            # laplace-torch reminds every caller that its tuning assumes the probit link: ours does.
+            warnings.filterwarnings("ignore", "By default `link_approx` is `probit`", UserWarning)
             la.optimize_prior_precision(pred_type="glm", method="marglik")
-        elif prior == "validation" and val is not None:
-            val_features = check_float_matrix(val[0], "val features").double()
-            la.optimize_prior_precision(
-                pred_type="glm",
-                method="gridsearch",
-                link_approx="probit",
-                val_loader=_loader(val_features, val[1], batch),
-            )
-        else:
-            raise ValueError(f"prior must be marglik, validation (with val) or a float: {prior!r}")
+    elif prior == "validation" and val is not None:
+        val_features = check_float_matrix(val[0], "val features").double()
+        la.prior_precision = validation_grid_search(la, val_features, val[1])
+    else:
+        raise ValueError(f"prior must be marglik, validation (with val) or a float: {prior!r}")
+
+
+@torch.no_grad()
+def validation_grid_search(la: Any, features: Tensor, labels: Tensor) -> Tensor:
+    """The prior precision of :data:`PRIOR_GRID` whose probit predictive has the lowest mean NLL
+    on ``features`` ``(N, D)`` with ``labels`` ``(N,)``, the first of equal ones: what
+    laplace-torch's ``optimize_prior_precision(method="gridsearch")`` is for, which fseb_ft does
+    not call (docs/method.md, "Last-layer Laplace": laplace-torch 0.3 never resets its running
+    NLL between grid points, and takes the Jacobians where the kron closed form serves). It
+    changes ``la``'s prior precision: the caller sets the winner."""
+    labels = torch.as_tensor(labels, device=features.device).long()
+    losses = []
+    for precision in PRIOR_GRID:
+        la.prior_precision = precision
+        losses.append(nn.functional.cross_entropy(_probit_logits(la, features), labels))
+    return PRIOR_GRID[int(torch.stack(losses).argmin())]
 
 
 def _loader(features: Tensor, labels: Tensor, batch: int) -> DataLoader:

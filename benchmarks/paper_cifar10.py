@@ -197,6 +197,24 @@ def protocol_overrides(
     ]
 
 
+def context_defaults(cache: Path) -> list[str]:
+    """The context protocol at this driver's defaults, as overrides without a method: the
+    ImageNet-pretrained EfficientNet-Lite0 of ``../shared`` on 9,000 CIFAR-10 training images
+    at 64 px (1,000 held out), 3 epochs, batch 64, SGD lr 0.02, images loaded in-process; the
+    benchmarks built on that protocol add their methods and evaluation."""
+    base = protocol_overrides("context", cifar_disk(cache), "limit: 10000", cache)
+    return [
+        *base,
+        f"model.name=local-dir:{WEIGHTS}",
+        "model.input_size=64",
+        "data.batch_size=64",
+        "data.num_workers=0",
+        "optim.lr=0.02",
+        "train.epochs=3",
+        "train.trackers=[]",
+    ]
+
+
 def table(all_results: dict[str, list[dict]], protocol: str, section: str) -> str:
     """Markdown: one row per method (mean ± standard error over seeds) and paired Δ rows.
 

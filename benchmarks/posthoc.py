@@ -37,7 +37,7 @@ from typing import Any
 
 from benchmarks import paper_cifar10
 from benchmarks.paper_fmnist import write_section
-from benchmarks.seeds import cell
+from benchmarks.seeds import cell, row
 
 REPO = Path(__file__).resolve().parents[1]
 ARMS = {"psmap": "PS-MAP", "fseb": "FS-EB"}
@@ -76,25 +76,12 @@ MARKERS = ("<!-- cifar10-posthoc:begin -->", "<!-- cifar10-posthoc:end -->")
 def overrides(out: Path, arm: str) -> list[str]:
     """The context protocol's overrides for one arm (PS-MAP: no function-space term)."""
     cache = out / "cache"
-    cifar = paper_cifar10.cifar_disk(cache)
-    base = paper_cifar10.protocol_overrides("context", cifar, "limit: 10000", cache)
     method = (
         paper_cifar10.context_methods(cache)[CONTEXT_METHOD]
         if arm == "fseb"
         else [*paper_cifar10.METHODS["PS-MAP"], paper_cifar10._ood_override(_psmap_ood(cache))]
     )
-    return [
-        *base,
-        *method,
-        f"model.name=local-dir:{paper_cifar10.WEIGHTS}",
-        "model.input_size=64",
-        "data.batch_size=64",
-        "data.num_workers=0",
-        "optim.lr=0.02",
-        "train.epochs=3",
-        "train.trackers=[]",
-        *EVAL,
-    ]
+    return [*paper_cifar10.context_defaults(cache), *method, *EVAL]
 
 
 def _psmap_ood(cache: Path) -> dict[str, str]:
@@ -146,11 +133,6 @@ def _digits(scale: float, key: str) -> int:
     return 2 if scale != 1.0 or key == "conformal_set_size" else 4
 
 
-def _row(label: str, seeds: Sequence[int], cells: Sequence[str]) -> str:
-    numbers = [c.replace("-", "−") for c in cells]  # a minus sign, not a hyphen
-    return "| " + " | ".join([label, ", ".join(map(str, seeds)), *numbers]) + " |"
-
-
 def _cells(blocks: Sequence[dict[str, Any]]) -> list[str]:
     return [cell([_value(b, k, o) * f for b in blocks], _digits(f, k)) for _, k, o, f in COLUMNS]
 
@@ -184,13 +166,13 @@ def table(out: Path, seeds: Sequence[int]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     rows = blocks_of(out, seeds)
     for label, by_seed in rows.items():
-        lines.append(_row(label, sorted(by_seed), _cells(list(by_seed.values()))))
+        lines.append(row(label, sorted(by_seed), _cells(list(by_seed.values()))))
     for arm, label in ARMS.items():
         results = _load(out / "ensembles" / arm / "results.json")
         for key, suffix in BLOCKS[:2] if results else ():
             block = results if key is None else results.get(key)
             if block:
-                lines.append(_row(f"Ensemble of {len(seeds)} {label}{suffix}", seeds,
+                lines.append(row(f"Ensemble of {len(seeds)} {label}{suffix}", seeds,
                                   _cells([block])))  # fmt: skip
     pairs = [("FS-EB", "PS-MAP"), ("FS-EB + TS", "PS-MAP + TS"),
              ("FS-EB + LLLA", "PS-MAP + LLLA"), ("FS-EB", "PS-MAP + TS"),
@@ -198,7 +180,7 @@ def table(out: Path, seeds: Sequence[int]) -> str:
     for a, b in pairs:
         if a in rows and b in rows:
             common, cells = _delta(rows[a], rows[b])
-            lines.append(_row(f"**Δ {a} − {b}**", common, cells))
+            lines.append(row(f"**Δ {a} − {b}**", common, cells))
     return "\n".join(lines) + "\n"
 
 
@@ -219,13 +201,13 @@ def feature_table(out: Path, seeds: Sequence[int]) -> str:
         got = rows.get(label, {})
         if got:
             cells = [cell([values(b, n, s) for b in got.values()], 1) for n, s in columns]
-            lines.append(_row(label, sorted(got), cells))
+            lines.append(row(label, sorted(got), cells))
     if all(label in rows for label in ARMS.values()):
         a, b = rows["FS-EB"], rows["PS-MAP"]
         common = sorted(set(a) & set(b))
         cells = [cell([values(a[s], n, sc) - values(b[s], n, sc) for s in common], 1,
                       signed=True) for n, sc in columns]  # fmt: skip
-        lines.append(_row("**Δ FS-EB − PS-MAP**", common, cells))
+        lines.append(row("**Δ FS-EB − PS-MAP**", common, cells))
     return "\n".join(lines) + "\n"
 
 

@@ -39,7 +39,7 @@ from typing import Any
 
 from benchmarks import paper_cifar10
 from benchmarks.paper_fmnist import write_section
-from benchmarks.seeds import cell
+from benchmarks.seeds import cell, row
 
 REPO = Path(__file__).resolve().parents[1]
 ARMS = {"psmap": "PS-MAP", "fseb": "FS-EB"}
@@ -80,18 +80,9 @@ COLUMNS = (
 def protocol(out: Path) -> list[str]:
     """The context protocol's overrides for the FS-EB arm (the sweep derives PS-MAP from it)."""
     cache = out / "cache"
-    cifar = paper_cifar10.cifar_disk(cache)
-    base = paper_cifar10.protocol_overrides("context", cifar, "limit: 10000", cache)
     return [
-        *base,
+        *paper_cifar10.context_defaults(cache),
         *paper_cifar10.context_methods(cache)[CONTEXT_METHOD],
-        f"model.name=local-dir:{paper_cifar10.WEIGHTS}",
-        "model.input_size=64",
-        "data.batch_size=64",
-        "data.num_workers=0",
-        "optim.lr=0.02",
-        "train.epochs=3",
-        "train.trackers=[]",
         "eval.temperature_scaling=true",
         *KNOBS,
     ]
@@ -166,24 +157,19 @@ def table(out: Path, seeds: Sequence[int]) -> str:
             for arm, label in ARMS.items():
                 cells = [cell([_value(b, k, o) * f for b in blocks[arm].values()], _digits(f))
                          for _, k, o, f in COLUMNS]  # fmt: skip
-                lines.append(_row(f"{label}{suffix}", sorted(blocks[arm]), cells))
+                lines.append(row(f"{label}{suffix}", sorted(blocks[arm]), cells))
             common = sorted(set(blocks["psmap"]) & set(blocks["fseb"]))
             delta = [
                 cell([(_value(blocks["fseb"][s], k, o) - _value(blocks["psmap"][s], k, o)) * f
                       for s in common], _digits(f), signed=True)
                 for _, k, o, f in COLUMNS
             ]  # fmt: skip
-            lines.append(_row(f"**Δ FS-EB − PS-MAP{suffix}**", common, delta))
+            lines.append(row(f"**Δ FS-EB − PS-MAP{suffix}**", common, delta))
     return "\n".join(lines) + "\n"
 
 
 def _digits(scale: float) -> int:
     return 2 if scale != 1.0 else 4
-
-
-def _row(label: str, seeds: Sequence[int], cells: Sequence[str]) -> str:
-    numbers = [c.replace("-", "−") for c in cells]  # a minus sign, not a hyphen
-    return "| " + " | ".join([label, ", ".join(map(str, seeds)), *numbers]) + " |"
 
 
 def _short(value: float | str) -> str:

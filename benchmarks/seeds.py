@@ -20,3 +20,9 @@ def cell(values: Sequence[float], digits: int, signed: bool = False) -> str:
     mean, se = mean_se(values)
     text = f"{mean:{'+' if signed else ''}.{digits}f}"
     return text if math.isnan(se) else f"{text} ± {se:.{digits}f}"
+
+
+def row(label: str, seeds: Sequence[int], cells: Sequence[str]) -> str:
+    """A table row: ``label``, the seeds it averages, then ``cells``, each hyphen a minus sign."""
+    numbers = [c.replace("-", "−") for c in cells]
+    return "| " + " | ".join([label, ", ".join(map(str, seeds)), *numbers]) + " |"

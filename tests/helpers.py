@@ -23,6 +23,18 @@ N_TEST = 13  # odd, so two processes see an uneven last batch
 N_OOD = 5
 
 
+class LogProbs(nn.Module):
+    """A predictor around a network that is not the network itself, as FS-VI's Monte-Carlo
+    predictive is: its outputs are the network's log-probabilities."""
+
+    def __init__(self, network: nn.Module) -> None:
+        super().__init__()
+        self.network = network
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(self.network(x), -1)
+
+
 class TinyNet(nn.Module):
     """A timm-shaped classifier: ``forward_features`` (linear, tanh, optional BatchNorm) →
     ``forward_head(pre_logits)`` → the linear head that ``get_classifier`` returns."""

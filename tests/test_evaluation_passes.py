@@ -21,7 +21,7 @@ from fseb_ft.evaluation.features import feature_scores, predict_features
 from fseb_ft.evaluation.predictions import eval_loader, predict_splits
 from fseb_ft.recipe import EvalConfig
 from fseb_ft.recipe.options import FEATURE_OOD_SCORES
-from tests.helpers import TinyNet
+from tests.helpers import LogProbs, TinyNet
 
 SIZES = {"train": 30, "val": 9, "test": 11, "near": 7, "far": 5}
 SPEC = InputSpec((4, 4), (0.5,) * 3, (0.25,) * 3)
@@ -53,17 +53,6 @@ class _Counted(TinyNet):
         return super().forward_features(x)
 
 
-class _LogProbs(nn.Module):
-    """A predictor around the network, as FS-VI's is: not the network itself."""
-
-    def __init__(self, network: nn.Module) -> None:
-        super().__init__()
-        self.network = network
-
-    def forward(self, x: Tensor) -> Tensor:
-        return torch.log_softmax(self.network(x), -1)
-
-
 def _two_pass_scores(net: nn.Module, splits: Splits, accelerator: Accelerator) -> dict:
     """The feature scores from a feature pass of their own over every set."""
 
@@ -80,7 +69,7 @@ def _two_pass_scores(net: nn.Module, splits: Splits, accelerator: Accelerator) -
 def test_each_set_is_forwarded_once_and_scored_as_by_its_own_feature_pass(wrapped: bool) -> None:
     torch.manual_seed(0)
     net, splits, accelerator = _Counted().eval(), _splits(), Accelerator(cpu=True)
-    model = _LogProbs(net) if wrapped else net
+    model = LogProbs(net) if wrapped else net
     found = predict_splits(model, splits, SPEC, CFG, accelerator, 0, 0, network=net)
     evaluated = SIZES["test"] + SIZES["near"] + SIZES["far"]
     # The training split once for the fit; each evaluated set once, or twice around a predictor.

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from fseb_ft import cli
 from fseb_ft.engine.reevaluate import evaluate_run
@@ -26,7 +26,7 @@ from fseb_ft.runs import loading
 from fseb_ft.runs.feature_fit import read_feature_fit, write_feature_fit
 from fseb_ft.runs.loading import load_model
 from fseb_ft.runs.rundir import FEATURE_OOD_FIT, read_json
-from tests.helpers import skip_figures
+from tests.helpers import LogProbs, skip_figures
 
 SCORES = ["entropy", *FEATURE_OOD_SCORES]
 TEST_SPEC = {"source": "sklearn_digits", "split": "test", "classes": [0, 1, 2]}
@@ -123,23 +123,12 @@ def test_the_command_names_the_score_in_its_rows_meta_and_summary(
     assert default.meta["ood_score"] == "entropy"  # the default stays a score of the outputs
 
 
-class _LogProbs(nn.Module):
-    """A predictor around the network that is not the network, as FS-VI's predictive is."""
-
-    def __init__(self, network: nn.Module) -> None:
-        super().__init__()
-        self.network = network
-
-    def forward(self, x: Tensor) -> Tensor:
-        return torch.log_softmax(self.network(x), -1)
-
-
 def test_a_predictor_around_the_network_is_scored_by_the_networks_features(
     evaluated: tuple[Path, Predictions],
 ) -> None:
     run_dir, predictions = evaluated
     loaded = load_model(run_dir)
-    wrapped = dataclasses.replace(loaded, model=_LogProbs(loaded.model), network=loaded.model)
+    wrapped = dataclasses.replace(loaded, model=LogProbs(loaded.model), network=loaded.model)
     torch.testing.assert_close(
         _scores(wrapped, "vim"), predictions.test_feature_scores["vim"], rtol=1e-6, atol=1e-9
     )

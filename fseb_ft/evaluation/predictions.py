@@ -8,6 +8,7 @@ The metrics and files made from them are :mod:`fseb_ft.runs.report`'s.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -261,23 +262,16 @@ def predict_splits(
     def scored(data: Any) -> _Scored:
         return predict_with_features(model, loader(data), accelerator, head)
 
-    test = scored(reported)
-    ood = {name: scored(data) for name, data in splits.ood.items()}
-
-    def features(data: Any, passed: _Scored) -> Tensor:
-        if passed[2] is not None:  # recorded in the logits pass
-            return passed[2]
+    def features(data: Any) -> Tensor:
         return predict_features(network, loader(data), accelerator)[0]
 
-    scores = {}
-    if wants_feature_scores(cfg.ood_scores):
-        by_set = {name: features(data, ood[name]) for name, data in splits.ood.items()}
-        scores = feature_scores(network, cfg.ood_scores, train, features(reported, test), by_set)
+    test = scored(reported)
+    ood = {name: scored(data) for name, data in splits.ood.items()}
+    passes = {None: (reported, test)} | {name: (splits.ood[name], got) for name, got in ood.items()}
+    scores = _passes_feature_scores(network, cfg, train, passes, features)
     val = None
-    if _wants_val(cfg) and reported is splits.val:
-        val = test  # predicted already: the same images
-    elif _wants_val(cfg) and splits.val is not None:
-        val = scored(splits.val)
+    if _wants_val(cfg) and splits.val is not None:
+        val = test if reported is splits.val else scored(splits.val)  # the same images: once
     laplace = None
     if cfg.laplace and head is not None and train is not None:
         val_features = None if val is None or val[2] is None else (val[2], val[1])
@@ -307,6 +301,26 @@ def predict_splits(
         predictions,
         laplace=_laplace_predictions(predictions, laplace, test, ood, val, laplace_corruptions),
     )
+
+
+def _passes_feature_scores(
+    network: nn.Module,
+    cfg: EvalConfig,
+    train: tuple[Tensor, Tensor] | None,
+    passes: dict[str | None, tuple[Any, _Scored]],
+    features_pass: Callable[[Any], Tensor],
+) -> dict[str, Any]:
+    """:func:`feature_scores` of ``cfg.ood_scores`` for the reported split (key ``None``) and each
+    OOD set of ``passes`` (set → its data and its logits pass): each set's features those its
+    logits pass recorded, else ``features_pass`` of its data; ``{}`` when none is asked for."""
+    if not wants_feature_scores(cfg.ood_scores):
+        return {}
+    by_set = {
+        name: passed[2] if passed[2] is not None else features_pass(data)
+        for name, (data, passed) in passes.items()
+    }
+    reported = by_set.pop(None)
+    return feature_scores(network, cfg.ood_scores, train, reported, by_set)
 
 
 def _laplace_predictions(

@@ -625,6 +625,7 @@ def test_classification_metrics_bundle() -> None:
     assert (got["sel_pred_auc_entropy"] + got["aurc_entropy"]).item() == pytest.approx(1.0)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_inputs_give_same_results() -> None:
     gen = torch.Generator().manual_seed(2)

@@ -1,0 +1,189 @@
+"""fseb_ft on one GPU in one call: the CUDA tests, step throughput, a real fine-tune (issue 35).
+
+    bash benchmarks/gpu/run.sh [--dry-run] [--out DIR] [--parts tests eager finetune compile]
+        [--budget 420]
+
+(``run.sh`` installs the carried wheels, then runs ``python -m benchmarks.gpu``.) The parts run
+in this order, each in its own process with what is left of ``--budget`` seconds as its time
+limit, so a hang or a crash in one loses only that part:
+
+- ``tests``: ``pytest -m cuda`` over the suite (the two-process test is not CUDA-marked: one GPU);
+- ``eager``: :mod:`benchmarks.gpu.throughput`, eager, for ResNet-50 and ViT-B/16;
+- ``finetune``: :mod:`benchmarks.gpu.finetune` on the carried CIFAR-10 JPEGs and weights;
+- ``compile``: :mod:`benchmarks.gpu.throughput` under ``model.compile()``.
+
+Under ``--out`` (default ``$OUT``, else ``gpu-out``) go each part's log, ``gpu.json`` (every
+figure) and ``summary.md`` (the tables); the last line printed is ``gpu.json``'s one JSON line.
+``--dry-run`` runs every part on the CPU, small (tiny models, a few steps, a generated image
+folder, torch.compile's ``eager`` backend), so the script is exercised by the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from benchmarks.gpu.throughput import ROW_PREFIX, Row, ratios, table
+
+ROOT = Path(__file__).resolve().parents[2]
+PARTS = ("tests", "eager", "finetune", "compile")
+CARRIED_DATA = ROOT / ".gpu-carry" / "cifar10"
+CARRIED_WEIGHTS = ROOT / ".gpu-carry" / "efficientnet_lite0.in1k"
+THROUGHPUT_DRY = ["--models", "test_resnet", "test_vit", "--batch", "8", "--size", "32", "--steps",
+                  "1", "--warmup", "0", "--precision", "no", "--device", "cpu"]  # fmt: skip
+
+
+def commands(args: argparse.Namespace) -> dict[str, list[str]]:
+    """Each part's command line."""
+    py = [sys.executable]
+    tests = [*py, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider"]
+    throughput = [*py, "-m", "benchmarks.gpu.throughput"]
+    finetune = [*py, "-m", "benchmarks.gpu.finetune", "--work", str(Path(args.work) / "runs")]
+    if not args.dry_run:
+        return {
+            "tests": [*tests, "tests"],
+            "eager": [*throughput, "--variants", "eager"],
+            "finetune": [*finetune, "--data", str(CARRIED_DATA),
+                         "--model", f"local-dir:{CARRIED_WEIGHTS}"],
+            "compile": [*throughput, "--variants", "compile"],
+        }  # fmt: skip
+    data = write_image_folder(Path(args.work) / "images", classes=3, train=8, test=4)
+    return {
+        "tests": [*tests, "tests/test_cuda.py"],
+        "eager": [*throughput, *THROUGHPUT_DRY, "--variants", "eager"],
+        "finetune": [*finetune, "--data", str(data), "--model", "test_efficientnet",
+                     "--no-pretrained", "--size", "32", "--batch", "8", "--workers", "0",
+                     "--pool", "8", "--precision", "no"],
+        "compile": [*throughput, *THROUGHPUT_DRY, "--variants", "compile",
+                    "--compile-backend", "eager"],
+    }  # fmt: skip
+
+
+def write_image_folder(root: Path, classes: int, train: int, test: int) -> Path:
+    """A seeded image folder ``root/{train,test}/c<k>/*.jpg`` of 32×32 noise around a colour
+    per class (the dry run's data)."""
+    rng = np.random.default_rng(0)
+    for split, count in (("train", train), ("test", test)):
+        for k in range(classes):
+            folder = root / split / f"c{k}"
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                pixels = rng.normal(60 * k + 40, 30, (32, 32, 3)).clip(0, 255).astype(np.uint8)
+                Image.fromarray(pixels).save(folder / f"{i:03d}.jpg", quality=90)
+    return root
+
+
+def run_part(name: str, cmd: list[str], out: Path, limit: float) -> dict[str, object]:
+    """Run one part with a time limit, its output to ``out/<name>.log``; its status, seconds
+    and the JSON object of its last line (if any)."""
+    started = time.perf_counter()
+    log = out / f"{name}.log"
+    with log.open("w") as f:
+        print("$ " + " ".join(cmd), file=f, flush=True)
+        try:
+            code = subprocess.run(
+                cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=limit
+            ).returncode
+            status = "ok" if code == 0 else f"failed (exit {code})"
+        except subprocess.TimeoutExpired:
+            status = f"timed out after {limit:.0f} s"
+    lines = log.read_text().splitlines()
+    found: dict[str, object] = {"status": status, "seconds": round(time.perf_counter() - started)}
+    if lines and lines[-1].startswith("{"):
+        found["figures"] = json.loads(lines[-1])
+    elif rows := [
+        json.loads(x.removeprefix(ROW_PREFIX)) for x in lines if x.startswith(ROW_PREFIX)
+    ]:
+        found["figures"] = {"rows": rows}  # a throughput part stopped early keeps its rows
+    elif name == "tests" and lines:
+        found["summary"] = lines[-1]
+    print(f"{name}: {status} in {found['seconds']} s", flush=True)
+    return found
+
+
+def environment() -> dict[str, object]:
+    """The machine and the libraries the figures come from."""
+    import timm
+
+    found: dict[str, object] = {
+        "python": platform.python_version(), "torch": torch.__version__,
+        "timm": timm.__version__, "cuda": torch.version.cuda,
+        "cpus": os.cpu_count(),
+    }  # fmt: skip
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        found |= {"device": props.name, "memory_gib": round(props.total_memory / 2**30, 1),
+                  "sms": props.multi_processor_count}  # fmt: skip
+    else:
+        found["device"] = f"CPU ({platform.machine()})"
+    return found
+
+
+def summary(results: dict[str, dict[str, object]]) -> str:
+    """The Markdown of the throughput tables and the fine-tunes."""
+    lines = [f"`{json.dumps(results['environment'])}`", ""]
+    for part in ("eager", "compile"):
+        figures = results.get(part, {}).get("figures")
+        if figures:
+            rows = [Row(**r) for r in figures["rows"]]
+            lines += [table(rows, ratios(rows, _batch(rows))), ""]
+    for method, fig in (results.get("finetune", {}).get("figures") or {}).items():
+        lines.append(f"- fine-tune {method}: {json.dumps(fig)}")
+    for part in PARTS:
+        got = results.get(part, {})
+        lines.append(
+            f"- {part}: {got.get('status')} ({got.get('seconds')} s) {got.get('summary', '')}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _batch(rows: Sequence[object]) -> int:
+    """B of the throughput rows: the M of their ``FS-EB M=B`` row."""
+    return next(r.M for r in rows if r.method == "FS-EB M=B")
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dry-run", action="store_true", help="every part small, on the CPU")
+    parser.add_argument("--out", default=os.environ.get("OUT") or "gpu-out")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
+    parser.add_argument("--budget", type=float, default=420, help="seconds for all the parts")
+    parser.add_argument("--work", default="/tmp/fseb-gpu", help="scratch folder (runs, images)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, object]]:
+    """Run the parts within the budget; write ``gpu.json`` and ``summary.md``."""
+    args = parse(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + args.budget
+    results: dict[str, dict[str, object]] = {"environment": environment()}
+    cmds = commands(args)
+    for name in (p for p in PARTS if p in args.parts):
+        left = deadline - time.monotonic()
+        if left < 10:
+            results[name] = {"status": "not run: the budget was spent"}
+            continue
+        results[name] = run_part(name, cmds[name], out, left)
+    (out / "gpu.json").write_text(json.dumps(results) + "\n")
+    (out / "summary.md").write_text(summary(results))
+    print((out / "summary.md").read_text())
+    print(json.dumps(results))
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""One short real fine-tune per method, through the run a user starts, timed step by step to
+say whether the input pipeline or the accelerator bounds it (issue 35).
+
+    python -m benchmarks.gpu.finetune --data DIR --model local-dir:WEIGHTS [--workers 12]
+        [--size 224] [--batch 128] [--epochs 1] [--work DIR]
+
+``DIR`` is an image folder ``DIR/{train,test}/<class>/*.jpg`` (the GPU script carries ~2,000
+CIFAR-10 JPEGs from ``../shared``). Each method (PS-MAP, then FS-EB with the recipe's corrupted
+training context) runs ``recipes/cifar10.yaml`` with its data pointed at ``DIR``, no OOD set,
+bf16 and ``channels_last``, through :func:`fseb_ft.engine.run.run` with a timing callback:
+
+- **wait**: from the end of one step to the next batch's arrival, the time the loop waits for
+  the input pipeline (the DataLoader's workers, the copy to the device);
+- **step**: from the batch's arrival to the end of its optimiser step, CUDA-synchronised.
+
+The synchronisation at each step's end costs the overlap of one step's host work with the
+previous step's kernels, so the figures are a bound on what an unobserved run does, not its
+exact rate. The training phase's images/s counts every step (the first ones, with cuDNN's
+autotuning, too); the step-only rate is ``B /`` the median step after the first two. A run
+whose wait exceeds its steps is bounded by its input pipeline. The last line printed is a JSON
+object of every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from fseb_ft.engine.callbacks import Callback, TrainerView
+from fseb_ft.engine.run import run
+from fseb_ft.recipe import load_recipe
+
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "cifar10.yaml"
+METHODS = {"PS-MAP": 0.0, "FS-EB": 1.0}  # fseb.reg_scale
+
+
+class StepTimer(Callback):
+    """Time each training step and the wait for its batch (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+        self.steps: list[float] = []
+        self._mark = self._start = 0.0
+
+    def on_epoch_begin(self, trainer: TrainerView, epoch: int) -> None:
+        self._mark = time.perf_counter()
+
+    def on_batch_begin(self, trainer: TrainerView, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        self._start = time.perf_counter()
+        self.waits.append(self._start - self._mark)
+        return x, y
+
+    def on_step_end(self, trainer: TrainerView, terms: object) -> None:
+        if trainer.accelerator.device.type == "cuda":
+            torch.cuda.synchronize(trainer.accelerator.device)
+        self._mark = time.perf_counter()
+        self.steps.append(self._mark - self._start)
+
+    def figures(self, batch: int, images: int) -> dict[str, float | str]:
+        """The rates and the verdict of the steps timed so far (``images`` per epoch)."""
+        wait, step = sum(self.waits), sum(self.steps)
+        epochs = max(len(self.steps), 1) * batch / max(images, 1)
+        steady = self.steps[2:] or self.steps
+        return {
+            "train_images_per_s": round(images * epochs / (wait + step), 1),
+            "step_only_images_per_s": round(batch / statistics.median(steady), 1),
+            "wait_s": round(wait, 3),
+            "step_s": round(step, 3),
+            "wait_fraction": round(wait / (wait + step), 3),
+            "bound_by": "input pipeline" if wait > step else "accelerator",
+            "steps": len(self.steps),
+        }
+
+
+def overrides(args: argparse.Namespace, method: str) -> list[str]:
+    """The recipe overrides of one method's run."""
+    data = Path(args.data).resolve()
+    folder = f"{{source: imagefolder, path: '{data}'"
+    return [
+        f"model.name={args.model}",
+        f"model.pretrained={str(args.pretrained).lower()}",
+        f"model.input_size={args.size}",
+        f"data.train={folder}, split: train}}",
+        f"data.test={folder}, split: test}}",
+        "data.ood={}",
+        f"data.batch_size={args.batch}",
+        f"data.num_workers={args.workers}",
+        f"context.pool_size={args.pool}",
+        f"context.batch_size={args.batch // 4}",
+        f"fseb.reg_scale={METHODS[method]}",
+        f"train.epochs={args.epochs}",
+        f"train.mixed_precision={args.precision}",
+        "train.channels_last=true",
+        "train.resume=never",
+        "eval.bootstrap=0",
+        f"output.dir={Path(args.work).resolve() / method.replace(' ', '_')}",
+    ]
+
+
+def finetune(args: argparse.Namespace, method: str) -> dict[str, object]:
+    """One method's run, timed; its figures and test accuracy."""
+    recipe = load_recipe(RECIPE, overrides(args, method))
+    timer = StepTimer()
+    started = time.perf_counter()
+    results = run(recipe, callbacks=[timer])
+    wall = time.perf_counter() - started
+    history = results["training"]["history"]
+    images = round(sum(1 for _ in Path(args.data, "train").rglob("*.jpg")) * 0.9)
+    return {
+        **timer.figures(recipe.data.batch_size, images),
+        "run_wall_s": round(wall, 1),
+        "epoch_s": [round(h["seconds"], 2) for h in history],
+        "test_accuracy": results["test"]["accuracy"],
+    }
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", required=True, help="image folder with train/ and test/")
+    parser.add_argument("--model", default="efficientnet_lite0")
+    parser.add_argument("--pretrained", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--workers", type=int, default=12)
+    parser.add_argument("--pool", type=int, default=1000, help="context.pool_size")
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--precision", choices=("bf16", "no"), default="bf16")
+    parser.add_argument("--work", default="/tmp/fseb-gpu-runs", help="the runs' folders")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, object]:
+    """Run each method, print a line each, then one JSON line of every figure."""
+    args = parse(argv)
+    found = {}
+    for method in METHODS:
+        found[method] = finetune(args, method)
+        print(f"{method}: {json.dumps(found[method])}", flush=True)
+    print(json.dumps(found))
+    return found
+
+
+if __name__ == "__main__":
+    main()

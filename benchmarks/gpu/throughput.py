@@ -1,0 +1,283 @@
+"""Training-step throughput and peak memory on one accelerator: timm's plain step against
+fseb_ft's PS-MAP and FS-EB steps (issue 35).
+
+    python -m benchmarks.gpu.throughput [--models resnet50 vit_base_patch16_224] [--batch 128]
+        [--size 224] [--variants eager compile] [--steps 20] [--warmup 5]
+
+For each model and variant (``eager``, or ``compile``: ``model.compile()`` with inductor) four
+training steps are built on synthetic tensors already on the device, each under bf16 autocast
+with the model and its inputs in ``channels_last``:
+
+- ``timm``: timm's own plain step (forward, cross-entropy, backward, SGD step), the reference;
+- ``PS-MAP``: :class:`fseb_ft.method.objective.FSEBObjective` with ``reg_scale = 0``, prepared by
+  :func:`fseb_ft.engine.speed.apply_speed_keys` as a run prepares it;
+- ``FS-EB M=B/4`` and ``FS-EB M=B``: the same objective with M context points drawn each step
+  from a fixed pool whose φ0 features were computed once (a run's fixed context), so the
+  unavoidable extra work is one forward and backward over M more points: the floor is
+  ``(B + M) / B`` × the PS-MAP step.
+
+Each method is built, timed and freed in turn, so its peak memory
+(``torch.cuda.max_memory_allocated`` from its build on) is its own: weights, φ0, optimiser
+state, activations. Its first step (compilation included under ``compile``) is reported apart;
+then ``--warmup`` untimed steps and ``--steps`` timed ones, each CUDA-synchronised, of which
+the median is reported. Each row is printed as it is measured (``row: {...}``); the last line
+is a JSON object of every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import timm
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fseb_ft.engine.speed import apply_speed_keys
+from fseb_ft.method.objective import FSEBObjective
+from fseb_ft.recipe import ModelConfig, TrainConfig
+
+CLASSES = 10
+NUM_TRAIN = 50_000
+"""N in the objective's ``/ N`` (CIFAR-10's training set); it scales terms, not their cost."""
+POOL_FACTOR = 2
+"""The fixed context pool holds this many × B images."""
+METHODS = ("timm", "PS-MAP", "FS-EB M=B/4", "FS-EB M=B")
+ROW_PREFIX = "row: "
+"""Each row is printed as it is measured, so a part stopped at its time limit keeps its rows."""
+
+Step = Callable[[], None]
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every step of one run shares."""
+
+    device: torch.device
+    batch: int
+    size: int
+    precision: torch.dtype | None
+    """Autocast dtype; ``None``: float32 without autocast."""
+    compile_backend: str
+    """``torch.compile``'s backend for the ``compile`` variant."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One (model, variant, method) measurement."""
+
+    model: str
+    variant: str
+    method: str
+    M: int
+    ms: float
+    """Median step time, milliseconds."""
+    images_per_s: float
+    """B / median step time (the context points are not counted)."""
+    peak_mib: float | None
+    """Peak allocated device memory from the method's build on; ``None`` on CPU."""
+    first_s: float
+    """The first step's seconds (under ``compile``, compilation included)."""
+
+
+def _create(name: str, setup: Setup) -> nn.Module:
+    torch.manual_seed(0)
+    kw = {"img_size": setup.size} if "vit" in name else {}
+    return timm.create_model(name, num_classes=CLASSES, **kw).to(setup.device)
+
+
+def _autocast(setup: Setup) -> torch.autocast:
+    dtype = setup.precision or torch.float32
+    return torch.autocast(setup.device.type, dtype=dtype, enabled=setup.precision is not None)
+
+
+def _inputs(setup: Setup, count: int, seed: int) -> tuple[Tensor, Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(count, 3, setup.size, setup.size, generator=g)  # (N, 3, S, S)
+    y = torch.randint(0, CLASSES, (count,), generator=g)  # (N,)
+    x = x.to(setup.device).contiguous(memory_format=torch.channels_last)
+    return x, y.to(setup.device)
+
+
+def timm_step(name: str, setup: Setup, compiled: bool) -> Step:
+    """timm's plain training step (as its ``train.py`` does it): forward under autocast,
+    cross-entropy, backward, SGD with momentum; model and inputs in ``channels_last``."""
+    model = _create(name, setup).to(memory_format=torch.channels_last).train()
+    if compiled:
+        model.compile(backend=setup.compile_backend)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    x, y = _inputs(setup, setup.batch, seed=1)
+
+    def step() -> None:
+        with _autocast(setup):
+            loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def fseb_step(name: str, setup: Setup, compiled: bool, M: int) -> Step:
+    """fseb_ft's training step: PS-MAP with ``M = 0``, else FS-EB with ``M`` context points
+    drawn each step from a fixed pool with cached φ0 features (a run's fixed context)."""
+    model = _create(name, setup)
+    # The CIFAR-10 recipe's prior; its values change what is computed, not how long it takes.
+    objective = FSEBObjective(
+        model, num_train=NUM_TRAIN, reg_scale=1.0 if M else 0.0, prior_var=1.0,
+        prior_cov_scale=1e-5, prior_cov_diag=1e-2,
+    )  # fmt: skip
+    train_cfg = TrainConfig(channels_last=True, compile=compiled)
+    apply_speed_keys(objective, ModelConfig(name=name), train_cfg, setup.compile_backend)
+    objective.train()
+    optimizer = torch.optim.SGD(objective.trainable_parameters(), lr=1e-3, momentum=0.9)
+    x, y = _inputs(setup, setup.batch, seed=1)
+    pool = feats = None
+    if M:
+        pool, _ = _inputs(setup, POOL_FACTOR * setup.batch, seed=2)  # (P, 3, S, S)
+        with _autocast(setup):
+            feats = torch.cat([objective.prior_features(c) for c in pool.split(setup.batch)])
+
+    def step() -> None:
+        ctx = ctx_feats = None
+        if pool is not None:
+            idx = torch.randint(0, pool.shape[0], (M,), device=pool.device)  # no host sync
+            ctx, ctx_feats = pool[idx], feats[idx]  # (M, 3, S, S), (M, D)
+        with _autocast(setup):
+            terms = objective(x, y, ctx, ctx_feats)
+        optimizer.zero_grad(set_to_none=True)
+        terms["loss"].backward()
+        optimizer.step()
+
+    return step
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(step: Step, device: torch.device) -> float:
+    _sync(device)
+    t0 = time.perf_counter()
+    step()
+    _sync(device)
+    return time.perf_counter() - t0
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def measure(name: str, variant: str, method: str, setup: Setup, steps: int, warmup: int) -> Row:
+    """Build one method's step, time it, free it."""
+    _free(setup.device)
+    compiled = variant == "compile"
+    M = {"PS-MAP": 0, "FS-EB M=B/4": setup.batch // 4, "FS-EB M=B": setup.batch}.get(method, 0)
+    step = (
+        timm_step(name, setup, compiled)
+        if method == "timm"
+        else fseb_step(name, setup, compiled, M)
+    )
+    first = _timed(step, setup.device)
+    for _ in range(warmup):
+        step()
+    median = statistics.median(_timed(step, setup.device) for _ in range(steps))
+    peak = None
+    if setup.device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(setup.device) / 2**20
+    del step
+    _free(setup.device)
+    return Row(name, variant, method, M, median * 1e3, setup.batch / median, peak, first)
+
+
+def ratios(rows: Sequence[Row], batch: int) -> dict[str, float]:
+    """PS-MAP / timm and FS-EB / PS-MAP step-time ratios, and each FS-EB ratio's floor
+    ``(B + M) / B``, keyed ``"<model>/<variant>/<what>"``."""
+    by = {(r.model, r.variant, r.method): r for r in rows}
+    out: dict[str, float] = {}
+    for model, variant, method in by:
+        row = by[model, variant, method]
+        base = by.get((model, variant, "PS-MAP"))
+        key = f"{model}/{variant}"
+        if method == "PS-MAP" and (ref := by.get((model, variant, "timm"))):
+            out[f"{key}/PS-MAP÷timm"] = round(row.ms / ref.ms, 3)
+        if method.startswith("FS-EB") and base:
+            out[f"{key}/{method}÷PS-MAP"] = round(row.ms / base.ms, 3)
+            out[f"{key}/{method} floor"] = round((batch + row.M) / batch, 3)
+    return out
+
+
+def table(rows: Sequence[Row], found: dict[str, float]) -> str:
+    """The Markdown table of the rows, with each row's ratio and its goal."""
+    lines = [
+        "| model | variant | method | M | step ms | img/s | peak MiB | first step s | ratio "
+        "| goal |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        key = f"{r.model}/{r.variant}"
+        if r.method == "PS-MAP":
+            ratio, goal = found.get(f"{key}/PS-MAP÷timm"), 1.05
+            ratio_cell = "—" if ratio is None else f"{ratio:.2f} × timm"
+        elif r.method.startswith("FS-EB"):
+            ratio = found.get(f"{key}/{r.method}÷PS-MAP")
+            goal = 1.1 * found[f"{key}/{r.method} floor"] if ratio is not None else None
+            ratio_cell = "—" if ratio is None else f"{ratio:.2f} × PS-MAP"
+        else:
+            ratio_cell, goal = "1 (reference)", None
+        peak = "n/a" if r.peak_mib is None else f"{r.peak_mib:.0f}"
+        goal_cell = "" if goal is None else f"≤ {goal:.2f}"
+        lines.append(
+            f"| {r.model} | {r.variant} | {r.method} | {r.M} | {r.ms:.1f} | "
+            f"{r.images_per_s:.0f} | {peak} | {r.first_s:.1f} | {ratio_cell} | {goal_cell} |"
+        )
+    return "\n".join(lines)
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["resnet50", "vit_base_patch16_224"])
+    parser.add_argument("--variants", nargs="+", choices=("eager", "compile"), default=["eager"])
+    parser.add_argument("--batch", type=int, default=128, help="B, training images per step")
+    parser.add_argument("--size", type=int, default=224, help="input resolution")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per method (median)")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed steps after the first")
+    parser.add_argument("--precision", choices=("bf16", "no"), default="bf16")
+    parser.add_argument("--compile-backend", default="inductor")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, object]:
+    """Measure, print the table, then one JSON line of every figure; return that object."""
+    args = parse(argv)
+    setup = Setup(
+        torch.device(args.device), args.batch, args.size,
+        torch.bfloat16 if args.precision == "bf16" else None, args.compile_backend,
+    )  # fmt: skip
+    rows = []
+    for name in args.models:
+        for variant in args.variants:
+            for method in METHODS:
+                rows.append(measure(name, variant, method, setup, args.steps, args.warmup))
+                print(ROW_PREFIX + json.dumps(asdict(rows[-1])), flush=True)
+    found = ratios(rows, args.batch)
+    print(table(rows, found))
+    result = {"rows": [asdict(r) for r in rows], "ratios": found}
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

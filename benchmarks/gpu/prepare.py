@@ -29,12 +29,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 WHEEL_DIR, CARRY_DIR = ".whl", ".gpu-carry"
 WHEELS = (
+    "timm",  # the image's is older than fseb_ft's minimum
     "datasets", "dill", "multiprocess",
     "albumentations", "albucore", "stringzilla", "simsimd",
     "pydantic", "pydantic-core", "annotated-types", "typing-inspection",
     "optuna", "alembic", "colorlog", "SQLAlchemy", "Mako",
 )  # fmt: skip
-"""fseb_ft's dependencies (and theirs) that the GPU image does not have; the README's list."""
+"""fseb_ft's dependencies (and theirs) that the GPU image lacks or has too old; the README's."""
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64", "manylinux_2_24_x86_64",
              "manylinux_2_31_x86_64", "manylinux_2_34_x86_64", "manylinux_2_35_x86_64")  # fmt: skip

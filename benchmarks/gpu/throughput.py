@@ -75,6 +75,8 @@ class Row:
     model: str
     variant: str
     method: str
+    batch: int
+    """B, training images per step."""
     M: int
     ms: float
     """Median step time, milliseconds."""
@@ -197,10 +199,12 @@ def measure(name: str, variant: str, method: str, setup: Setup, steps: int, warm
         peak = torch.cuda.max_memory_allocated(setup.device) / 2**20
     del step
     _free(setup.device)
-    return Row(name, variant, method, M, median * 1e3, setup.batch / median, peak, first)
+    return Row(
+        name, variant, method, setup.batch, M, median * 1e3, setup.batch / median, peak, first
+    )
 
 
-def ratios(rows: Sequence[Row], batch: int) -> dict[str, float]:
+def ratios(rows: Sequence[Row]) -> dict[str, float]:
     """PS-MAP / timm and FS-EB / PS-MAP step-time ratios, and each FS-EB ratio's floor
     ``(B + M) / B``, keyed ``"<model>/<variant>/<what>"``."""
     by = {(r.model, r.variant, r.method): r for r in rows}
@@ -213,7 +217,7 @@ def ratios(rows: Sequence[Row], batch: int) -> dict[str, float]:
             out[f"{key}/PS-MAP÷timm"] = round(row.ms / ref.ms, 3)
         if method.startswith("FS-EB") and base:
             out[f"{key}/{method}÷PS-MAP"] = round(row.ms / base.ms, 3)
-            out[f"{key}/{method} floor"] = round((batch + row.M) / batch, 3)
+            out[f"{key}/{method} floor"] = round((row.batch + row.M) / row.batch, 3)
     return out
 
 
@@ -272,7 +276,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
             for method in METHODS:
                 rows.append(measure(name, variant, method, setup, args.steps, args.warmup))
                 print(ROW_PREFIX + json.dumps(asdict(rows[-1])), flush=True)
-    found = ratios(rows, args.batch)
+    found = ratios(rows)
     print(table(rows, found))
     result = {"rows": [asdict(r) for r in rows], "ratios": found}
     print(json.dumps(result))

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -210,20 +211,44 @@ def parameter_term(
     params = list(params)
     if not params:
         raise ValueError("parameter_term got no parameters")
-    if anchors is None:
-        diffs = params
-    else:
+    if anchors is not None:
         anchors = list(anchors)
         if len(anchors) != len(params):
             raise ValueError(
                 f"anchors must match params one to one; got {len(anchors)} anchors for "
                 f"{len(params)} parameters"
             )
-        diffs = [p - a.to(p.dtype) for p, a in zip(params, anchors, strict=True)]
-    acc_dtype = torch.promote_types(params[0].dtype, torch.float32)
-    # One fused reduction per parameter; summing norms² avoids concatenating a copy of θ.
-    sq = torch.stack([d.to(acc_dtype).pow(2).sum() for d in diffs]).sum()
-    return sq / (2.0 * prior_var)
+        anchors = [a.detach().to(p.dtype) for p, a in zip(params, anchors, strict=True)]
+    return _SquaredDistance.apply(anchors, *params) / (2.0 * prior_var)
+
+
+class _SquaredDistance(torch.autograd.Function):
+    """``‖θ − a‖²`` over a list of tensors with multi-tensor (``_foreach``) kernels.
+
+    A loop over the parameters launches about six kernels per tensor (square, sum, stack;
+    their backward): on a GPU, 160 tensors of a ResNet-50 made fseb_ft's PS-MAP step 1.35× timm's
+    plain step (docs/performance.md, "GPU"). The fused norms and the fused ``2 g (θ − a)`` take
+    a few launches in all, and no host synchronisation.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, anchors: list[Tensor] | None, *params: Tensor) -> Tensor:
+        ctx.anchors = anchors
+        ctx.save_for_backward(*params)
+        acc = torch.promote_types(params[0].dtype, torch.float32)
+        diffs = _differences(params, anchors)
+        norms = torch._foreach_norm([d if d.dtype == acc else d.to(acc) for d in diffs])
+        return torch.stack(norms).pow(2).sum()  # ()
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        diffs = _differences(ctx.saved_tensors, ctx.anchors)
+        return (None, *torch._foreach_mul(diffs, 2 * grad))
+
+
+def _differences(params: Sequence[Tensor], anchors: list[Tensor] | None) -> list[Tensor]:
+    """``θ − a`` per tensor (``θ`` itself without anchors), in one multi-tensor kernel."""
+    return list(params) if anchors is None else list(torch._foreach_sub(params, anchors))
 
 
 def _quad_cholesky(F: Tensor, H: Tensor, scale: float, diag: float, jitter: float) -> Tensor:

@@ -167,6 +167,27 @@ def test_parameter_term_matches_naive() -> None:
         parameter_term(params, 1.0, anchors[:1])
 
 
+def test_parameter_term_gradients_are_exact() -> None:
+    """R_θ's fused backward, 2 (θ − a) / (2 · prior_var) per tensor, against finite differences
+    in float64, with and without anchors, a 0-dim parameter among them."""
+    g = torch.Generator().manual_seed(3)
+    shapes = [(3, 4), (), (5,)]
+    params = [torch.randn(s, generator=g, dtype=torch.float64, requires_grad=True) for s in shapes]
+    anchors = [torch.randn(s, generator=g, dtype=torch.float64) for s in shapes]
+    assert torch.autograd.gradcheck(lambda *p: parameter_term(p, 0.3), params)
+    assert torch.autograd.gradcheck(lambda *p: parameter_term(p, 0.3, anchors), params)
+
+
+def test_parameter_term_of_bf16_parameters_sums_in_float32() -> None:
+    params = [torch.full((300,), 1.0 + 2**-7, dtype=torch.bfloat16, requires_grad=True)]
+    out = parameter_term(params, 0.5)  # 300 · (1 + 2⁻⁷)² exactly, which bf16 cannot hold
+    assert out.dtype == torch.float32
+    assert float(out) == pytest.approx(300 * (1 + 2**-7) ** 2, rel=1e-6)
+    out.backward()
+    assert params[0].grad.dtype == torch.bfloat16
+    assert torch.equal(params[0].grad, 2 * params[0].detach())
+
+
 def test_device_path_selects_the_jittered_factor_without_host_sync() -> None:
     # The accelerator path is plain tensor code, so it is checked on CPU directly.
     from fseb_ft.method.regularizer import _DEVICE_FALLBACK_JITTER, _cholesky_on_device

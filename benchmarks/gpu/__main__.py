@@ -4,8 +4,8 @@
         [--budget 420]
 
 (``run.sh`` installs the carried wheels, then runs ``python -m benchmarks.gpu``.) The parts run
-in this order, each in its own process with what is left of ``--budget`` seconds as its time
-limit, so a hang or a crash in one loses only that part:
+in this order, each in its own process with its own time limit (:data:`PART_LIMITS`, within
+what is left of ``--budget`` seconds), so a hang or a crash in one loses only that part:
 
 - ``tests``: ``pytest -m cuda`` over the suite (the two-process test is not CUDA-marked: one GPU);
 - ``eager``: :mod:`benchmarks.gpu.throughput`, eager, for ResNet-50 and ViT-B/16;
@@ -38,6 +38,9 @@ from benchmarks.gpu.throughput import ROW_PREFIX, Row, ratios, table
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTS = ("tests", "eager", "finetune", "compile")
+PART_LIMITS = {"tests": 120, "eager": 120, "finetune": 180}
+"""Seconds a part may take at most (an H100 took 40, 43 and 90): a hang costs one part, and
+``compile`` gets the rest of the budget."""
 CARRIED_DATA = ROOT / ".gpu-carry" / "cifar10"
 CARRIED_WEIGHTS = ROOT / ".gpu-carry" / "efficientnet_lite0.in1k"
 THROUGHPUT_DRY = ["--models", "test_resnet", "test_vit", "--batch", "8", "--size", "32", "--steps",
@@ -101,8 +104,8 @@ def run_part(name: str, cmd: list[str], out: Path, limit: float) -> dict[str, ob
             status = f"timed out after {limit:.0f} s"
     lines = log.read_text().splitlines()
     found: dict[str, object] = {"status": status, "seconds": round(time.perf_counter() - started)}
-    if lines and lines[-1].startswith("{"):
-        found["figures"] = json.loads(lines[-1])
+    if last := next((x for x in reversed(lines) if x.startswith("{")), None):
+        found["figures"] = json.loads(last)  # a part that hung after it may still print more
     elif rows := [
         json.loads(x.removeprefix(ROW_PREFIX)) for x in lines if x.startswith(ROW_PREFIX)
     ]:
@@ -173,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, object]]:
         if left < 10:
             results[name] = {"status": "not run: the budget was spent"}
             continue
-        results[name] = run_part(name, cmds[name], out, left)
+        results[name] = run_part(name, cmds[name], out, min(left, PART_LIMITS.get(name, left)))
     (out / "gpu.json").write_text(json.dumps(results) + "\n")
     (out / "summary.md").write_text(summary(results))
     print((out / "summary.md").read_text())

@@ -25,6 +25,7 @@ input pipeline. The last line printed is a JSON object of every figure.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import statistics
 import time
@@ -149,7 +150,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
     for method in METHODS:
         found[method] = finetune(args, method)
         print(f"{method}: {json.dumps(found[method])}", flush=True)
-    print(json.dumps(found))
+    print(json.dumps(found), flush=True)
+    # On an H100 this process once outlived its last line by minutes (the runs' DataLoader
+    # workers, pinned memory?): if it is still here in 20 s, every thread's stack goes to the log.
+    faulthandler.dump_traceback_later(20)
     return found
 
 

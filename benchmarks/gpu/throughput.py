@@ -16,11 +16,12 @@ with the model and its inputs in ``channels_last``:
   unavoidable extra work is one forward and backward over M more points: the floor is
   ``(B + M) / B`` × the PS-MAP step.
 
-Each method is built, timed and freed in turn, so its peak memory
-(``torch.cuda.max_memory_allocated`` from its build on) is its own: weights, φ0, optimiser
-state, activations. Its first step (compilation included under ``compile``) is reported apart;
-then ``--warmup`` untimed steps and ``--steps`` timed ones, each CUDA-synchronised, of which
-the median is reported. Each row is printed as it is measured (``row: {...}``); the last line
+The four are built at once, and each one's first step (compilation included under
+``compile``) is reported apart; then ``--warmup`` untimed rounds and ``--steps`` timed rounds
+of one step of each, in turn, each CUDA-synchronised, of which the median is reported: drift
+in the device's clocks falls on all four alike. A method's peak memory is what it holds
+(weights, φ0, the pool, optimiser state, gradients) plus its largest step's allocations
+(:func:`measure_model`). Each row is printed as it is measured (``row: {...}``); the last line
 is a JSON object of every figure.
 """
 
@@ -165,43 +166,71 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(step: Step, device: torch.device) -> float:
+def _run(step: Step, device: torch.device) -> tuple[float, int]:
+    """One synchronised step: its seconds, and the bytes it allocated at its peak above what
+    was allocated before it (0 on the CPU)."""
     _sync(device)
+    before = _allocated(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     t0 = time.perf_counter()
     step()
     _sync(device)
-    return time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else before
+    return seconds, peak - before
+
+
+def _allocated(device: torch.device) -> int:
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
 
 
 def _free(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
 
 
-def measure(name: str, variant: str, method: str, setup: Setup, steps: int, warmup: int) -> Row:
-    """Build one method's step, time it, free it."""
+def measure_model(name: str, variant: str, setup: Setup, steps: int, warmup: int) -> list[Row]:
+    """Every method of one model and variant. Each is built and takes its first step in turn
+    (what it then holds is its resident memory: weights, φ0, pool, optimiser state, gradients);
+    then the timed steps run in interleaved rounds, so that drift in the device's clocks falls
+    on every method alike. A method's peak is its resident memory plus its largest step's
+    allocations above what was allocated before that step."""
     _free(setup.device)
     compiled = variant == "compile"
-    M = {"PS-MAP": 0, "FS-EB M=B/4": setup.batch // 4, "FS-EB M=B": setup.batch}.get(method, 0)
-    step = (
-        timm_step(name, setup, compiled)
-        if method == "timm"
-        else fseb_step(name, setup, compiled, M)
-    )
-    first = _timed(step, setup.device)
+    sizes = {"timm": 0, "PS-MAP": 0, "FS-EB M=B/4": setup.batch // 4, "FS-EB M=B": setup.batch}
+    steps_of, first, resident = {}, {}, {}
+    for method in METHODS:
+        before = _allocated(setup.device)
+        steps_of[method] = (
+            timm_step(name, setup, compiled)
+            if method == "timm"
+            else fseb_step(name, setup, compiled, sizes[method])
+        )
+        first[method] = _run(steps_of[method], setup.device)[0]
+        resident[method] = _allocated(setup.device) - before
     for _ in range(warmup):
-        step()
-    median = statistics.median(_timed(step, setup.device) for _ in range(steps))
-    peak = None
-    if setup.device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(setup.device) / 2**20
-    del step
+        for step in steps_of.values():
+            step()
+    times: dict[str, list[float]] = {m: [] for m in METHODS}
+    transient = dict.fromkeys(METHODS, 0)
+    for _ in range(steps):
+        for method, step in steps_of.items():
+            seconds, extra = _run(step, setup.device)
+            times[method].append(seconds)
+            transient[method] = max(transient[method], extra)
+    del steps_of
     _free(setup.device)
-    return Row(
-        name, variant, method, setup.batch, M, median * 1e3, setup.batch / median, peak, first
-    )
+    rows = []
+    for method in METHODS:
+        median = statistics.median(times[method])
+        peak = (resident[method] + transient[method]) / 2**20
+        rows.append(
+            Row(name, variant, method, setup.batch, sizes[method], median * 1e3,
+                setup.batch / median, peak if setup.device.type == "cuda" else None, first[method])
+        )  # fmt: skip
+    return rows
 
 
 def ratios(rows: Sequence[Row]) -> dict[str, float]:
@@ -273,9 +302,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
     rows = []
     for name in args.models:
         for variant in args.variants:
-            for method in METHODS:
-                rows.append(measure(name, variant, method, setup, args.steps, args.warmup))
-                print(ROW_PREFIX + json.dumps(asdict(rows[-1])), flush=True)
+            for row in measure_model(name, variant, setup, args.steps, args.warmup):
+                rows.append(row)
+                print(ROW_PREFIX + json.dumps(asdict(row)), flush=True)
     found = ratios(rows)
     print(table(rows, found))
     result = {"rows": [asdict(r) for r in rows], "ratios": found}

@@ -94,6 +94,10 @@ def run(
     ``evaluate_test=False`` stops after training (recipe, ``run.json`` with the history,
     checkpoints and best weights): no test, OOD or corruption predictions, results files or
     model folder; the results hold only ``training``.
+
+    Raises:
+        HubPushError: the upload of ``output.push_to_hub`` failed, once everything else is
+            written (the message has the command that retries it).
     """
     if evaluate_test:
         return run_with_predictions(recipe, splits, callbacks=callbacks).results
@@ -398,8 +402,20 @@ def _training(recipe: Recipe, state: TrainState, warned: list[str]) -> dict[str,
 
 def _export(recipe: Recipe, trained: _Trained, evaluated: EvalResults | None) -> None:
     """``run.json`` with the training record; with the results (``evaluated``) the results files
-    and the model folder (pushed if ``output.push_to_hub``)."""
+    and the model folder (pushed if ``output.push_to_hub``; a failed push is raised last, a
+    :class:`~fseb_ft.runs.upload.HubPushError`, everything written)."""
     accelerator, run_dir = trained.parts.accelerator, Path(recipe.output.dir)
+    try:
+        _write_outputs(recipe, trained, evaluated, run_dir)
+    finally:
+        accelerator.end_training()
+
+
+def _write_outputs(
+    recipe: Recipe, trained: _Trained, evaluated: EvalResults | None, run_dir: Path
+) -> None:
+    """:func:`_export`'s files, written by the main process."""
+    accelerator = trained.parts.accelerator
     if accelerator.is_main_process:
         # run.json before results.json: a results file marks a finished run, so a kill between
         # the two must not leave one whose run.json lacks its training record.
@@ -414,7 +430,6 @@ def _export(recipe: Recipe, trained: _Trained, evaluated: EvalResults | None) ->
             # error there is logged with its retry command, not raised: the results are written.
             model = accelerator.unwrap_model(trained.parts.objective.model)
             share_run(model, run_dir, recipe, trained.run_info, evaluated.results)
-    accelerator.end_training()
 
 
 def _loader_kw(recipe: Recipe) -> dict[str, int]:

@@ -57,13 +57,13 @@ from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.recipe import ConfigError, Recipe, dump_recipe
 from fseb_ft.runs.atomic import cleaned_on_failure, publish, remove_orphans, write_text
 from fseb_ft.runs.feature_fit import write_feature_fit
+from fseb_ft.runs.lock import run_lock
 from fseb_ft.runs.report import EvalResults, write_results
 from fseb_ft.runs.rundir import (
     MODEL_WEIGHTS,
     RECIPE_FILE,
     RUN_INFO_FILE,
     RunInfo,
-    check_output_dir,
     clear_run,
     read_method_state,
     write_json,
@@ -96,13 +96,15 @@ def run(
     model folder; the results hold only ``training``.
 
     Raises:
+        RunInUseError: another training holds ``output.dir``'s lock (nothing was loaded).
         HubPushError: the upload of ``output.push_to_hub`` failed, once everything else is
             written (the message has the command that retries it).
     """
     if evaluate_test:
         return run_with_predictions(recipe, splits, callbacks=callbacks).results
-    trained = _train(recipe, splits, callbacks)
-    _export(recipe, trained, None)
+    with run_lock(Path(recipe.output.dir)):
+        trained = _train(recipe, splits, callbacks)
+        _export(recipe, trained, None)
     return {"training": trained.training}
 
 
@@ -111,10 +113,11 @@ def run_with_predictions(
 ) -> EvalResults:
     """:func:`run`, evaluated: its results with the predictions behind them (to draw them beside
     another run's, as ``--compare`` does)."""
-    trained = _train(recipe, splits, callbacks)
-    evaluated = _evaluate(recipe, trained.splits, trained.spec, trained.parts)
-    evaluated = evaluated.extended(training=trained.training)
-    _export(recipe, trained, evaluated)
+    with run_lock(Path(recipe.output.dir)):
+        trained = _train(recipe, splits, callbacks)
+        evaluated = _evaluate(recipe, trained.splits, trained.spec, trained.parts)
+        evaluated = evaluated.extended(training=trained.training)
+        _export(recipe, trained, evaluated)
     return evaluated
 
 
@@ -153,9 +156,9 @@ class _Trained(NamedTuple):
 
 
 def _train(recipe: Recipe, splits: Splits | None, callbacks: Sequence[Callback]) -> _Trained:
-    """The phases up to the best weights: data → model and objective → context → fit."""
+    """The phases up to the best weights: data → model and objective → context → fit (the run
+    folder checked and locked by the caller, :func:`~fseb_ft.runs.lock.run_lock`)."""
     run_dir = Path(recipe.output.dir)
-    check_output_dir(run_dir)
     check_resumable(recipe, run_dir)
     # Before the cache is built; an hf-hub: model's size is checked once it loads.
     check_cache_size(recipe.data.cache, planned_input_size(recipe.model), recipe.model.name)

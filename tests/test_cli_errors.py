@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import runpy
+import shlex
 import subprocess
 import sys
 import warnings
@@ -224,7 +225,30 @@ def test_an_interrupted_run_says_how_to_continue(
         raise KeyboardInterrupt
 
     monkeypatch.setattr(finetune_module, "run", interrupted)
-    assert "interrupted" in _fails(_tiny(tmp_path), capsys, 130)
+    line = _fails(_tiny(tmp_path), capsys, 130)
+    assert line.startswith("fseb-ft: interrupted; nothing complete was lost")
+    command = shlex.join(["fseb-ft", *_tiny(tmp_path)])
+    assert line.endswith(f"rerun the same command to continue: {command}")
+
+
+def test_sigterm_ends_a_command_as_ctrl_c_does_with_status_143() -> None:
+    # What `timeout` and job schedulers send: it ended the process silently (status -15).
+    program = (
+        "import os, signal, time\n"
+        "from fseb_ft.cli import run_entry\n"
+        "def main(argv, prog):\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(30)\n"
+        "run_entry(main, ['recipe.yaml', 'train.epochs=3'], prog='fseb-ft')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert done.returncode == 143
+    assert done.stderr == (
+        "fseb-ft: terminated (SIGTERM); nothing complete was lost (a training keeps its last "
+        "complete epoch): rerun the same command to continue: fseb-ft recipe.yaml train.epochs=3\n"
+    )
 
 
 def test_debug_shows_the_traceback(data: Path, tmp_path: Path) -> None:

@@ -87,7 +87,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "fseb-ft") -> dict[str, 
     except DiskFullError as err:
         parser.exit(1, f"{prog}: error: {err}\n")
     except HubPushError:  # the run is complete: its table, then the error and its retry command
-        _print_results(recipe, read_json(Path(recipe.output.dir) / RESULTS_JSON))
+        if not args.compare:  # a --compare stops at the run whose push failed: no table yet
+            _print_results(recipe, read_json(Path(recipe.output.dir) / RESULTS_JSON))
         raise
     if PartialState().is_main_process:
         _print_results(recipe, results)

@@ -11,7 +11,8 @@ Each command's module is imported only when it runs, so ``fseb-ft --help`` and `
 do not load the training stack. An error the user can fix (a bad recipe, a missing path, a full
 disk, a diverged run: :class:`~fseb_ft.errors.FsebError`, ``OSError``, ``ValueError``) prints
 ``fseb-ft: error: …`` and exits 1 (2 for a bad command line); ``--debug`` (or
-``FSEB_FT_DEBUG=1``) shows the traceback instead. An interrupted run says how to continue.
+``FSEB_FT_DEBUG=1``) shows the traceback instead. An interrupted run (Ctrl-C, or SIGTERM, which
+``timeout`` and job schedulers send) says what is kept and the command that continues it.
 :func:`run_entry` does this, for these commands and for each entry module run as
 ``python -m fseb_ft.MODULE`` (or ``accelerate launch -m fseb_ft.finetune``).
 """
@@ -21,13 +22,17 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import shlex
+import signal
 import sys
 import textwrap
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-__all__ = ["COMMANDS", "Command", "help_text", "main", "run_entry"]
+__all__ = ["COMMANDS", "Command", "Terminated", "help_text", "main", "run_entry"]
 
 
 @dataclass(frozen=True)
@@ -117,21 +122,49 @@ def run_entry(
 
     args = list(sys.argv[1:] if argv is None else argv)
     debug = _DEBUG_FLAG in args or bool(os.environ.get(DEBUG_ENV))
+    words = [a for a in args if a != _DEBUG_FLAG]
+    previous = _terminate_as_interrupt()
     try:
-        main([a for a in args if a != _DEBUG_FLAG], prog=prog)
-    except KeyboardInterrupt:
+        main(words, prog=prog)
+    except KeyboardInterrupt as stop:
         if debug:
             raise
+        terminated = isinstance(stop, Terminated)
         sys.stderr.write(
-            "fseb-ft: interrupted; nothing complete was lost: rerun the same command to continue "
-            "from the last complete epoch\n"
+            f"fseb-ft: {'terminated (SIGTERM)' if terminated else 'interrupted'}; nothing "
+            "complete was lost (a training keeps its last complete epoch): rerun the same "
+            f"command to continue: {shlex.join([*shlex.split(prog), *words])}\n"
         )
-        raise SystemExit(130) from None
+        raise SystemExit(128 + signal.SIGTERM if terminated else 130) from None
     except (FsebError, OSError, ValueError) as err:
         if debug:
             raise
         sys.stderr.write(f"fseb-ft: error: {err} (--debug shows where)\n")
         raise SystemExit(1) from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is, as Ctrl-C raises ``KeyboardInterrupt``: what an
+    interruption cleans up (temporary files, a half-written checkpoint) is cleaned up alike."""
+
+
+def _terminate_as_interrupt() -> Any:
+    """Make SIGTERM raise :class:`Terminated`; the handler it replaces (``None``: not replaced,
+    outside the main thread, where Python cannot set one)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    # None: a handler not set from Python, which Python cannot set back; the default instead.
+    previous = signal.getsignal(signal.SIGTERM) or signal.SIG_DFL
+
+    def terminate(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, previous)  # a second SIGTERM ends the process at once
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, terminate)
+    return previous
 
 
 def _help() -> str:

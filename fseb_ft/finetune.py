@@ -43,8 +43,10 @@ from fseb_ft.runs.rundir import (
     RESULTS_MD,
     check_output_dir,
     read_class_names,
+    read_json,
 )
 from fseb_ft.runs.tables import markdown_table, method_title
+from fseb_ft.runs.upload import HubPushError
 
 __all__ = ["RecipeMismatchError", "compare", "finetune", "main", "resolve_recipe", "run"]
 
@@ -84,11 +86,20 @@ def main(argv: Sequence[str] | None = None, prog: str = "fseb-ft") -> dict[str, 
         parser.exit(2, f"{prog}: error: {err}\n")
     except DiskFullError as err:
         parser.exit(1, f"{prog}: error: {err}\n")
+    except HubPushError:  # the run is complete: its table, then the error and its retry command
+        if not args.compare:  # a --compare stops at the run whose push failed: no table yet
+            _print_results(recipe, read_json(Path(recipe.output.dir) / RESULTS_JSON))
+        raise
     if PartialState().is_main_process:
-        run_dir = Path(recipe.output.dir)
-        print(markdown_table({method_title(recipe): results}, read_class_names(run_dir)))
-        print(_written(run_dir))
+        _print_results(recipe, results)
     return results
+
+
+def _print_results(recipe: Recipe, results: dict[str, Any]) -> None:
+    """The run's results table and where its files are."""
+    run_dir = Path(recipe.output.dir)
+    print(markdown_table({method_title(recipe): results}, read_class_names(run_dir)))
+    print(_written(run_dir))
 
 
 def _written(run_dir: Path) -> str:

@@ -27,6 +27,14 @@ def test_applies_on_glibc_and_is_idempotent() -> None:
     assert keep_freed_memory() is keep_freed_memory()
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mallopt is glibc-only")
+def test_it_applies_without_a_line_at_every_start() -> None:
+    env = {k: v for k, v in os.environ.items() if k != DISABLE_ENV}
+    code = f"from fseb_ft.logs import configure_logging; configure_logging(); {CHECK}"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert (out.returncode, out.stdout, out.stderr) == (0, "True\n", "")
+
+
 def test_environment_variable_disables_it() -> None:
     assert _run({**os.environ, DISABLE_ENV: "1"}) == "False"
 

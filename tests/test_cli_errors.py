@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import runpy
+import shlex
 import subprocess
 import sys
 import warnings
@@ -224,7 +225,30 @@ def test_an_interrupted_run_says_how_to_continue(
         raise KeyboardInterrupt
 
     monkeypatch.setattr(finetune_module, "run", interrupted)
-    assert "interrupted" in _fails(_tiny(tmp_path), capsys, 130)
+    line = _fails(_tiny(tmp_path), capsys, 130)
+    assert line.startswith("fseb-ft: interrupted; nothing complete was lost")
+    command = shlex.join(["fseb-ft", *_tiny(tmp_path)])
+    assert line.endswith(f"rerun the same command to continue: {command}")
+
+
+def test_sigterm_ends_a_command_as_ctrl_c_does_with_status_143() -> None:
+    # What `timeout` and job schedulers send: it ended the process silently (status -15).
+    program = (
+        "import os, signal, time\n"
+        "from fseb_ft.cli import run_entry\n"
+        "def main(argv, prog):\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(30)\n"
+        "run_entry(main, ['recipe.yaml', 'train.epochs=3'], prog='fseb-ft')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert done.returncode == 143
+    assert done.stderr == (
+        "fseb-ft: terminated (SIGTERM); nothing complete was lost (a training keeps its last "
+        "complete epoch): rerun the same command to continue: fseb-ft recipe.yaml train.epochs=3\n"
+    )
 
 
 def test_debug_shows_the_traceback(data: Path, tmp_path: Path) -> None:
@@ -259,3 +283,33 @@ def test_a_refused_rerun_leaves_the_finished_run_byte_identical(
     line = _fails([*_tiny(tmp_path), "optim.lr=0.5"], capsys, 2)
     assert "holds checkpoints of a run with a different recipe" in line
     assert snapshot(run_dir) == before
+
+
+def test_accelerate_launch_q_leaves_the_error_line_alone(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """What docs/troubleshooting.md tells users of Accelerate's one-process launcher: without
+    ``-q`` it follows a failed script with a ``CalledProcessError`` traceback, with ``-q`` it
+    exits 1 and the script's line stays alone."""
+    from accelerate.commands import launch
+
+    script = "import sys; sys.stderr.write('fseb-ft: error: x\\n'); sys.exit(2)"
+    child = ([sys.executable, "-c", script], dict(os.environ))
+    monkeypatch.setattr(launch, "prepare_simple_launcher_cmd_env", lambda args: child)
+    args = launch.launch_command_parser().parse_args(["-q", "-m", "fseb_ft.finetune", "r.yaml"])
+    with pytest.raises(SystemExit) as stop:
+        launch.simple_launcher(args)
+    assert stop.value.code == 1 and capfd.readouterr().err == "fseb-ft: error: x\n"
+    args.quiet = False
+    with pytest.raises(subprocess.CalledProcessError):
+        launch.simple_launcher(args)
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/cli.md"])
+def test_the_docs_one_process_accelerate_launches_are_quiet(doc: str) -> None:
+    launches = [
+        line.strip()
+        for line in (ROOT / doc).read_text(encoding="utf-8").splitlines()
+        if line.strip().startswith("accelerate launch") and "--multi_gpu" not in line
+    ]
+    assert launches and all(line.startswith("accelerate launch -q ") for line in launches)

@@ -99,29 +99,36 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     recipe = recipe_from_dict(tiny_recipe(root / "ind", root / "ood", out))
 
     shared: dict[str, Any] = {}
-    original = upload.share_run
+    original_share, original_evaluate = upload.share_run, run_module._evaluate
 
     def spy(model, *args, **kwargs):  # the exact model run() exports, and its logits
         shared["model"] = copy.deepcopy(model).eval()
-        return original(model, *args, **kwargs)
+        return original_share(model, *args, **kwargs)
+
+    def evaluate_spy(*args, **kwargs):  # what the run evaluated, as the failed push raises
+        shared["evaluated"] = original_evaluate(*args, **kwargs)
+        return shared["evaluated"]
 
     records = _Records()
     logging.getLogger("fseb_ft.runs.upload").addHandler(records)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(run_module, "share_run", spy)  # the name run() calls
+        mp.setattr(run_module, "_evaluate", evaluate_spy)
         mp.setenv("HF_ENDPOINT", UNREACHABLE)
         start = time.perf_counter()
-        evaluated = run_module.run_with_predictions(recipe)
+        with pytest.raises(upload.HubPushError) as failed:
+            run_module.run_with_predictions(recipe)
         seconds = time.perf_counter() - start
     logging.getLogger("fseb_ft.runs.upload").removeHandler(records)
     return SimpleNamespace(
         dir=out,
         folder=out / "model",
         recipe=recipe,
-        results=evaluated.results,
-        predictions=evaluated.predictions,
+        results=json.loads((out / "results.json").read_text()),
+        predictions=shared["evaluated"].predictions,
         model=shared["model"],
         log=records.messages,
+        error=str(failed.value),
         seconds=seconds,
     )
 
@@ -268,20 +275,39 @@ def test_card_has_hub_metadata_results_plots_recipe_and_usage(tiny_run) -> None:
     assert "trained from its random initialisation" in text
 
 
-def test_failed_push_is_fast_logged_with_the_retry_command_and_the_run_completes(
+def test_failed_push_is_fast_raised_with_the_retry_command_once_the_run_completes(
     tiny_run,
 ) -> None:
     assert tiny_run.results["test"]["n"] == 9 and "training" in tiny_run.results
-    failures = [m for m in tiny_run.log if m.startswith("could not push")]
-    assert len(failures) == 1, tiny_run.log
-    assert UNREACHABLE in failures[0] and "ConnectError" in failures[0]
-    assert f"fseb-ft push {tiny_run.dir} {REPO_ID} --private" in failures[0]
+    assert (tiny_run.folder / "model.safetensors").is_file()
+    assert not [m for m in tiny_run.log if m.startswith("could not push")]  # raised, not logged
+    assert tiny_run.error.startswith("could not push")
+    assert UNREACHABLE in tiny_run.error and "ConnectError" in tiny_run.error
+    assert f"fseb-ft push {tiny_run.dir} {REPO_ID} --private" in tiny_run.error
 
     start = time.perf_counter()
     with pytest.raises(upload.HubPushError, match="Retry with") as err:
         upload.push_run(tiny_run.dir, REPO_ID, endpoint=UNREACHABLE, refresh_card=False)
     assert time.perf_counter() - start < 10
     assert f"--endpoint {UNREACHABLE}" in str(err.value)
+
+
+def test_a_failed_push_ends_the_train_command_with_the_table_and_one_error_line(
+    tiny_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe_file = tmp_path / "recipe.yaml"
+    recipe_file.write_text(dump_recipe(tiny_run.recipe))
+
+    def push_failed(recipe: Any) -> None:  # the run is complete (tiny_run's files) but not pushed
+        raise upload.HubPushError(tiny_run.error)
+
+    monkeypatch.setattr("fseb_ft.finetune.run", push_failed)
+    with pytest.raises(SystemExit) as stop:
+        cli.main([str(recipe_file)])
+    assert stop.value.code == 1
+    out, err = capsys.readouterr()
+    assert out.startswith("| Method | Acc. (%)") and f"written to {tiny_run.dir}" in out
+    assert err.startswith("fseb-ft: error: could not push") and "Traceback" not in err
 
 
 def test_the_card_shows_the_sibling_psmap_run_or_a_given_baseline(tiny_run, tmp_path: Path) -> None:

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from fseb_ft.finetune import run
-from fseb_ft.logs import above_progress_bars
+from fseb_ft.logs import above_progress_bars, progress_bar
 from fseb_ft.method.objective import FSEBObjective
+from fseb_ft.method.regularizer import CholeskyJitterWarning
 from fseb_ft.recipe import recipe_from_dict
 from tests.helpers import tiny_recipe, write_image_folder
 
@@ -61,6 +62,7 @@ def test_lines_and_warnings_of_the_training_loop_go_above_its_bars(
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(FSEBObjective, "forward", noisy)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal: bars are drawn
     recipe = tiny_recipe(folders, tmp_path / "run", epochs=1)
     recipe["fseb"]["reg_scale"] = 0.0  # PS-MAP: no context pool, a faster run
     with _console():
@@ -86,3 +88,56 @@ def test_above_progress_bars_undoes_what_it_changed() -> None:
         assert warnings.showwarning is captured
     finally:
         logging.captureWarnings(False)
+
+
+def test_progress_bars_are_drawn_on_a_terminal_only(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert list(progress_bar(range(3), desc="counting")) == [0, 1, 2]
+    assert capsys.readouterr().err == ""  # pytest's stderr is no terminal: a log file's case
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert list(progress_bar(range(3), desc="counting")) == [0, 1, 2]
+    assert "counting: 100%" in capsys.readouterr().err
+    assert list(progress_bar(range(3), desc="counting", show=False)) == [0, 1, 2]
+    assert capsys.readouterr().err == ""
+
+
+def test_a_run_logged_to_a_file_has_its_epoch_lines_and_no_bar_frames(
+    folders: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe = tiny_recipe(folders, tmp_path / "run", epochs=2)
+    recipe["fseb"]["reg_scale"] = 0.0  # PS-MAP: no context pool, a faster run
+    run(recipe_from_dict(recipe), evaluate_test=False)
+    out, err = capsys.readouterr()
+    assert "epoch 1/2: train loss" in out and "epoch 2/2: train loss" in out
+    assert "\r" not in out + err and "it/s" not in err
+
+
+def _jitter_warnings(count: int) -> None:
+    for step in range(count):  # one place, the numbers of each step in the text
+        warnings.warn(f"Cholesky of Kc failed at step {step}", CholeskyJitterWarning, stacklevel=1)
+
+
+def test_a_repeated_warning_of_fseb_ft_is_logged_once_with_its_count(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with warnings.catch_warnings(), caplog.at_level(logging.WARNING, logger="py.warnings"):
+        warnings.simplefilter("default")
+        with above_progress_bars():
+            _jitter_warnings(4)
+            warnings.warn("a library's warning, step 1", UserWarning, stacklevel=1)
+            warnings.warn("a library's warning, step 2", UserWarning, stacklevel=1)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 4, messages
+    assert "CholeskyJitterWarning: Cholesky of Kc failed at step 0" in messages[0]
+    assert messages[1:3] == [m for m in messages if "a library's warning" in m]
+    assert messages[3].startswith("CholeskyJitterWarning (")
+    assert messages[3].endswith("repeated 3 more times; python -W always shows each")
+
+
+def test_python_w_always_shows_every_repeat(caplog: pytest.LogCaptureFixture) -> None:
+    with warnings.catch_warnings(), caplog.at_level(logging.WARNING, logger="py.warnings"):
+        warnings.simplefilter("always")
+        with above_progress_bars():
+            _jitter_warnings(3)
+    assert len(caplog.records) == 3

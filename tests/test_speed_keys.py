@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 import timm
+import timm.layers.config
 import torch
+from safetensors.torch import load_file
 from torch import fx
 
 from fseb_ft.engine.speed import apply_speed_keys
@@ -71,6 +73,40 @@ def test_grad_checkpointing_gives_the_same_loss_and_gradients() -> None:
         torch.testing.assert_close(grads_b[name], grad, rtol=1e-10, atol=1e-12, msg=name)
 
 
+def _train_steps(objective: FSEBObjective, steps: int = 2) -> dict[str, torch.Tensor]:
+    """``steps`` SGD steps of ``objective`` in train mode; the network's state (weights and
+    buffers) after them."""
+    optimizer = torch.optim.SGD(objective.trainable_parameters(), lr=0.1)
+    objective.train()
+    torch.manual_seed(3)  # the same drop-path draws for each objective
+    for _ in range(steps):
+        terms = objective(*_batch(torch.float64))
+        terms["loss"].backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return objective.model.state_dict()
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+@pytest.mark.parametrize("reg_scale", [0.0, 1.0], ids=["batchnorm-net", "fseb-joint"])
+def test_grad_checkpointing_trains_the_same_weights_and_batchnorm_statistics(
+    reg_scale: float, reentrant: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each recomputed segment runs its forward again in train mode: its BatchNorm statistics
+    # must not move twice, and its drop-path masks must be the first forward's.
+    monkeypatch.setattr(timm.layers.config, "_USE_REENTRANT_CKPT", reentrant)
+    torch.manual_seed(0)
+    model = timm.create_model("test_byobnet", num_classes=3, drop_path_rate=0.5).double()
+    plain = FSEBObjective(model, 20, **(PRIOR | {"reg_scale": reg_scale}))
+    checkpointed = copy.deepcopy(plain)
+    apply_speed_keys(checkpointed, ModelConfig(grad_checkpointing=True), TrainConfig())
+    expected, found = _train_steps(plain), _train_steps(checkpointed)
+    assert int(expected["stages.1.0.conv1_1x1.bn.num_batches_tracked"]) == 2
+    assert list(found) == list(expected)
+    for name, value in expected.items():
+        assert torch.equal(found[name], value), name
+
+
 def test_grad_checkpointing_refused_for_a_model_without_it() -> None:
     objective = FSEBObjective(TinyNet(), 10)
     with pytest.raises(ModelPartsError, match=r"^model.grad_checkpointing: model.name='tiny'"):
@@ -111,6 +147,24 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return image_folders(
         tmp_path_factory.mktemp("data"), {"cat": 8, "dog": 8}, {"cat": 3, "dog": 3}, owls=3
     )
+
+
+def test_a_run_with_grad_checkpointing_exports_the_same_model_and_results(
+    folders: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    skip_figures(monkeypatch)
+    found = []
+    for checkpointing in (False, True):
+        out = tmp_path / str(checkpointing)
+        recipe = tiny_recipe(folders, out, epochs=1)
+        recipe["model"] |= {"grad_checkpointing": checkpointing}
+        results = run(recipe_from_dict(recipe))
+        found.append((load_file(str(out / "model" / "model.safetensors")), results["test"]))
+    (weights, metrics), (weights_gc, metrics_gc) = found
+    assert list(weights_gc) == list(weights)
+    for name, value in weights.items():
+        assert torch.equal(weights_gc[name], value), name
+    assert metrics_gc == metrics
 
 
 def test_a_run_with_the_keys_exports_a_model_timm_loads(

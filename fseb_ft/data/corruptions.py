@@ -39,11 +39,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from fseb_ft.data.corruption_ops import BENCHMARK, CORRUPTIONS, EXTRA
 from fseb_ft.data.image_cache import user_cache_dir
 from fseb_ft.data.images import LabeledImages, content_hash
+from fseb_ft.logs import progress_bar
 from fseb_ft.recipe.options import ALL_CORRUPTIONS
 from fseb_ft.recipe.reporting import resolve_corruptions
 
@@ -219,7 +219,7 @@ class CorruptedImages(LabeledImages):
     def _compute(self, progress: bool) -> list[np.ndarray]:
         images = []
         desc = f"corrupt {self.corruption} s{self.severity}"
-        for i in tqdm(range(len(self.base)), desc=desc, disable=not progress, leave=False):
+        for i in progress_bar(range(len(self.base)), desc=desc, show=progress, leave=False):
             rng = image_rng(self.seed, self.corruption, i)
             images.append(corrupt(self.base[i][0], self.corruption, self.severity, rng))
         return images

@@ -46,10 +46,10 @@ from typing import IO, Any, NamedTuple
 
 import numpy as np
 import PIL.Image
-from tqdm.auto import tqdm
 
 from fseb_ft.data.images import IndexedImages, LabeledImages
 from fseb_ft.data.pixels import decode_image, fit_channels
+from fseb_ft.logs import progress_bar
 from fseb_ft.recipe import ImageCacheConfig
 from fseb_ft.recipe.datasets import check_cache_size
 
@@ -328,7 +328,7 @@ def _build(
     shapes = np.zeros((n, 3), dtype=np.int64)  # (N, 3)
     offsets = np.zeros(n + 1, dtype=np.int64)  # (N + 1,)
     bad: dict[int, tuple[str, str]] = {}
-    bar = tqdm(total=n, desc=desc, disable=not progress, leave=False)
+    bar = progress_bar(total=n, desc=desc, show=progress, leave=False)
     with _atomic(stem.with_suffix(".bin")) as out, bar:
         for index, (image, name, reason) in enumerate(_decoded(root, config, workers)):
             if image is None:

@@ -32,13 +32,13 @@ from pathlib import Path
 
 import numpy as np
 import PIL.Image
-from tqdm.auto import tqdm
 
 from fseb_ft.data.image_cache import cache_images
 from fseb_ft.data.images import IndexedImages, LabeledImages
 from fseb_ft.data.pixels import EMPTY_FILE, WIDE_MODES, as_uint8
 from fseb_ft.data.splits import Splits
 from fseb_ft.errors import FsebError
+from fseb_ft.logs import progress_bar
 from fseb_ft.recipe import ImageCacheConfig
 
 __all__ = [
@@ -127,7 +127,7 @@ def find_bad_images(data: LabeledImages, key: str, progress: bool = True) -> lis
     if seen not in _CHECKED:
         bar = progress and len(data) >= PROGRESS_FROM
         found = []
-        for index in tqdm(range(len(data)), desc=f"checking {key}", disable=not bar, leave=False):
+        for index in progress_bar(range(len(data)), desc=f"checking {key}", show=bar, leave=False):
             name, source = data.encoded(index)
             reason = check_image(source)
             if reason is not None:

@@ -68,7 +68,7 @@ def keep_freed_memory() -> bool:
     _libc = libc
     _applied = all(libc.mallopt(param, value) == 1 for param, value in _SETTINGS)
     if _applied:
-        logger.info("glibc keeps freed memory for reuse (set %s=1 to disable)", DISABLE_ENV)
+        logger.debug("glibc keeps freed memory for reuse (set %s=1 to disable)", DISABLE_ENV)
     return _applied
 
 

@@ -26,14 +26,13 @@ from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, DistributedType
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
 
 from fseb_ft.data.transforms import epoch_seed, seed_transform
 from fseb_ft.engine.callbacks import Callback, TrainState, Validation
 from fseb_ft.errors import FsebError
 from fseb_ft.evaluation.metrics import METRIC_REGISTRY, classification_metrics, higher_is_better
 from fseb_ft.evaluation.predictions import predict_logits
-from fseb_ft.logs import above_progress_bars
+from fseb_ft.logs import above_progress_bars, progress_bar
 from fseb_ft.method.context import ContextStream
 from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.recipe import OptimConfig, TrainConfig
@@ -295,10 +294,10 @@ class Trainer:
         ctx_iter = context.epoch(epoch) if context is not None else None
         sums: dict[str, Tensor] = {}
         count = 0
-        bar = tqdm(
+        bar = progress_bar(
             loader,
             desc=f"epoch {epoch + 1}/{self.config.epochs}",
-            disable=not self.accelerator.is_main_process,
+            show=self.accelerator.is_main_process,
             leave=False,
         )
         for x, y in bar:

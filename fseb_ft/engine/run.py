@@ -57,13 +57,13 @@ from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.recipe import ConfigError, Recipe, dump_recipe
 from fseb_ft.runs.atomic import cleaned_on_failure, publish, remove_orphans, write_text
 from fseb_ft.runs.feature_fit import write_feature_fit
+from fseb_ft.runs.lock import run_lock
 from fseb_ft.runs.report import EvalResults, write_results
 from fseb_ft.runs.rundir import (
     MODEL_WEIGHTS,
     RECIPE_FILE,
     RUN_INFO_FILE,
     RunInfo,
-    check_output_dir,
     clear_run,
     read_method_state,
     write_json,
@@ -94,11 +94,17 @@ def run(
     ``evaluate_test=False`` stops after training (recipe, ``run.json`` with the history,
     checkpoints and best weights): no test, OOD or corruption predictions, results files or
     model folder; the results hold only ``training``.
+
+    Raises:
+        RunInUseError: another training holds ``output.dir``'s lock (nothing was loaded).
+        HubPushError: the upload of ``output.push_to_hub`` failed, once everything else is
+            written (the message has the command that retries it).
     """
     if evaluate_test:
         return run_with_predictions(recipe, splits, callbacks=callbacks).results
-    trained = _train(recipe, splits, callbacks)
-    _export(recipe, trained, None)
+    with run_lock(Path(recipe.output.dir)):
+        trained = _train(recipe, splits, callbacks)
+        _export(recipe, trained, None)
     return {"training": trained.training}
 
 
@@ -107,10 +113,11 @@ def run_with_predictions(
 ) -> EvalResults:
     """:func:`run`, evaluated: its results with the predictions behind them (to draw them beside
     another run's, as ``--compare`` does)."""
-    trained = _train(recipe, splits, callbacks)
-    evaluated = _evaluate(recipe, trained.splits, trained.spec, trained.parts)
-    evaluated = evaluated.extended(training=trained.training)
-    _export(recipe, trained, evaluated)
+    with run_lock(Path(recipe.output.dir)):
+        trained = _train(recipe, splits, callbacks)
+        evaluated = _evaluate(recipe, trained.splits, trained.spec, trained.parts)
+        evaluated = evaluated.extended(training=trained.training)
+        _export(recipe, trained, evaluated)
     return evaluated
 
 
@@ -149,9 +156,9 @@ class _Trained(NamedTuple):
 
 
 def _train(recipe: Recipe, splits: Splits | None, callbacks: Sequence[Callback]) -> _Trained:
-    """The phases up to the best weights: data → model and objective → context → fit."""
+    """The phases up to the best weights: data → model and objective → context → fit (the run
+    folder checked and locked by the caller, :func:`~fseb_ft.runs.lock.run_lock`)."""
     run_dir = Path(recipe.output.dir)
-    check_output_dir(run_dir)
     check_resumable(recipe, run_dir)
     # Before the cache is built; an hf-hub: model's size is checked once it loads.
     check_cache_size(recipe.data.cache, planned_input_size(recipe.model), recipe.model.name)
@@ -398,8 +405,20 @@ def _training(recipe: Recipe, state: TrainState, warned: list[str]) -> dict[str,
 
 def _export(recipe: Recipe, trained: _Trained, evaluated: EvalResults | None) -> None:
     """``run.json`` with the training record; with the results (``evaluated``) the results files
-    and the model folder (pushed if ``output.push_to_hub``)."""
+    and the model folder (pushed if ``output.push_to_hub``; a failed push is raised last, a
+    :class:`~fseb_ft.runs.upload.HubPushError`, everything written)."""
     accelerator, run_dir = trained.parts.accelerator, Path(recipe.output.dir)
+    try:
+        _write_outputs(recipe, trained, evaluated, run_dir)
+    finally:
+        accelerator.end_training()
+
+
+def _write_outputs(
+    recipe: Recipe, trained: _Trained, evaluated: EvalResults | None, run_dir: Path
+) -> None:
+    """:func:`_export`'s files, written by the main process."""
+    accelerator = trained.parts.accelerator
     if accelerator.is_main_process:
         # run.json before results.json: a results file marks a finished run, so a kill between
         # the two must not leave one whose run.json lacks its training record.
@@ -414,7 +433,6 @@ def _export(recipe: Recipe, trained: _Trained, evaluated: EvalResults | None) ->
             # error there is logged with its retry command, not raised: the results are written.
             model = accelerator.unwrap_model(trained.parts.objective.model)
             share_run(model, run_dir, recipe, trained.run_info, evaluated.results)
-    accelerator.end_training()
 
 
 def _loader_kw(recipe: Recipe) -> dict[str, int]:

@@ -19,7 +19,6 @@ import torch
 from accelerate import Accelerator
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
 
 from fseb_ft.errors import FsebError
 from fseb_ft.evaluation.feature_ood import FEATURE_SCORES, feature_ood_score, fit_feature_ood
@@ -30,6 +29,7 @@ from fseb_ft.evaluation.laplace import (
     laplace_logits,
     laplace_torch,
 )
+from fseb_ft.logs import progress_bar
 from fseb_ft.method.posterior import unwrap_model
 from fseb_ft.recipe import EvalConfig
 
@@ -108,7 +108,8 @@ def predict_features(
     was_training = inner.training
     inner.eval()
     found, labels = [], []
-    for x, y in tqdm(loader, desc="features", disable=not accelerator.is_main_process, leave=False):
+    main = accelerator.is_main_process
+    for x, y in progress_bar(loader, desc="features", show=main, leave=False):
         with accelerator.autocast():
             h = inner.forward_head(inner.forward_features(x), pre_logits=True)  # (B, D)
         h, y = accelerator.gather_for_metrics((h.float().flatten(1), y))

@@ -15,7 +15,6 @@ import torch
 from accelerate import Accelerator
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
 
 from fseb_ft.data.images import IndexedImages, LabeledImages
 from fseb_ft.data.inputs import InputSpec
@@ -32,6 +31,7 @@ from fseb_ft.evaluation.features import (
     wants_feature_scores,
 )
 from fseb_ft.evaluation.groups import Groups, reported_groups
+from fseb_ft.logs import progress_bar
 from fseb_ft.method.posterior import unwrap_model
 from fseb_ft.recipe import EvalConfig
 
@@ -199,8 +199,8 @@ def predict_with_features(
         hook = classifier.register_forward_hook(lambda _m, args, _out: inputs.append(args[0]))
     found: list[list[Tensor]] = [[], [], []]  # logits, labels, features
     try:
-        for x, y in tqdm(
-            loader, desc="predict", disable=not accelerator.is_main_process, leave=False
+        for x, y in progress_bar(
+            loader, desc="predict", show=accelerator.is_main_process, leave=False
         ):
             with accelerator.autocast():
                 logits = model(x)  # (B, K)
@@ -401,7 +401,7 @@ def predict_corruptions(
     out: dict[str, dict[int, Tensor]] = {}
     posthoc: dict[str, dict[int, Tensor]] = {}
     classifier = None if laplace is None else laplace.classifier
-    for name, severity in tqdm(pairs, desc="corruptions", disable=not main):
+    for name, severity in progress_bar(pairs, desc="corruptions", show=main):
         with accelerator.main_process_first():
             data = CorruptedImages(
                 test, name, severity, cfg.corruption_seed, cfg.corruption_cache, progress=main

@@ -18,7 +18,6 @@ import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
-from tqdm.auto import tqdm
 
 from fseb_ft.data.decode_size import min_decode_size
 from fseb_ft.data.images import LabeledImages
@@ -34,6 +33,7 @@ from fseb_ft.data.transforms import (
     seed_transform,
     seed_worker,
 )
+from fseb_ft.logs import progress_bar
 from fseb_ft.method.regularizer import resolve_prior
 from fseb_ft.recipe import ContextConfig, FSEBConfig
 from fseb_ft.recipe.options import CONTEXT_KINDS
@@ -271,7 +271,7 @@ class ContextStream:
         loader = DataLoader(pool, batch_size=256, num_workers=self.num_workers)
         chunks = []
         with accelerator.autocast():
-            for x in tqdm(loader, desc="φ0 features", disable=not accelerator.is_main_process):
+            for x in progress_bar(loader, desc="φ0 features", show=accelerator.is_main_process):
                 chunks.append(objective.prior_features(x.to(self.device)).float())
         return torch.cat(chunks)  # (P, D)
 

@@ -73,7 +73,8 @@ class ModelConfig:
     grad_checkpointing: bool = False
     """Recompute activations in the backward pass instead of storing them (timm's
     ``set_grad_checkpointing``): less memory for the B + M images of an FS-EB step, about a
-    third more compute; the same loss and gradients. A model without it stops at start."""
+    third more compute; the same loss, gradients and BatchNorm statistics (recomputation leaves
+    them alone), so the same trained model. A model without it stops at start."""
 
     def __post_init__(self) -> None:
         check(bool(self.name), "name", self.name, "a timm name, hf-hub:… or local-dir:…")

@@ -27,7 +27,6 @@ from safetensors.torch import load_model as load_safetensors
 from timm.data import resolve_data_config
 from torch import Tensor, nn
 from torch.utils.data import Dataset
-from tqdm.auto import tqdm
 
 from fseb_ft.data.files import find_images, read_image
 from fseb_ft.data.images import LabeledImages
@@ -37,6 +36,7 @@ from fseb_ft.data.sources import hold_outs, load_split
 from fseb_ft.data.transforms import eval_transform, make_loader
 from fseb_ft.errors import FsebError
 from fseb_ft.evaluation.abstention import AbstentionRule
+from fseb_ft.logs import progress_bar
 from fseb_ft.method.models import create_model
 from fseb_ft.method.posterior import posterior, predictive
 from fseb_ft.recipe import DatasetSpec, Recipe
@@ -394,7 +394,7 @@ def outputs_and_read_errors(
     :func:`fseb_ft.evaluation.predictions.predict_features` computes; ``None`` without it."""
     loader = make_loader(inputs, batch_size, shuffle=False, num_workers=num_workers)
     logits, features, errors = [], [], []
-    with tqdm(total=len(inputs), desc=desc, unit="img", disable=not progress) as bar:
+    with progress_bar(total=len(inputs), desc=desc, unit="img", show=progress) as bar:
         for x, err in loader:
             z, h = _forward(net, network, x.to(device))
             logits.append(z.float().cpu())  # (B, K)

@@ -50,6 +50,7 @@ __all__ = [
     "CONFUSION_PLOT",
     "CORRUPTION_PLOT",
     "FEATURE_OOD_FIT",
+    "LOCK_FILE",
     "MODEL_DIR",
     "MODEL_RECIPE",
     "MODEL_WEIGHTS",
@@ -112,6 +113,9 @@ model folder: exported and pushed with it."""
 MODEL_RECIPE = Path(MODEL_DIR) / "training_recipe.yaml"
 """The recipe the model card says to reproduce with, its local paths as placeholders. Not
 ``recipe.yaml``: that name makes a folder a run, and a model folder is not one."""
+LOCK_FILE = ".lock"
+"""The file a training holds locked while it runs (``fseb_ft.runs.lock``); a finished run
+removes it, a killed run's holds nothing."""
 CHECKPOINTS = "checkpoints"
 """The folder of per-epoch checkpoints (only the newest complete one is kept)."""
 CHECKPOINT_PREFIX = "epoch-"

@@ -146,10 +146,14 @@ def share_run(
 ) -> str | None:
     """End of a run: write the model folder, then push it if ``output.push_to_hub`` is set.
 
-    The run's results are written by then, so what the disk or the Hub refuses does not fail
-    it: an ``OSError`` while exporting (a full disk, a folder that cannot be written to) or a
-    failed upload is logged with what failed and how to retry, and ``None`` returned. Anything
-    else (a bug) propagates. Returns the commit URL when pushed.
+    The run's results are written by then, so what the disk refuses does not fail it: an
+    ``OSError`` while exporting (a full disk, a folder that cannot be written to) is logged with
+    what failed and how to retry, and ``None`` returned. A failed upload is raised, once the
+    folder is written: the run asked for it, so its command must not end as if it were done.
+    Anything else (a bug) propagates. Returns the commit URL when pushed.
+
+    Raises:
+        HubPushError: the upload failed; the message has the cause and the retry command.
     """
     run_dir = Path(run_dir)
     out = recipe.output
@@ -165,18 +169,14 @@ def share_run(
         return None
     if not out.push_to_hub:
         return None
-    try:
-        url = push_run(
-            run_dir,
-            out.push_to_hub,
-            private=out.private,
-            revision=out.revision,
-            commit_message=out.commit_message,
-            refresh_card=False,
-        )
-    except HubPushError as err:
-        logger.error("%s", err)
-        return None
+    url = push_run(
+        run_dir,
+        out.push_to_hub,
+        private=out.private,
+        revision=out.revision,
+        commit_message=out.commit_message,
+        refresh_card=False,
+    )
     logger.info("pushed %s to %s", run_dir / MODEL_DIR, url)
     return url
 

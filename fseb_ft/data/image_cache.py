@@ -68,8 +68,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-VERSION = 1
-"""Part of every entry's key: raise it when the cached pixels of the same images change."""
+VERSION = 2
+"""Part of every entry's key: raise it when the cached pixels of the same images change (2: images
+turned upright by their EXIF orientation)."""
 PARALLEL_FROM = 64
 """Datasets of at least this many images are decoded by a pool of processes; smaller ones in
 this process (a pool costs more to start than they take)."""

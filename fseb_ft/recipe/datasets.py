@@ -78,8 +78,10 @@ class DatasetSpec:
     metadata_columns: tuple[str, ...] = ()
     """``csv``: further columns kept with every image, as strings (empty cells allowed)."""
     classes: tuple[int | str, ...] | None = None
-    """Keep only these original labels, relabelled 0..len-1 in this order (``None``: all). For
-    ``csv`` it is the list of classes, in label order: integer labels or class names; a row
+    """Keep only these classes, relabelled 0..len-1 in this order (``None``: all): each an
+    original label or a class name (an image folder's class folder, e.g. ``[dog, cat]``, a Hub
+    dataset's ``ClassLabel`` name). For ``csv`` it is the list of classes, in label order:
+    integer labels or class names; a row
     whose label is not listed stops the load (a listed class without rows stays, empty).
     Without it, a ``csv`` file's integer labels are the class indices and its names are
     sorted."""
@@ -111,12 +113,6 @@ class DatasetSpec:
             "image_pattern",
             self.image_pattern,
             "must hold {} once, where the image column's id goes (e.g. '{}.png')",
-        )
-        check(
-            self.source == "csv" or all(isinstance(c, int) for c in self.classes or ()),
-            "classes",
-            self.classes,
-            f"must be integer labels for source {self.source} (class names: source csv only)",
         )
         check(self.limit is None or self.limit > 0, "limit", self.limit, "must be > 0 or null")
         check(
@@ -346,11 +342,15 @@ class DataConfig:
 
 def _same_images(a: DatasetSpec, b: DatasetSpec) -> bool:
     """Whether two specs may share images: the same split of the same source, and classes not
-    disjoint (a ``limit`` subset of a split still shares its images)."""
+    disjoint (a ``limit`` subset of a split still shares its images). A class named in one and
+    given by its label in the other cannot be compared without the data: taken as shared."""
     where = ("source", "path", "config", "split", "revision")
     if any(getattr(a, k) != getattr(b, k) for k in where):
         return False
-    return a.classes is None or b.classes is None or bool(set(a.classes) & set(b.classes))
+    if a.classes is None or b.classes is None:
+        return True
+    kinds = {type(c) for c in (*a.classes, *b.classes)}
+    return len(kinds) > 1 or bool(set(a.classes) & set(b.classes))
 
 
 def _spec_text(spec: DatasetSpec) -> str:

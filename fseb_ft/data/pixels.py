@@ -31,6 +31,8 @@ __all__ = [
     "decode_image",
     "fit_channels",
     "pil_to_array",
+    "set_max_image_pixels",
+    "unreadable_cause",
     "upright",
 ]
 
@@ -48,6 +50,10 @@ MinSize = Callable[[tuple[int, int]], tuple[int, int]]
 decoded at the smallest of libjpeg's scales 1/2, 1/4, 1/8 that is at least that size (PIL's
 ``Image.draft``: the inverse DCT of fewer coefficients, a downscale in the frequency domain that
 skips most of the inverse DCT and colour conversion of a full decode); other formats in full."""
+
+_LIMIT_ENV = "FSEB_FT_MAX_IMAGE_PIXELS"
+"""Carries ``data.max_image_pixels`` to worker processes started afresh (spawn, forkserver: the
+default on macOS), which import this module and so apply it; forked ones inherit PIL's setting."""
 
 _TRANSPOSING = frozenset({5, 6, 7, 8})
 """EXIF orientations whose undoing swaps width and height (a quarter turn, a transposition)."""
@@ -139,13 +145,31 @@ def decode_image(value: Any, where: str, min_size: MinSize | None = None) -> np.
                     image.draft(None, _stored_min_size(image, min_size))  # mode unchanged
                 image.load()  # PIL opens lazily; decode now so a truncated file fails here
                 return pil_to_array(upright(image))
-        except (OSError, ValueError, SyntaxError) as err:
+        except (OSError, ValueError, SyntaxError, PIL.Image.DecompressionBombError) as err:
             # The cause is the decoder's own words, which `fseb-ft predict` shows per image.
-            cause = ValueError(EMPTY_FILE) if _is_empty(data, path) else err
+            cause = unreadable_cause(err, data, path)
             raise ValueError(f"cannot read {where} (file {path}): {cause}") from cause
     if isinstance(value, list) or hasattr(value, "__array__"):
         return np.asarray(value)  # numpy/torch-formatted datasets and nested lists
     raise TypeError(f"{where} is a {type(value).__name__}; expected a PIL image, dict or array")
+
+
+def set_max_image_pixels(limit: int | None) -> None:
+    """PIL's decompression-bomb limit (``data.max_image_pixels``) for this process and the
+    workers it starts: PIL warns on an image of more pixels and refuses one of more than twice
+    as many; ``None``: no limit."""
+    PIL.Image.MAX_IMAGE_PIXELS = limit
+    os.environ[_LIMIT_ENV] = str(limit)
+
+
+def _inherit_max_image_pixels() -> None:
+    """Apply the limit a parent process set (:func:`set_max_image_pixels`), if any."""
+    value = os.environ.get(_LIMIT_ENV)
+    if value is not None:
+        PIL.Image.MAX_IMAGE_PIXELS = None if value == "None" else int(value)
+
+
+_inherit_max_image_pixels()
 
 
 def upright(image: PIL.Image.Image) -> PIL.Image.Image:
@@ -170,6 +194,19 @@ def _stored_min_size(image: PIL.Image.Image, min_size: MinSize) -> tuple[int, in
         return min_size(image.size)
     width, height = min_size(image.size[::-1])
     return height, width
+
+
+def unreadable_cause(err: BaseException, data: bytes | None, path: str | None) -> BaseException:
+    """Why an image (``data``, else the file at ``path``) could not be read, in a user's words:
+    :data:`EMPTY_FILE`, a symbolic link to nothing (the OS says only "no such file"), or
+    ``err``, the decoder's own."""
+    if _is_empty(data, path):
+        return ValueError(EMPTY_FILE)
+    if isinstance(err, PIL.Image.DecompressionBombError):
+        return ValueError(f"{err} Raise data.max_image_pixels (PIL refuses twice it) to read it.")
+    if data is None and path is not None and os.path.islink(path) and not os.path.exists(path):
+        return FileNotFoundError(f"broken symbolic link to {os.readlink(path)}")
+    return err
 
 
 def _is_empty(data: bytes | None, path: str | None) -> bool:

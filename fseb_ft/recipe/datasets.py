@@ -26,6 +26,7 @@ from fseb_ft.recipe.schema import ConfigError, check
 
 __all__ = [
     "IN_MEMORY",
+    "PIL_MAX_IMAGE_PIXELS",
     "ContextConfig",
     "DataConfig",
     "DatasetSpec",
@@ -33,6 +34,10 @@ __all__ = [
     "MixupConfig",
     "check_cache_size",
 ]
+
+PIL_MAX_IMAGE_PIXELS = 1024 * 1024 * 1024 // 4 // 3
+"""PIL's own decompression-bomb limit (``PIL.Image.MAX_IMAGE_PIXELS``), the default of
+``data.max_image_pixels`` (written here: the recipe imports no image library)."""
 
 IN_MEMORY = "in-memory:"
 """The path prefix that stands in a resolved recipe for a dataset the Python API was given in
@@ -269,6 +274,12 @@ class DataConfig:
     message naming the unreadable files, ``skip`` leaves them out and records them in
     ``run.json`` and the model card. With ``cache``, this check is the cache's build: each image
     is decoded once, for both."""
+    max_image_pixels: int | None = PIL_MAX_IMAGE_PIXELS
+    """PIL's decompression-bomb limit (``PIL.Image.MAX_IMAGE_PIXELS``), for every image this
+    run and its evaluation decode: PIL warns on an image of more pixels and refuses one of more
+    than twice as many, which the check before training reports as unreadable (``bad_images``
+    then stops or skips it). Default: PIL's, 89,478,485 pixels (about 9,459 × 9,459); raise it
+    for larger scans you trust, or ``null`` for no limit."""
     cache: ImageCacheConfig | None = None
     """Decode every image once, shrink it to ``cache.size`` (shorter side) and train and evaluate
     from that copy (``fseb-ft cache RECIPE`` builds it ahead); e.g. ``{size: 256}`` or
@@ -292,6 +303,12 @@ class DataConfig:
         self._check_test_fraction()
         check(self.batch_size >= 1, "batch_size", self.batch_size, "must be ≥ 1")
         check(self.num_workers >= 0, "num_workers", self.num_workers, "must be ≥ 0")
+        check(
+            self.max_image_pixels is None or self.max_image_pixels >= 1,
+            "max_image_pixels",
+            self.max_image_pixels,
+            "must be ≥ 1 or null",
+        )
         check(self.seed is None or self.seed >= 0, "seed", self.seed, "must be ≥ 0 or null")
         for name in ("mean", "std"):
             value = getattr(self, name)

@@ -11,6 +11,7 @@ import pytest
 from PIL import Image
 
 from fseb_ft.data.images import IndexedImages
+from fseb_ft.data.screening import BadImagesError, screen
 from fseb_ft.data.sources import build_splits, load_spec
 from fseb_ft.data.sources.imagefolder import load_imagefolder
 from fseb_ft.data.splits import select_classes
@@ -188,9 +189,10 @@ def test_identity_is_stable_and_follows_the_files(tmp_path: Path) -> None:
     ("rows", "keys", "message"),
     [
         (
-            [["id_code", "diagnosis"], ["id0", "0"], ["nope", "1"]],
+            [["id_code", "diagnosis"], ["nope", "0"], ["nada", "1"]],
             {},
-            "data row 2 (line 3): image file {dir}/nope.png does not exist",
+            "none of its 2 image files exists (the first would be {dir}/nope.png); check "
+            "image_dir and image_pattern",
         ),
         (
             [["id_code", "diagnosis"], ["id0", "0"], ["id1", "1"], ["id0", "1"]],
@@ -240,11 +242,27 @@ def test_errors_name_the_row(tmp_path: Path, rows, keys, message) -> None:
     assert message.format(dir=tmp_path / "train_images") in text
 
 
+def test_missing_files_are_all_named_by_the_check_and_skipped_with_the_others(
+    tmp_path: Path,
+) -> None:
+    kaggle_folder(tmp_path)  # id0 … id5
+    rows = [["id_code", "diagnosis"], ["id0", "0"], ["gone1", "1"], ["id2", "1"], ["gone2", "0"]]
+    data = load_spec(spec(write_table(tmp_path / "t.csv", rows)))
+    assert len(data) == 4  # the load keeps them: the check names every one
+    with pytest.raises(BadImagesError) as caught:
+        screen({"data.train": data}, "stop", progress=False)
+    missing = [str(tmp_path / "train_images" / f"gone{i}.png") for i in (1, 2)]
+    assert str(caught.value).startswith("2 image(s) cannot be read: ")
+    assert all(f"data.train: {path} (no such file)" in str(caught.value) for path in missing)
+    kept, dropped = screen({"data.train": data}, "skip", progress=False)
+    assert dropped == {"data.train": missing} and kept["data.train"].labels.tolist() == [0, 1]
+
+
 def test_the_line_counts_blank_lines_and_quoted_newlines(tmp_path: Path) -> None:
     kaggle_folder(tmp_path)
     path = tmp_path / "bad.csv"
-    path.write_text('id_code,diagnosis,note\nid0,0,"two\nlines"\n\nnope,1,x\n')
-    with pytest.raises(ValueError, match=r"data row 2 \(line 5\): image file"):
+    path.write_text('id_code,diagnosis,note\nid0,0,"two\nlines"\n\nid1,,x\n')
+    with pytest.raises(ValueError, match=r"data row 2 \(line 5\): column 'diagnosis'"):
         load_spec(spec(path))
 
 

@@ -198,14 +198,16 @@ def _stored_min_size(image: PIL.Image.Image, min_size: MinSize) -> tuple[int, in
 
 def unreadable_cause(err: BaseException, data: bytes | None, path: str | None) -> BaseException:
     """Why an image (``data``, else the file at ``path``) could not be read, in a user's words:
-    :data:`EMPTY_FILE`, a symbolic link to nothing (the OS says only "no such file"), or
-    ``err``, the decoder's own."""
+    :data:`EMPTY_FILE`, a symbolic link to nothing (the OS says only "no such file"), a missing
+    file, or ``err``, the decoder's own."""
     if _is_empty(data, path):
         return ValueError(EMPTY_FILE)
     if isinstance(err, PIL.Image.DecompressionBombError):
         return ValueError(f"{err} Raise data.max_image_pixels (PIL refuses twice it) to read it.")
-    if data is None and path is not None and os.path.islink(path) and not os.path.exists(path):
-        return FileNotFoundError(f"broken symbolic link to {os.readlink(path)}")
+    if data is None and path is not None and not os.path.exists(path):
+        if os.path.islink(path):
+            return FileNotFoundError(f"broken symbolic link to {os.readlink(path)}")
+        return FileNotFoundError("no such file")  # a label file's row whose image is missing
     return err
 
 

@@ -258,6 +258,25 @@ def test_missing_files_are_all_named_by_the_check_and_skipped_with_the_others(
     assert dropped == {"data.train": missing} and kept["data.train"].labels.tolist() == [0, 1]
 
 
+def test_a_delimiter_option_and_a_hint_when_the_header_holds_one(tmp_path: Path) -> None:
+    kaggle_folder(tmp_path)
+    rows = [["id_code", "diagnosis"], ["id0", "1"], ["id1", "0"]]
+    path = write_table(tmp_path / "semi.csv", rows, delimiter=";")
+    with pytest.raises(ValueError, match=r"its columns are \['id_code;diagnosis'\]; the header "
+                       r"holds ';': set delimiter: ';'$"):  # fmt: skip
+        load_spec(spec(path))
+    data = load_spec(spec(path, delimiter=";"))
+    assert data.labels.tolist() == [1, 0] and data.files == ["id0.png", "id1.png"]
+    tabbed = write_table(tmp_path / "tabbed.csv", rows, delimiter="\t")
+    with pytest.raises(ValueError, match=r'set delimiter: "\\t"$'):
+        load_spec(spec(tabbed))
+    assert load_spec(spec(tabbed, delimiter="\t")).labels.tolist() == [1, 0]
+    with pytest.raises(ConfigError, match="delimiter=';;': must be one character"):
+        spec(path, delimiter=";;")
+    with pytest.raises(ConfigError, match="applies to source csv only"):
+        DatasetSpec(source="imagefolder", path="x", delimiter=";")
+
+
 def test_the_line_counts_blank_lines_and_quoted_newlines(tmp_path: Path) -> None:
     kaggle_folder(tmp_path)
     path = tmp_path / "bad.csv"

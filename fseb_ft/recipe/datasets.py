@@ -82,6 +82,10 @@ class DatasetSpec:
     """``csv``: a column naming each image's group (a patient), kept with every image."""
     metadata_columns: tuple[str, ...] = ()
     """``csv``: further columns kept with every image, as strings (empty cells allowed)."""
+    delimiter: str | None = None
+    """``csv``: the one character between a text label file's columns, e.g. ``";"`` (a CSV saved
+    where the decimal mark is a comma); ``null``: by extension, a tab for ``.tsv`` and ``.tab``
+    files, else a comma. A parquet file has none."""
     classes: tuple[int | str, ...] | None = None
     """Keep only these classes, relabelled 0..len-1 in this order (``None``: all): each an
     original label or a class name (an image folder's class folder, e.g. ``[dog, cat]``, a Hub
@@ -106,13 +110,19 @@ class DatasetSpec:
             self.config,
             f"applies to source hub only, not {self.source}",
         )
-        for key in ("image_dir", "image_pattern", "group_column", "metadata_columns"):
+        for key in ("image_dir", "image_pattern", "group_column", "metadata_columns", "delimiter"):
             check(
                 self.source == "csv" or not getattr(self, key),
                 key,
                 getattr(self, key),
                 f"applies to source csv only, not {self.source}",
             )
+        check(
+            self.delimiter is None or len(self.delimiter) == 1,
+            "delimiter",
+            self.delimiter,
+            "must be one character, e.g. ';' or '\\t'",
+        )
         check(
             self.image_pattern is None or self.image_pattern.count("{}") == 1,
             "image_pattern",

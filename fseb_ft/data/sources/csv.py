@@ -60,6 +60,7 @@ class LabelTable:
         if name not in self.columns:
             raise ValueError(
                 f"{self.path} has no column {name!r} ({role}); its columns are {self.columns}"
+                + "".join(_delimiter_hint(self.columns))
             )
         return self.columns.index(name)
 
@@ -73,8 +74,19 @@ class LabelTable:
         return values
 
 
-def read_table(path: str | Path) -> LabelTable:
-    """Read a CSV, TSV or parquet label file (chosen by extension) as text cells."""
+_DELIMITERS = {";": "';'", "\t": '"\\t"', "|": "'|'"}
+"""Other column separators a header read at the wrong one may hold, each as YAML writes it."""
+
+
+def _delimiter_hint(columns: list[str]) -> list[str]:
+    """A hint when the header seems split at the wrong character (a ``;`` file read as CSV)."""
+    found = [yaml for mark, yaml in _DELIMITERS.items() if any(mark in c for c in columns)]
+    return [f"; the header holds {found[0]}: set delimiter: {found[0]}"] if found else []
+
+
+def read_table(path: str | Path, delimiter: str | None = None) -> LabelTable:
+    """Read a CSV, TSV or parquet label file (chosen by extension) as text cells; a text file's
+    columns are split at ``delimiter`` (``None``: a tab for ``.tsv``/``.tab``, else a comma)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"label file {path} does not exist or is not a file")
@@ -89,7 +101,8 @@ def read_table(path: str | Path) -> LabelTable:
         return LabelTable(
             path, list(table.column_names), rows, list(range(2, len(rows) + 2)), digest
         )
-    delimiter = "\t" if path.suffix.lower() in TAB_SUFFIXES else ","
+    if delimiter is None:
+        delimiter = "\t" if path.suffix.lower() in TAB_SUFFIXES else ","
     reader = csv.reader(io.StringIO(data.decode("utf-8-sig"), newline=""), delimiter=delimiter)
     header = next(reader, None)
     if header is None:
@@ -192,7 +205,7 @@ def load_csv(spec: DatasetSpec, channels: int = 3) -> FileImages:
     fingerprint covers the file's bytes, the columns and classes used and every image's path,
     size and mtime, so it changes when any of them does.
     """
-    table = read_table(spec.path)
+    table = read_table(spec.path, spec.delimiter)
     image_dir = table.path.parent / (spec.image_dir or "")
     ids = table.cells(spec.image_column, "image_column")
     labels, class_names = class_labels(
@@ -207,6 +220,7 @@ def load_csv(spec: DatasetSpec, channels: int = 3) -> FileImages:
     }
     files, file_digest = image_files(table, ids, spec.image_pattern, image_dir)
     used = [spec.image_dir, spec.image_column, spec.image_pattern, spec.label_column, spec.classes]
+    used += [spec.delimiter] if spec.delimiter is not None else []  # older fingerprints kept
     fingerprint = hashlib.sha256(
         f"{table.digest}\0{used!r}\0{spec.group_column}\0{file_digest}".encode()
     ).hexdigest()[:16]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -275,6 +276,34 @@ def test_a_delimiter_option_and_a_hint_when_the_header_holds_one(tmp_path: Path)
         spec(path, delimiter=";;")
     with pytest.raises(ConfigError, match="applies to source csv only"):
         DatasetSpec(source="imagefolder", path="x", delimiter=";")
+
+
+@pytest.mark.parametrize(
+    ("labels", "classes", "warned"),
+    [
+        (["none", "mild", "severe", "mild"], None, r"sorted alphabetically: \['mild', 'none', "),
+        (["none", "mild", "severe", "mild"], ["none", "mild", "severe"], None),
+        (["1", "2", "3", "2"], None, r"start at 1: class 0 has no images .*\.classes: \[1, 2, 3\]"),
+        (["1", "2", "3", "2"], [1, 2, 3], None),
+        (["0", "1", "2", "1"], None, None),
+    ],
+)
+def test_qwk_warns_when_the_class_order_is_likely_not_the_grades(
+    tmp_path: Path, labels: list[str], classes: list | None, warned: str | None
+) -> None:
+    from fseb_ft.engine.run_checks import ordinal_warnings
+    from fseb_ft.recipe import recipe_from_dict
+
+    kaggle_folder(tmp_path)
+    rows = [["id_code", "diagnosis"]] + [[f"id{i}", label] for i, label in enumerate(labels)]
+    train = {**vars(spec(write_table(tmp_path / "t.csv", rows))), "classes": classes}
+    for metrics in (["qwk"], []):
+        recipe = recipe_from_dict({"data": {"train": train}, "eval": {"metrics": metrics}})
+        found = ordinal_warnings(recipe, load_spec(recipe.data.train))
+        if warned is None or not metrics:
+            assert found == []
+        else:
+            assert len(found) == 1 and re.search(warned, found[0]), found
 
 
 def test_the_line_counts_blank_lines_and_quoted_newlines(tmp_path: Path) -> None:

@@ -46,10 +46,12 @@ WIDE_MODES = frozenset({"I", "I;16", "I;16B", "I;16L", "I;16N", "F"})
 :func:`as_uint8` (PIL's ``convert("L")`` clips them at 255: a 16-bit image turns white)."""
 
 MinSize = Callable[[tuple[int, int]], tuple[int, int]]
-"""The least (width, height) a caller needs of an image stored at (width, height). A JPEG is then
-decoded at the smallest of libjpeg's scales 1/2, 1/4, 1/8 that is at least that size (PIL's
-``Image.draft``: the inverse DCT of fewer coefficients, a downscale in the frequency domain that
-skips most of the inverse DCT and colour conversion of a full decode); other formats in full."""
+"""The least (width, height) a caller needs of an image of (width, height), both upright (its EXIF
+orientation applied, as the caller sees it; :func:`decode_image` turns them to the stored
+image's for the decoder). A JPEG is then decoded at the smallest of libjpeg's scales 1/2, 1/4,
+1/8 that is at least that size (PIL's ``Image.draft``: the inverse DCT of fewer coefficients, a
+downscale in the frequency domain that skips most of the inverse DCT and colour conversion of a
+full decode); other formats in full."""
 
 _LIMIT_ENV = "FSEB_FT_MAX_IMAGE_PIXELS"
 """Carries ``data.max_image_pixels`` to worker processes started afresh (spawn, forkserver: the

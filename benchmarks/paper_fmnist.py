@@ -180,10 +180,16 @@ def corruption_table(
         if base and method != baseline and len(base) == len(runs):
             rows.append((f"Δ {method} − {baseline}", runs, base))
         for label, members, ref in rows:
-            cells = [label, _pair(members, ref, ("test",))]
+            cells = [label, _pair(members, ref, _clean(members))]
             cells += [_pair(members, ref, ("corruption_summary", str(s))) for s in severities]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _clean(runs: list[dict]) -> tuple[str]:
+    """The clean row's results key: the corrupted images uncorrupted (``corruption_clean``, the
+    ``eval.corruption_limit`` subset), or ``test`` in results written before that key."""
+    return ("corruption_clean",) if all("corruption_clean" in r for r in runs) else ("test",)
 
 
 def shift_delta_table(
@@ -199,7 +205,7 @@ def shift_delta_table(
         f"| {title} | Δ Acc. (points) | Δ NLL | Δ ECE (points) |",
         "|---|---|---|---|",
     ]
-    for name, path in [("clean", ("test",))] + [
+    for name, path in [("clean", _clean(runs))] + [
         (f"severity {s}", ("corruption_summary", str(s))) for s in severities
     ]:
         cells = [_delta(runs, base, (*path, key), scale) for key, scale in _SHIFT_METRICS]

@@ -74,6 +74,26 @@ def write_image_folder(
             Image.fromarray(pixels).save(root / split / name / f"{i:03d}.png")
 
 
+def exif_twins(folder: Path, height: int, width: int) -> tuple[Path, Path]:
+    """``folder/upright.jpg`` (height × width) and ``folder/rotated.jpg``: the same picture stored
+    turned a quarter counter-clockwise with EXIF orientation 6 (display turned clockwise), as a
+    phone stores a portrait photo. Exact twins: flat 8×8 blocks without chroma subsampling, so
+    a JPEG decodes each block to its one colour however the image is turned (at a reduced scale
+    too: a flat block shrinks to a flat block); ``height`` and ``width`` are multiples of 16."""
+    colours = np.random.default_rng(0).integers(0, 256, (height // 8, width // 8, 3), np.uint8)
+    upright = np.kron(colours, np.ones((8, 8, 1), np.uint8))  # (height, width, 3)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = folder / "upright.jpg", folder / "rotated.jpg"
+    Image.fromarray(upright).save(paths[0], quality=90, subsampling=0)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation
+    stored = Image.fromarray(np.ascontiguousarray(np.rot90(upright)))  # (width, height, 3)
+    stored.save(paths[1], quality=90, subsampling=0, exif=exif)
+    with Image.open(paths[0]) as up, Image.open(paths[1]) as raw:
+        assert np.array_equal(np.rot90(np.asarray(raw), -1), np.asarray(up))  # exact twins
+    return paths
+
+
 def image_folders(
     root: Path, train: dict[str, int], test: dict[str, int], owls: int
 ) -> dict[str, Path]:

@@ -22,6 +22,7 @@ from fseb_ft.data.transforms import TransformedImages, eval_transform
 from fseb_ft.engine.ensemble import evaluate_ensemble
 from fseb_ft.engine.reevaluate import evaluate_run_with_predictions
 from fseb_ft.evaluate import main as evaluate_main
+from fseb_ft.evaluation.metrics import classification_metrics
 from fseb_ft.evaluation.predictions import Predictions
 from fseb_ft.finetune import run
 from fseb_ft.recipe import ConfigError, options, recipe_from_dict
@@ -29,7 +30,7 @@ from fseb_ft.recipe.reporting import resolve_corruptions
 from fseb_ft.runs import plots
 from fseb_ft.runs.report import evaluate_predictions, temperature_scaled_results
 from fseb_ft.runs.rundir import CORRUPTION_PLOT
-from fseb_ft.runs.tables import corruption_markdown
+from fseb_ft.runs.tables import clean_reference, corruption_markdown
 from tests.helpers import N_TEST, tiny_recipe, write_image_folder
 
 NOISE = ("gaussian_noise", "shot_noise", "impulse_noise", "speckle_noise")
@@ -267,6 +268,24 @@ def test_corruption_plot_and_tables(tmp_path: Path) -> None:
     assert corruption_markdown({"test": results["test"]}) == ""
 
 
+def test_the_clean_row_is_taken_on_the_images_that_were_corrupted() -> None:
+    # Every image is predicted class 0: the corrupted subset (images 0, 1, both class 0) is
+    # right, the whole split half right. A corruption that changes nothing must not read as a
+    # rise from 50 % to 100 %.
+    log_probs = torch.tensor([[0.9, 0.1], [0.8, 0.2], [0.7, 0.3], [0.6, 0.4]]).double().log()
+    labels = torch.tensor([0, 0, 1, 1])
+    results = evaluate_predictions(
+        (log_probs, labels),
+        corruptions={"fog": {3: log_probs[:2]}},
+        corruption_index=torch.tensor([0, 1]),
+    )
+    assert results["test"]["accuracy"] == 0.5 and results["test"]["n"] == 4
+    same = pytest.approx(results["corruptions"]["fog"]["3"], nan_ok=True)  # one class: AUROC nan
+    assert results["corruption_clean"] == same  # n = 2 included
+    assert clean_reference(results) is results["corruption_clean"]
+    assert "| clean | 100.00 |" in corruption_markdown(results)
+
+
 def test_temperature_scaling_rescales_the_corruptions_as_if_from_their_logits() -> None:
     gen = torch.Generator().manual_seed(0)
     z = torch.randn(40, 3, generator=gen, dtype=torch.float64) * 3  # (N, K) test logits
@@ -274,24 +293,24 @@ def test_temperature_scaling_rescales_the_corruptions_as_if_from_their_logits() 
     # Labels that mostly follow the logits: the fitted T is then finite and far from 1.
     noise = torch.randint(0, 3, (40,), generator=gen)
     labels = torch.where(torch.rand(40, generator=gen) < 0.7, z.argmax(-1), noise)  # (N,)
-    labels_c = labels[:20]
+    index_c = torch.arange(20)  # the corrupted images: the first 20
     predictions = Predictions(
         test=(z.log_softmax(-1), labels),
         corruptions={"fog": {2: zc.log_softmax(-1)}},
-        corruption_labels=labels_c,
+        corruption_index=index_c,
         test_logits=z,
         val=(z[:30].float(), labels[:30]),
     )
     scaled = predictions.scaled(2.5)
     # Only log-probabilities are kept for corruptions; softmax ignores their per-image shift.
     torch.testing.assert_close(scaled.corruptions["fog"][2], (zc / 2.5).log_softmax(-1))
-    assert scaled.corruption_labels is labels_c
+    assert scaled.corruption_index is index_c
     ts = temperature_scaled_results(predictions)
     assert "note" not in ts and abs(ts["temperature"] - 1.0) > 0.2
     expected = evaluate_predictions(
         (z.log_softmax(-1), labels),
         corruptions={"fog": {2: (zc / ts["temperature"]).log_softmax(-1)}},
-        corruption_labels=labels_c,
+        corruption_index=index_c,
     )
     assert ts["corruptions"]["fog"]["2"]["nll"] == pytest.approx(
         expected["corruptions"]["fog"]["2"]["nll"]
@@ -304,7 +323,7 @@ def test_temperature_scaling_rescales_the_corruptions_as_if_from_their_logits() 
         evaluate_predictions(
             (z.log_softmax(-1), labels),
             corruptions={"fog": {2: zc.log_softmax(-1)}},
-            corruption_labels=labels_c,
+            corruption_index=index_c,
         )["corruption_summary"]["all"]["ece"]
     )
 
@@ -387,7 +406,11 @@ def test_run_reports_every_corruption_and_severity_and_reevaluates_from_the_cach
     labels = evaluated.predictions.test[1]  # (N_TEST,)
     keep = torch.as_tensor(stratified_split(labels.numpy(), 6 / N_TEST, seed=0)[1])  # (6,)
     assert len(keep) == 6 and set(labels[keep].tolist()) == {0, 1, 2}
-    assert torch.equal(subset.predictions.corruption_labels, labels[keep])
+    assert torch.equal(subset.predictions.corruption_index, keep)
+    # The clean row is taken on the same 6 images, so corrupted and clean rows compare alike.
+    clean = classification_metrics(evaluated.predictions.test[0][keep], labels[keep])
+    assert limited["corruption_clean"]["n"] == 6
+    assert limited["corruption_clean"]["accuracy"] == pytest.approx(float(clean["accuracy"]))
     for sev in ("1", "5"):
         assert limited["corruptions"]["contrast"][sev]["n"] == 6
     full_lp = evaluated.predictions.corruptions["contrast"][5]  # (N_TEST, K)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 from PIL import Image
 
 from fseb_ft.data.images import IndexedImages
+from fseb_ft.data.screening import BadImagesError, screen
 from fseb_ft.data.sources import build_splits, load_spec
 from fseb_ft.data.sources.imagefolder import load_imagefolder
 from fseb_ft.data.splits import select_classes
@@ -188,9 +190,10 @@ def test_identity_is_stable_and_follows_the_files(tmp_path: Path) -> None:
     ("rows", "keys", "message"),
     [
         (
-            [["id_code", "diagnosis"], ["id0", "0"], ["nope", "1"]],
+            [["id_code", "diagnosis"], ["nope", "0"], ["nada", "1"]],
             {},
-            "data row 2 (line 3): image file {dir}/nope.png does not exist",
+            "none of its 2 image files exists (the first would be {dir}/nope.png); check "
+            "image_dir and image_pattern",
         ),
         (
             [["id_code", "diagnosis"], ["id0", "0"], ["id1", "1"], ["id0", "1"]],
@@ -240,11 +243,74 @@ def test_errors_name_the_row(tmp_path: Path, rows, keys, message) -> None:
     assert message.format(dir=tmp_path / "train_images") in text
 
 
+def test_missing_files_are_all_named_by_the_check_and_skipped_with_the_others(
+    tmp_path: Path,
+) -> None:
+    kaggle_folder(tmp_path)  # id0 … id5
+    rows = [["id_code", "diagnosis"], ["id0", "0"], ["gone1", "1"], ["id2", "1"], ["gone2", "0"]]
+    data = load_spec(spec(write_table(tmp_path / "t.csv", rows)))
+    assert len(data) == 4  # the load keeps them: the check names every one
+    with pytest.raises(BadImagesError) as caught:
+        screen({"data.train": data}, "stop", progress=False)
+    missing = [str(tmp_path / "train_images" / f"gone{i}.png") for i in (1, 2)]
+    assert str(caught.value).startswith("2 image(s) cannot be read: ")
+    assert all(f"data.train: {path} (no such file)" in str(caught.value) for path in missing)
+    kept, dropped = screen({"data.train": data}, "skip", progress=False)
+    assert dropped == {"data.train": missing} and kept["data.train"].labels.tolist() == [0, 1]
+
+
+def test_a_delimiter_option_and_a_hint_when_the_header_holds_one(tmp_path: Path) -> None:
+    kaggle_folder(tmp_path)
+    rows = [["id_code", "diagnosis"], ["id0", "1"], ["id1", "0"]]
+    path = write_table(tmp_path / "semi.csv", rows, delimiter=";")
+    with pytest.raises(ValueError, match=r"its columns are \['id_code;diagnosis'\]; the header "
+                       r"holds ';': set delimiter: ';'$"):  # fmt: skip
+        load_spec(spec(path))
+    data = load_spec(spec(path, delimiter=";"))
+    assert data.labels.tolist() == [1, 0] and data.files == ["id0.png", "id1.png"]
+    tabbed = write_table(tmp_path / "tabbed.csv", rows, delimiter="\t")
+    with pytest.raises(ValueError, match=r'set delimiter: "\\t"$'):
+        load_spec(spec(tabbed))
+    assert load_spec(spec(tabbed, delimiter="\t")).labels.tolist() == [1, 0]
+    with pytest.raises(ConfigError, match="delimiter=';;': must be one character"):
+        spec(path, delimiter=";;")
+    with pytest.raises(ConfigError, match="applies to source csv only"):
+        DatasetSpec(source="imagefolder", path="x", delimiter=";")
+
+
+@pytest.mark.parametrize(
+    ("labels", "classes", "warned"),
+    [
+        (["none", "mild", "severe", "mild"], None, r"sorted alphabetically: \['mild', 'none', "),
+        (["none", "mild", "severe", "mild"], ["none", "mild", "severe"], None),
+        (["1", "2", "3", "2"], None, r"start at 1: class 0 has no images .*\.classes: \[1, 2, 3\]"),
+        (["1", "2", "3", "2"], [1, 2, 3], None),
+        (["0", "1", "2", "1"], None, None),
+    ],
+)
+def test_qwk_warns_when_the_class_order_is_likely_not_the_grades(
+    tmp_path: Path, labels: list[str], classes: list | None, warned: str | None
+) -> None:
+    from fseb_ft.engine.run_checks import ordinal_warnings
+    from fseb_ft.recipe import recipe_from_dict
+
+    kaggle_folder(tmp_path)
+    rows = [["id_code", "diagnosis"]] + [[f"id{i}", label] for i, label in enumerate(labels)]
+    train = {**vars(spec(write_table(tmp_path / "t.csv", rows))), "classes": classes}
+    for metrics in (["qwk"], []):
+        recipe = recipe_from_dict({"data": {"train": train}, "eval": {"metrics": metrics}})
+        found = ordinal_warnings(recipe, load_spec(recipe.data.train))
+        if warned is None or not metrics:
+            assert found == []
+        else:
+            assert len(found) == 1 and re.search(warned, found[0]), found
+
+
 def test_the_line_counts_blank_lines_and_quoted_newlines(tmp_path: Path) -> None:
     kaggle_folder(tmp_path)
     path = tmp_path / "bad.csv"
-    path.write_text('id_code,diagnosis,note\nid0,0,"two\nlines"\n\nnope,1,x\n')
-    with pytest.raises(ValueError, match=r"data row 2 \(line 5\): image file"):
+    path.write_text('id_code,diagnosis,note\nid0,0,"two\nlines"\n\nid1,,x\n')
+    with pytest.raises(ValueError, match=r"data row 2 \(line 5\): column 'diagnosis'"):
         load_spec(spec(path))
 
 
@@ -253,8 +319,7 @@ def test_spec_keys_are_checked(tmp_path: Path) -> None:
         DatasetSpec(source="imagefolder", path="x", group_column="patient_id")
     with pytest.raises(ConfigError, match=r"must hold \{\} once"):
         DatasetSpec(source="csv", path="x.csv", image_pattern="x.png")
-    with pytest.raises(ConfigError, match="class names: source csv only"):
-        DatasetSpec(source="imagefolder", path="x", classes=("cat",))
+    assert DatasetSpec(source="imagefolder", path="x", classes=("cat", 0)).classes == ("cat", 0)
 
 
 def test_a_run_trains_on_a_csv_dataset(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +102,23 @@ def test_grouped_hold_outs_keep_the_fractions_and_the_class_balance() -> None:
         assert abs(labels[part].mean() - share) < 0.05
     assert not set(groups[split.test]) & set(groups[split.train])
     assert not set(groups[split.val]) & (set(groups[split.train]) | set(groups[split.test]))
+
+
+def test_a_grouped_hold_out_far_from_its_fraction_is_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    labels = np.arange(20) % 2  # (20,)
+    with caplog.at_level(logging.WARNING, logger="fseb_ft"):
+        hold_out(labels, np.repeat(np.arange(10), 2), None, 0.2, seed=0)  # 10 groups of 2
+        assert caplog.text == ""  # 2 of 10 groups: 4 of 20 images, 20 % as asked
+        lopsided = np.array(["big"] * 18 + ["small"] * 2)  # either group is far from 20 %
+        split = hold_out(labels, lopsided, None, 0.2, seed=0)
+    share = 100 * len(split.test) / 20
+    assert len(caplog.records) == 1 and caplog.records[0].levelno == logging.WARNING
+    assert caplog.messages[0].startswith(
+        f"data.test_fraction=0.2: the hold-out of whole groups (group_column) holds "
+        f"{len(split.test)} of 20 images ({share:.1f} %, 1 of 2 groups), far from the 20.0 % asked"
+    )
 
 
 def test_hold_outs_are_fixed_by_the_seed() -> None:

@@ -43,7 +43,7 @@ from fseb_ft.runs.feature_fit import write_feature_fit
 from fseb_ft.runs.published import scrub
 from fseb_ft.runs.rundir import COMPARISON_PLOTS
 from fseb_ft.runs.tables import markdown_table
-from tests.helpers import write_image_folder
+from tests.helpers import exif_twins, write_image_folder
 
 UNREACHABLE = "http://127.0.0.1:9"  # discard port: nothing listens, connections are refused
 REPO_ID = "user/tiny-fseb"
@@ -208,6 +208,20 @@ def test_card_snippet_reads_a_16_bit_image_as_training_does_not_as_white(
         exec(compile(snippet, "model card", "exec"), scope)
         probs.append(scope["probs"])
     torch.testing.assert_close(probs[1], probs[0], rtol=0, atol=1e-6)
+
+
+def test_card_snippet_reads_an_exif_rotated_photo_upright_as_training_does(
+    tiny_run, tmp_path: Path
+) -> None:
+    snippet = _card_snippet((tiny_run.folder / "README.md").read_text(), tiny_run.folder)
+    twins = exif_twins(tmp_path, 32, 16)  # the upright photo, and it stored sideways
+    assert np.array_equal(read_image(twins[1], 3), read_image(twins[0], 3))
+    probs = []
+    for path in twins:
+        scope: dict[str, Any] = {"image_path": str(path)}
+        exec(compile(snippet, "model card", "exec"), scope)
+        probs.append(scope["probs"])
+    torch.testing.assert_close(probs[1], probs[0], rtol=0, atol=0)
 
 
 def test_config_json_carries_the_runs_input_and_labels(tiny_run) -> None:

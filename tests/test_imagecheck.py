@@ -13,12 +13,16 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import fseb_ft.data.pixels as pixels
+from fseb_ft.data.files import read_image
 from fseb_ft.data.images import ArrayImages, HFImages, IndexedImages
 from fseb_ft.data.screening import BadImagesError, check_image, find_bad_images, screen
+from fseb_ft.data.sources import build_splits
 from fseb_ft.data.sources.imagefolder import load_imagefolder
 from fseb_ft.engine.reevaluate import evaluate_run
 from fseb_ft.finetune import run
-from fseb_ft.recipe import recipe_from_dict
+from fseb_ft.recipe import ConfigError, DataConfig, DatasetSpec, ImageCacheConfig, recipe_from_dict
+from fseb_ft.recipe.datasets import PIL_MAX_IMAGE_PIXELS
 from tests.helpers import tiny_recipe, write_image_folder
 from tests.test_cli_errors import QUICKSTART, _fails
 
@@ -124,6 +128,51 @@ def test_skip_drops_the_bad_images_and_logs_their_count(
         {"data.train": kept["data.train"]},
         {},
     )
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["screen", "cache"])
+def test_a_dangling_symlink_in_a_class_folder_is_an_unreadable_image(
+    tmp_path: Path, cached: bool
+) -> None:
+    write_image_folder(tmp_path / "f", "train", {"cat": 2})
+    link = tmp_path / "f" / "train" / "cat" / "gone.png"
+    link.symlink_to(tmp_path / "nowhere.png")
+    data = load_imagefolder(tmp_path / "f")
+    assert data.files == ["cat/000.png", "cat/001.png", "cat/gone.png"]
+    cache = ImageCacheConfig(size=8, dir=str(tmp_path / "cache")) if cached else None
+    with pytest.raises(BadImagesError) as caught:
+        screen({"data.train": data}, "stop", progress=False, cache=cache)
+    reason = f"broken symbolic link to {tmp_path / 'nowhere.png'}"
+    assert f"data.train: {link} ({reason})" in str(caught.value)
+    kept, dropped = screen({"data.train": data}, "skip", progress=False, cache=cache)
+    assert dropped == {"data.train": [str(link)]} and len(kept["data.train"]) == 2
+    with pytest.raises(ValueError, match=f"cannot read image {link}.*: {reason}"):
+        read_image(link, 3)  # predict's reader says the same
+
+
+def test_the_decompression_bomb_limit_is_the_recipes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert (
+        DataConfig(train=DatasetSpec("sklearn_digits")).max_image_pixels
+        == PIL_MAX_IMAGE_PIXELS
+        == Image.MAX_IMAGE_PIXELS
+    )
+    with pytest.raises(ConfigError, match=r"data.max_image_pixels=0: must be ≥ 1 or null"):
+        recipe_from_dict({"data": {"train": {"source": "sklearn_digits"}, "max_image_pixels": 0}})
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", PIL_MAX_IMAGE_PIXELS)  # restored after the test
+    monkeypatch.setenv("FSEB_FT_MAX_IMAGE_PIXELS", str(PIL_MAX_IMAGE_PIXELS))
+    write_image_folder(tmp_path / "f", "train", {"cat": 2, "dog": 2})  # 16 × 16 = 256 pixels
+    train = DatasetSpec("imagefolder", str(tmp_path / "f"))
+    splits = build_splits(DataConfig(train=train, val_fraction=0.5, max_image_pixels=100), 0)
+    with pytest.raises(BadImagesError, match=r"exceeds limit of 200 pixels.*data.max_image_pix"):
+        screen({"data.train": splits.train}, "stop", progress=False)
+    # A worker process started afresh (spawn, as on macOS) applies the same limit on import.
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", PIL_MAX_IMAGE_PIXELS)
+    pixels._inherit_max_image_pixels()
+    assert Image.MAX_IMAGE_PIXELS == 100
+    splits = build_splits(DataConfig(train=train, val_fraction=0.5, max_image_pixels=None), 0)
+    assert screen({"data.train": splits.train}, "stop", progress=False)[1] == {}
 
 
 def test_a_folder_is_checked_again_once_its_files_change(tmp_path: Path) -> None:

@@ -14,7 +14,9 @@ from PIL import Image
 
 from fseb_ft.data.files import FileImages, list_split
 from fseb_ft.data.images import HFImages
+from fseb_ft.data.sources import load_spec
 from fseb_ft.data.sources.imagefolder import load_imagefolder
+from fseb_ft.recipe import DatasetSpec
 
 datasets.disable_progress_bars()
 
@@ -78,6 +80,21 @@ def test_class_order_is_the_sorted_class_folders_of_the_split_empty_ones_include
     train = load_imagefolder(root, "train", channels=1)
     assert np.bincount(train.labels, minlength=3).tolist() == [3, 0, 3]
     assert train[0][0].shape == (4, 5, 1)
+
+
+def test_classes_are_named_by_folder_or_label(root: Path) -> None:
+    spec = {"source": "imagefolder", "path": str(root), "split": "test"}
+    by_name = load_spec(DatasetSpec(**spec, classes=("cat", "a-b")))  # folders a-b ant bee cat
+    by_label = load_spec(DatasetSpec(**spec, classes=(3, 0)))
+    assert by_name.class_names == by_label.class_names == ["cat", "a-b"]
+    assert by_name.labels.tolist() == by_label.labels.tolist() == [1, 0]  # sorted paths
+    assert np.array_equal(by_name[0][0], by_label[0][0])
+    assert load_spec(DatasetSpec(**spec, classes=("bee", 0))).class_names == ["bee", "a-b"]
+    with pytest.raises(ValueError, match=r"classes \['owl'\] are not class names of .*"
+                       r"its classes are \['a-b', 'ant', 'bee', 'cat'\]"):  # fmt: skip
+        load_spec(DatasetSpec(**spec, classes=("cat", "owl")))
+    with pytest.raises(ValueError, match=r"name one class twice \(labels \[3, 3\]\)"):
+        load_spec(DatasetSpec(**spec, classes=("cat", 3)))
 
 
 def test_any_subfolder_is_the_split_it_is_called(root: Path, tmp_path: Path) -> None:

@@ -124,11 +124,11 @@ def test_a_kaggle_folder_trains_evaluates_and_predicts(
 @pytest.mark.parametrize(
     ("damage", "expected"),
     [
-        ("missing", r"train.csv: data row 4 \(line 5\): .*ISIC_011.png"),
+        ("missing", r"1 image\(s\) cannot be read: data\.\w+: .*ISIC_011.png \(no such file\)"),
         ("label", r"train.csv: data row 4 \(line 5\): .*'maybe'"),
     ],
 )
-def test_a_broken_kaggle_folder_stops_at_load_naming_the_row(
+def test_a_broken_kaggle_folder_stops_before_training_naming_the_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str, expected: str
 ) -> None:
     root = tmp_path / "isic"

@@ -212,6 +212,15 @@ def test_one_seed_tables_print_no_nan() -> None:
     assert "nan" not in text and "| Δ FS-EB − PS-MAP | +10.0 / -1.0 |" in text
 
 
+def test_the_clean_column_is_the_corrupted_images_uncorrupted() -> None:
+    # eval.corruption_limit: the corrupted subset's clean metrics, not the whole test split's.
+    limited = {**_shifted(0.8, 0.02, 0.5), "corruption_clean": {"accuracy": 0.95, "ece": 0.03}}
+    assert "| PS-MAP | 95.0 / 3.0 |" in paper_fmnist.corruption_table({"PS-MAP": [limited]}, [1])
+    assert "| PS-MAP | 80.0 / 2.0 |" in paper_fmnist.corruption_table(  # older results: test
+        {"PS-MAP": [_shifted(0.8, 0.02, 0.5)]}, [1]
+    )
+
+
 def test_shift_deltas_pair_the_seeds_per_corruption_and_severity() -> None:
     runs = {
         "PS-MAP": [_shifted(0.80, 0.05, 0.6), _shifted(0.70, 0.05, 0.8)],

@@ -58,9 +58,11 @@ def test_laplace_rows_after_training_and_on_evaluate(
     assert block["prior_precision"] > 0
     assert block["test"]["n"] == N_TEST and block["ood"]["owls"]["n"] == N_OOD
     assert set(block["corruptions"]["gaussian_noise"]) == {"2"}
-    assert list(results)[:7] == [
-        "split", "test", "ood", "corruptions", "corruption_summary", "temperature_scaled", "laplace"
+    assert list(results)[:8] == [
+        "split", "test", "ood", "corruptions", "corruption_summary", "corruption_clean",
+        "temperature_scaled", "laplace",
     ]  # fmt: skip
+    assert block["corruption_clean"]["n"] == N_TEST
     assert block["test"]["nll"] != results["test"]["nll"]  # the probit predictive, not the MAP
     assert _results(out)["laplace"]["prior_precision"] == block["prior_precision"]
     table = (out / "results.md").read_text()

@@ -26,7 +26,13 @@ def _recipe(val_ood: dict, **sections: dict) -> dict:
 
 def test_a_validation_ood_set_must_not_be_a_test_ood_set() -> None:
     same = {"source": "sklearn_digits", "split": "test", "classes": [5, 6, 7, 8, 9]}
-    for val_ood in (same, {**same, "limit": 10}, {**same, "classes": [9]}):
+    # Class "9" is label 9 of the digits: a name and a label cannot be told apart unread.
+    for val_ood in (
+        same,
+        {**same, "limit": 10},
+        {**same, "classes": [9]},
+        {**same, "classes": ["9"]},
+    ):
         with pytest.raises(ConfigError) as err:
             recipe_from_dict(_recipe({"mine": val_ood}))
         message = str(err.value)

@@ -24,7 +24,8 @@ __all__ = ["ShrinkOnly", "min_decode_size"]
 class ShrinkOnly:
     """The least size to decode an image at for a first step that then still only shrinks it.
 
-    Called with an image's stored (width, height), it returns the least (width, height) to decode
+    Called with an image's (width, height) as the step sees it (upright: its EXIF orientation
+    applied), it returns the least (width, height) to decode
     (:data:`~fseb_ft.data.pixels.MinSize`). A resize to ``size`` needs the image at least that
     size; a random resized crop needs its smallest crop at least that size (:func:`_smallest_crop`),
     so that every crop it draws is shrunk, never enlarged, to ``size``. The crop is drawn relative
@@ -42,7 +43,7 @@ class ShrinkOnly:
     """A random resized crop's range of aspect ratios (width / height)."""
 
     def __call__(self, image_size: tuple[int, int]) -> tuple[int, int]:
-        """The least (width, height) of an image stored at ``image_size`` (width, height)."""
+        """The least (width, height) of an image of ``image_size`` (width, height), upright."""
         width, height = image_size
         crop_h, crop_w = height, width
         if self.scale is not None:

@@ -132,7 +132,8 @@ def list_split(root: str | Path, split: str) -> FolderListing:
 
 
 def _walk(folder: Path, prefix: str) -> list[tuple[str, os.stat_result]]:
-    """Every visible file below ``folder``: (``prefix/relative/path``, its stat), any depth."""
+    """Every visible file below ``folder``: (``prefix/relative/path``, its stat), any depth; a
+    symbolic link to nothing too (its own stat), so it is reported as an unreadable image."""
     out = []
     with os.scandir(folder) as entries:
         for entry in entries:
@@ -143,6 +144,8 @@ def _walk(folder: Path, prefix: str) -> list[tuple[str, os.stat_result]]:
                 out += _walk(Path(entry.path), relative)
             elif entry.is_file():
                 out.append((relative, entry.stat()))
+            elif entry.is_symlink():  # to nothing: listed, so the image check names it
+                out.append((relative, entry.stat(follow_symlinks=False)))
     return out
 
 

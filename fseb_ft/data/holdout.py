@@ -13,6 +13,7 @@ These functions take arrays and plain values; the recipe is read by
 
 from __future__ import annotations
 
+import logging
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,11 @@ from fseb_ft.errors import FsebError
 
 __all__ = ["HoldOut", "HoldOutError", "group_split", "hold_out", "split_records"]
 
+logger = logging.getLogger(__name__)
+
+FAR = 0.25
+"""A whole-group hold-out whose share of the images is off its fraction by more than this share
+of the fraction (20 % asked, under 15 % or over 25 % held) is warned about."""
 MAX_FOLDS = 20
 """The most folds :func:`group_split` cuts: held shares come in steps of at least 1/20."""
 _TEST_STREAM = 1
@@ -84,7 +90,30 @@ def hold_out(
         val_seed = seed if groups is None else _stream(seed, 0)
         keep, held = _split(labels[rest], sub_groups, fraction, val_seed, "data.val_fraction")
         rest, val = rest[keep], rest[held]
+    if groups is not None:
+        _warn_if_far("data.test_fraction", test_fraction, test, groups)
+        _warn_if_far("data.val_fraction", val_fraction, val, groups)
     return HoldOut(train=rest, val=val, test=test)
+
+
+def _warn_if_far(
+    key: str, fraction: float | None, held: np.ndarray | None, groups: np.ndarray
+) -> None:
+    """Log a warning when the whole groups ``held`` (indices) are a share of all the images
+    ``groups`` labels far (:data:`FAR`) from the ``fraction`` asked for: groups of very unequal
+    sizes, or too few of them, cannot be cut at any share."""
+    if fraction is None or held is None:
+        return
+    share = len(held) / len(groups)
+    if abs(share - fraction) <= FAR * fraction:
+        return
+    logger.warning(
+        "%s=%g: the hold-out of whole groups (group_column) holds %d of %d images (%.1f %%, "
+        "%d of %d groups), far from the %.1f %% asked: the groups are few or of unequal sizes; "
+        "more groups or another fraction come closer",
+        key, fraction, len(held), len(groups), 100 * share,
+        len(np.unique(groups[held])), len(np.unique(groups)), 100 * fraction,
+    )  # fmt: skip
 
 
 def group_split(

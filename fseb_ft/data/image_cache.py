@@ -10,8 +10,9 @@ share a shape. Later runs, sweep trials and evaluations read them through a memo
 
 **Key.** An entry is named by a hash of the dataset's ``identity`` (the source's content
 fingerprint: an image folder's file names, sizes and times, a ``datasets`` fingerprint, a label
-file's bytes), its length and channels, the size, the resampling filter and :data:`VERSION`: a
-changed file makes a new entry, an unchanged dataset finds its old one. A subset (the held-out
+file's bytes), its length and channels, the size, the resampling filter, PIL's
+decompression-bomb limit (``data.max_image_pixels``) and :data:`VERSION`: a changed file makes a
+new entry, an unchanged dataset finds its old one. A subset (the held-out
 validation split, ``fraction``, ``limit``, ``classes``) is cached as the whole dataset it is
 taken from, so runs with other seeds or subsets reuse the same entry.
 
@@ -48,7 +49,7 @@ import numpy as np
 import PIL.Image
 
 from fseb_ft.data.images import IndexedImages, LabeledImages
-from fseb_ft.data.pixels import decode_image, fit_channels
+from fseb_ft.data.pixels import decode_image, fit_channels, unreadable_cause
 from fseb_ft.logs import progress_bar
 from fseb_ft.recipe import ImageCacheConfig
 from fseb_ft.recipe.datasets import check_cache_size
@@ -68,8 +69,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-VERSION = 1
-"""Part of every entry's key: raise it when the cached pixels of the same images change."""
+VERSION = 2
+"""Part of every entry's key: raise it when the cached pixels of the same images change (2: images
+turned upright by their EXIF orientation)."""
 PARALLEL_FROM = 64
 """Datasets of at least this many images are decoded by a pool of processes; smaller ones in
 this process (a pool costs more to start than they take)."""
@@ -265,10 +267,11 @@ def _bad_of(data: LabeledImages, root: LabeledImages, entry: _Entry) -> list[tup
 
 
 def _entry_name(root: LabeledImages, config: ImageCacheConfig) -> str:
-    """The file stem of ``root``'s entry: size, filter and a hash of everything keyed."""
+    """The file stem of ``root``'s entry: size, filter and a hash of everything keyed (PIL's
+    decompression-bomb limit too: an image refused under one limit may be read under another)."""
     key = (
         f"v{VERSION}|{root.identity}|n={len(root)}|channels={root.channels}|"
-        f"size={config.size}|resize={config.resize}"
+        f"size={config.size}|resize={config.resize}|max_pixels={PIL.Image.MAX_IMAGE_PIXELS}"
     )
     return f"{config.size}px-{config.resize}-{hashlib.sha256(key.encode()).hexdigest()[:20]}"
 
@@ -394,8 +397,9 @@ def _decode(root: LabeledImages, config: ImageCacheConfig, index: int) -> _Decod
         data = source if isinstance(source, bytes) else Path(source).read_bytes()
         raw = decode_image({"bytes": data, "path": name}, where)
         image = fit_channels(raw, root.channels, where)  # (H, W, channels)
-    except (OSError, ValueError, PIL.Image.DecompressionBombError) as err:
+    except (OSError, ValueError) as err:
         cause = err.__cause__ if isinstance(err, ValueError) and err.__cause__ else err
+        cause = unreadable_cause(cause, None, source if isinstance(source, str) else None)
         return None, name, str(cause) or type(cause).__name__
     if min(image.shape[:2]) < 1:
         return None, name, f"size {image.shape[1]}x{image.shape[0]}"

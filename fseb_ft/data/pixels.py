@@ -5,7 +5,8 @@ PIL images, encoded ``{"bytes", "path"}`` records, numpy arrays and torch tensor
 pixels become 8 bits in one place, :func:`as_uint8`, for training, evaluation and ``fseb-ft
 predict`` alike. A caller that needs less than the full resolution (a training transform that
 shrinks every image) names the least size it needs, and a JPEG is decoded at a reduced scale
-(:data:`MinSize`). Imports no other fseb_ft module.
+(:data:`MinSize`). An encoded image is turned upright as its EXIF orientation says
+(:func:`upright`), as viewers and ``datasets`` show it. Imports no other fseb_ft module.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from typing import Any
 
 import numpy as np
 import PIL.Image
+import PIL.ImageOps
 import torch
+from PIL import ExifTags
 
 __all__ = [
     "EMPTY_FILE",
@@ -28,6 +31,9 @@ __all__ = [
     "decode_image",
     "fit_channels",
     "pil_to_array",
+    "set_max_image_pixels",
+    "unreadable_cause",
+    "upright",
 ]
 
 EMPTY_FILE = "empty file (0 bytes)"
@@ -40,10 +46,19 @@ WIDE_MODES = frozenset({"I", "I;16", "I;16B", "I;16L", "I;16N", "F"})
 :func:`as_uint8` (PIL's ``convert("L")`` clips them at 255: a 16-bit image turns white)."""
 
 MinSize = Callable[[tuple[int, int]], tuple[int, int]]
-"""The least (width, height) a caller needs of an image stored at (width, height). A JPEG is then
-decoded at the smallest of libjpeg's scales 1/2, 1/4, 1/8 that is at least that size (PIL's
-``Image.draft``: the inverse DCT of fewer coefficients, a downscale in the frequency domain that
-skips most of the inverse DCT and colour conversion of a full decode); other formats in full."""
+"""The least (width, height) a caller needs of an image of (width, height), both upright (its EXIF
+orientation applied, as the caller sees it; :func:`decode_image` turns them to the stored
+image's for the decoder). A JPEG is then decoded at the smallest of libjpeg's scales 1/2, 1/4,
+1/8 that is at least that size (PIL's ``Image.draft``: the inverse DCT of fewer coefficients, a
+downscale in the frequency domain that skips most of the inverse DCT and colour conversion of a
+full decode); other formats in full."""
+
+_LIMIT_ENV = "FSEB_FT_MAX_IMAGE_PIXELS"
+"""Carries ``data.max_image_pixels`` to worker processes started afresh (spawn, forkserver: the
+default on macOS), which import this module and so apply it; forked ones inherit PIL's setting."""
+
+_TRANSPOSING = frozenset({5, 6, 7, 8})
+"""EXIF orientations whose undoing swaps width and height (a quarter turn, a transposition)."""
 
 # ITU-R BT.601 luma weights, the same PIL uses for convert("L").
 _LUMA = np.array([0.299, 0.587, 0.114])
@@ -115,11 +130,13 @@ def as_uint8(image: np.ndarray, where: str) -> np.ndarray:
 def decode_image(value: Any, where: str, min_size: MinSize | None = None) -> np.ndarray:
     """Turn a PIL image, ``{"bytes", "path"}`` dict, array or nested list into an array.
 
-    An encoded JPEG is decoded at a reduced scale when ``min_size`` allows it (:data:`MinSize`);
-    without ``min_size``, every image at its stored size.
+    Every image is turned upright as its EXIF orientation says (:func:`upright`), a PIL image
+    that still carries the tag too. An encoded JPEG is decoded at a reduced scale when
+    ``min_size`` allows it (:data:`MinSize`, of the upright image); without ``min_size``, every
+    image at its stored size.
     """
     if isinstance(value, PIL.Image.Image):
-        return pil_to_array(value)
+        return pil_to_array(upright(value))
     if isinstance(value, dict):
         path, data = value.get("path"), value.get("bytes")
         if data is None and path is None:
@@ -127,16 +144,73 @@ def decode_image(value: Any, where: str, min_size: MinSize | None = None) -> np.
         try:
             with PIL.Image.open(io.BytesIO(data) if data is not None else path) as image:
                 if min_size is not None and image.format == "JPEG":
-                    image.draft(None, min_size(image.size))  # mode unchanged
+                    image.draft(None, _stored_min_size(image, min_size))  # mode unchanged
                 image.load()  # PIL opens lazily; decode now so a truncated file fails here
-                return pil_to_array(image)
-        except (OSError, ValueError, SyntaxError) as err:
+                return pil_to_array(upright(image))
+        except (OSError, ValueError, SyntaxError, PIL.Image.DecompressionBombError) as err:
             # The cause is the decoder's own words, which `fseb-ft predict` shows per image.
-            cause = ValueError(EMPTY_FILE) if _is_empty(data, path) else err
+            cause = unreadable_cause(err, data, path)
             raise ValueError(f"cannot read {where} (file {path}): {cause}") from cause
     if isinstance(value, list) or hasattr(value, "__array__"):
         return np.asarray(value)  # numpy/torch-formatted datasets and nested lists
     raise TypeError(f"{where} is a {type(value).__name__}; expected a PIL image, dict or array")
+
+
+def set_max_image_pixels(limit: int | None) -> None:
+    """PIL's decompression-bomb limit (``data.max_image_pixels``) for this process and the
+    workers it starts: PIL warns on an image of more pixels and refuses one of more than twice
+    as many; ``None``: no limit."""
+    PIL.Image.MAX_IMAGE_PIXELS = limit
+    os.environ[_LIMIT_ENV] = str(limit)
+
+
+def _inherit_max_image_pixels() -> None:
+    """Apply the limit a parent process set (:func:`set_max_image_pixels`), if any."""
+    value = os.environ.get(_LIMIT_ENV)
+    if value is not None:
+        PIL.Image.MAX_IMAGE_PIXELS = None if value == "None" else int(value)
+
+
+_inherit_max_image_pixels()
+
+
+def upright(image: PIL.Image.Image) -> PIL.Image.Image:
+    """``image`` turned and mirrored as its EXIF orientation says, in a copy without the tag
+    (``PIL.ImageOps.exif_transpose``): a portrait phone photo stored sideways with orientation
+    6 is read upright. An image without one (or already turned: the tag is gone) is returned
+    as it is, uncopied."""
+    if _orientation(image) == 1:
+        return image
+    return PIL.ImageOps.exif_transpose(image)
+
+
+def _orientation(image: PIL.Image.Image) -> int:
+    """The EXIF orientation (1: as stored), which ``exif_transpose`` reads too."""
+    return image.getexif().get(ExifTags.Base.Orientation, 1)
+
+
+def _stored_min_size(image: PIL.Image.Image, min_size: MinSize) -> tuple[int, int]:
+    """``min_size`` of the upright image, as the (width, height) of the image as stored: the
+    transform sees the image turned, so its crops are drawn on the turned size."""
+    if _orientation(image) not in _TRANSPOSING:
+        return min_size(image.size)
+    width, height = min_size(image.size[::-1])
+    return height, width
+
+
+def unreadable_cause(err: BaseException, data: bytes | None, path: str | None) -> BaseException:
+    """Why an image (``data``, else the file at ``path``) could not be read, in a user's words:
+    :data:`EMPTY_FILE`, a symbolic link to nothing (the OS says only "no such file"), a missing
+    file, or ``err``, the decoder's own."""
+    if _is_empty(data, path):
+        return ValueError(EMPTY_FILE)
+    if isinstance(err, PIL.Image.DecompressionBombError):
+        return ValueError(f"{err} Raise data.max_image_pixels (PIL refuses twice it) to read it.")
+    if data is None and path is not None and not os.path.exists(path):
+        if os.path.islink(path):
+            return FileNotFoundError(f"broken symbolic link to {os.readlink(path)}")
+        return FileNotFoundError("no such file")  # a label file's row whose image is missing
+    return err
 
 
 def _is_empty(data: bytes | None, path: str | None) -> bool:
@@ -160,13 +234,14 @@ def pil_to_array(image: PIL.Image.Image) -> np.ndarray:
 
 
 def any_image_to_array(image: Any, where: str) -> np.ndarray:
-    """PIL, numpy (HW, HWC, CHW) or tensor (CHW, HW) → array (H, W[, C]) of the same type.
+    """PIL (upright: :func:`upright`), numpy (HW, HWC, CHW) or tensor (CHW, HW) → array
+    (H, W[, C]) of the same type.
 
     Its pixels become uint8 in :func:`fit_channels` (:func:`as_uint8`: uint8, uint16, or floats
     in [0, 1] as ``ToTensor`` gives).
     """
     if isinstance(image, PIL.Image.Image):
-        return pil_to_array(image)
+        return pil_to_array(upright(image))
     chw = isinstance(image, torch.Tensor)
     array = image.detach().cpu().numpy() if chw else np.asarray(image)
     if array.ndim == 3:

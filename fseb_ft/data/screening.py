@@ -35,7 +35,7 @@ import PIL.Image
 
 from fseb_ft.data.image_cache import cache_images
 from fseb_ft.data.images import IndexedImages, LabeledImages
-from fseb_ft.data.pixels import EMPTY_FILE, WIDE_MODES, as_uint8
+from fseb_ft.data.pixels import EMPTY_FILE, WIDE_MODES, as_uint8, unreadable_cause
 from fseb_ft.data.splits import Splits
 from fseb_ft.errors import FsebError
 from fseb_ft.logs import progress_bar
@@ -115,7 +115,9 @@ def check_image(source: str | bytes) -> str | None:
             if image.mode in WIDE_MODES:
                 as_uint8(np.asarray(image), "it")
     except (OSError, ValueError, SyntaxError, PIL.Image.DecompressionBombError) as err:
-        return str(err) or type(err).__name__
+        path = None if isinstance(source, bytes) else source
+        cause = unreadable_cause(err, source if path is None else None, path)
+        return str(cause) or type(cause).__name__
     return None
 
 
@@ -123,7 +125,7 @@ def find_bad_images(data: LabeledImages, key: str, progress: bool = True) -> lis
     """Every image of ``data`` that :func:`check_image` refuses (none for decoded datasets)."""
     if len(data) == 0 or data.encoded(0) is None:
         return []
-    seen = (data.identity, len(data))
+    seen = (data.identity, len(data), PIL.Image.MAX_IMAGE_PIXELS)  # the limit decides too
     if seen not in _CHECKED:
         bar = progress and len(data) >= PROGRESS_FROM
         found = []

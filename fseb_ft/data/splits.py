@@ -117,20 +117,45 @@ def require_two_classes(data: LabeledImages, described: str, hint: str) -> None:
     )
 
 
-def select_classes(data: LabeledImages, classes: Sequence[int]) -> IndexedImages:
-    """Keep the samples of ``classes`` and relabel them ``0..len(classes)-1`` in that order."""
+def select_classes(data: LabeledImages, classes: Sequence[int | str]) -> IndexedImages:
+    """Keep the samples of ``classes`` and relabel them ``0..len(classes)-1`` in that order.
+
+    A class is its label or its name (an image folder's class folder, a ``ClassLabel`` name).
+    """
+    wanted = _labels_of(data, classes)
     known = set(np.unique(data.labels).tolist())
-    absent = [c for c in classes if c not in known]
+    absent = [c for c, label in zip(classes, wanted, strict=True) if label not in known]
     if absent:
         raise ValueError(f"classes {absent} do not occur in {data.identity}")
-    subset = IndexedImages(data, np.flatnonzero(np.isin(data.labels, classes)))
+    subset = IndexedImages(data, np.flatnonzero(np.isin(data.labels, wanted)))
     remap = np.full(int(data.labels.max()) + 1, -1, dtype=np.int64)
-    remap[list(classes)] = np.arange(len(classes))
+    remap[wanted] = np.arange(len(wanted))
     subset.labels = remap[subset.labels]  # (M,)
     names = data.class_names
-    subset.class_names = [names[c] if c < len(names) else str(c) for c in classes]
+    subset.class_names = [names[c] if c < len(names) else str(c) for c in wanted]
     subset.identity += f"|classes:{','.join(map(str, classes))}"
     return subset
+
+
+def _labels_of(data: LabeledImages, classes: Sequence[int | str]) -> list[int]:
+    """Each of ``classes`` as a label of ``data``: a label as it is, a name by its index in
+    ``data.class_names``.
+
+    Raises:
+        ValueError: a name that is none of ``data``'s classes, or one class given twice (by
+            its label and its name).
+    """
+    index = {name: k for k, name in enumerate(data.class_names)}
+    unknown = [c for c in classes if isinstance(c, str) and c not in index]
+    if unknown:
+        raise ValueError(
+            f"classes {unknown} are not class names of {data.identity}; its classes are "
+            f"{list(data.class_names)} (or give labels 0..{len(data.class_names) - 1})"
+        )
+    labels = [index[c] if isinstance(c, str) else int(c) for c in classes]
+    if len(set(labels)) < len(labels):
+        raise ValueError(f"classes {list(classes)} name one class twice (labels {labels})")
+    return labels
 
 
 @dataclass

@@ -146,7 +146,7 @@ def _ensemble_predictions(
             name: {sev: _average([p.corruptions[name][sev] for p in member_preds]) for sev in sevs}
             for name, sevs in _shared_corruptions(runs, member_preds).items()
         },
-        corruption_labels=member_preds[0].corruption_labels,
+        corruption_index=member_preds[0].corruption_index,
         val=_ensemble_val(runs, member_preds),
         split=member_preds[0].split,
         groups=member_preds[0].groups,

@@ -22,6 +22,7 @@ __all__ = [
     "check_data",
     "check_select_metric",
     "class_count",
+    "ordinal_warnings",
     "reported_task_metrics",
     "require_training_classes",
 ]
@@ -65,7 +66,34 @@ def class_count(recipe: Recipe, splits: Splits) -> tuple[int, list[str]]:
             f"model.num_classes={k} but the training labels go up to {found - 1}; "
             f"set model.num_classes to at least {found} or null"
         )
-    return k, splits.check_labels(k)
+    return k, splits.check_labels(k) + ordinal_warnings(recipe, splits.train)
+
+
+def ordinal_warnings(recipe: Recipe, train: LabeledImages) -> list[str]:
+    """With ``qwk`` in ``eval.metrics`` (whose penalty grows with the distance between label
+    indices): a warning when the classes' order is likely not the grades' own. Names a label
+    file or folders gave unordered are sorted alphabetically (``mild`` before ``none``); integer
+    labels of a label file that start at 1 leave class 0 without images, never trained. Either
+    way ``classes`` gives the order; a recipe that gives it is not warned."""
+    spec = recipe.data.train
+    if "qwk" not in recipe.eval.metrics or spec.classes is not None:
+        return []
+    names = list(train.class_names)
+    integers = all(name.lstrip("-").isdigit() for name in names)
+    if spec.source in ("csv", "imagefolder") and not integers:
+        return [
+            f"eval.metrics has qwk, which counts how far apart label indices are, but the "
+            f"class names were sorted alphabetically: {names}; if that is not their order, "
+            "give it: data.train.classes: [lowest, ..., highest]"
+        ]
+    if spec.source == "csv" and integers and len(names) > 1 and not (train.labels == 0).any():
+        grades = ", ".join(names[1:])
+        return [
+            f"eval.metrics has qwk, but the integer labels start at 1: class 0 has no images "
+            f"and is never trained; give data.train.classes: [{grades}] to make them classes "
+            f"0..{len(names) - 2}"
+        ]
+    return []
 
 
 def check_select_metric(recipe: Recipe, num_classes: int) -> None:

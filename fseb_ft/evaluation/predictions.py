@@ -60,8 +60,10 @@ class Predictions:
     """Corruption name → severity → log-probabilities (N_c, K) on the corrupted test split (the
     test images, or the ``eval.corruption_limit`` subset of them; see
     :func:`predict_corruptions`)."""
-    corruption_labels: Tensor | None = None
-    """Labels (N_c,) of the corrupted images; ``None``: those of ``test`` (no subset)."""
+    corruption_index: Tensor | None = None
+    """Indices (N_c,) into ``test`` of the images that were corrupted (``eval.corruption_limit``'s
+    subset), so the clean row of the corruption table is taken on the same images; ``None``:
+    every image of ``test``."""
     test_logits: Tensor | None = None
     """Logits (N, K) behind ``test``; ``None`` for an ensemble (averaged probabilities)."""
     ood_logits: dict[str, Tensor] = dataclasses.field(default_factory=dict)
@@ -281,12 +283,12 @@ def predict_splits(
         model, corrupted, spec, cfg, accelerator, num_workers, seed, laplace
     )
     _check_corrupted(corruptions, len(corrupted), split)
-    labels = None if corrupted is reported else torch.as_tensor(corrupted.labels, dtype=torch.long)
+    index = None if corrupted is reported else torch.as_tensor(corrupted.indices, dtype=torch.long)
     predictions = Predictions(
         test=(torch.log_softmax(test[0], -1), test[1]),
         ood={name: torch.log_softmax(z, -1) for name, (z, _, _) in ood.items()},
         corruptions=corruptions,
-        corruption_labels=labels,
+        corruption_index=index,
         test_logits=test[0],
         ood_logits={name: z for name, (z, _, _) in ood.items()},
         val=None if val is None else val[:2],
@@ -426,8 +428,11 @@ def _check_corrupted(corruptions: dict[str, dict[int, Tensor]], n: int, split: s
                 )
 
 
-def corruption_subset(test: LabeledImages, limit: int | None, seed: int) -> LabeledImages:
-    """The seeded, class-stratified subset of ``test`` that ``eval.corruption_limit`` asks for.
+def corruption_subset(
+    test: LabeledImages, limit: int | None, seed: int
+) -> LabeledImages | IndexedImages:
+    """The seeded, class-stratified subset of ``test`` that ``eval.corruption_limit`` asks for
+    (an :class:`IndexedImages`, whose ``indices`` locate it in ``test``), or ``test`` itself.
 
     Corrupting every test image at every corruption and severity costs 70 passes over the
     split; a stratified subset keeps the class balance of the clean test set.

@@ -26,6 +26,7 @@ from fseb_ft.recipe.schema import ConfigError, check
 
 __all__ = [
     "IN_MEMORY",
+    "PIL_MAX_IMAGE_PIXELS",
     "ContextConfig",
     "DataConfig",
     "DatasetSpec",
@@ -33,6 +34,10 @@ __all__ = [
     "MixupConfig",
     "check_cache_size",
 ]
+
+PIL_MAX_IMAGE_PIXELS = 1024 * 1024 * 1024 // 4 // 3
+"""PIL's own decompression-bomb limit (``PIL.Image.MAX_IMAGE_PIXELS``), the default of
+``data.max_image_pixels`` (written here: the recipe imports no image library)."""
 
 IN_MEMORY = "in-memory:"
 """The path prefix that stands in a resolved recipe for a dataset the Python API was given in
@@ -77,9 +82,15 @@ class DatasetSpec:
     """``csv``: a column naming each image's group (a patient), kept with every image."""
     metadata_columns: tuple[str, ...] = ()
     """``csv``: further columns kept with every image, as strings (empty cells allowed)."""
+    delimiter: str | None = None
+    """``csv``: the one character between a text label file's columns, e.g. ``";"`` (a CSV saved
+    where the decimal mark is a comma); ``null``: by extension, a tab for ``.tsv`` and ``.tab``
+    files, else a comma. A parquet file has none."""
     classes: tuple[int | str, ...] | None = None
-    """Keep only these original labels, relabelled 0..len-1 in this order (``None``: all). For
-    ``csv`` it is the list of classes, in label order: integer labels or class names; a row
+    """Keep only these classes, relabelled 0..len-1 in this order (``None``: all): each an
+    original label or a class name (an image folder's class folder, e.g. ``[dog, cat]``, a Hub
+    dataset's ``ClassLabel`` name). For ``csv`` it is the list of classes, in label order:
+    integer labels or class names; a row
     whose label is not listed stops the load (a listed class without rows stays, empty).
     Without it, a ``csv`` file's integer labels are the class indices and its names are
     sorted."""
@@ -99,7 +110,7 @@ class DatasetSpec:
             self.config,
             f"applies to source hub only, not {self.source}",
         )
-        for key in ("image_dir", "image_pattern", "group_column", "metadata_columns"):
+        for key in ("image_dir", "image_pattern", "group_column", "metadata_columns", "delimiter"):
             check(
                 self.source == "csv" or not getattr(self, key),
                 key,
@@ -107,16 +118,16 @@ class DatasetSpec:
                 f"applies to source csv only, not {self.source}",
             )
         check(
+            self.delimiter is None or len(self.delimiter) == 1,
+            "delimiter",
+            self.delimiter,
+            "must be one character, e.g. ';' or '\\t'",
+        )
+        check(
             self.image_pattern is None or self.image_pattern.count("{}") == 1,
             "image_pattern",
             self.image_pattern,
             "must hold {} once, where the image column's id goes (e.g. '{}.png')",
-        )
-        check(
-            self.source == "csv" or all(isinstance(c, int) for c in self.classes or ()),
-            "classes",
-            self.classes,
-            f"must be integer labels for source {self.source} (class names: source csv only)",
         )
         check(self.limit is None or self.limit > 0, "limit", self.limit, "must be > 0 or null")
         check(
@@ -273,6 +284,12 @@ class DataConfig:
     message naming the unreadable files, ``skip`` leaves them out and records them in
     ``run.json`` and the model card. With ``cache``, this check is the cache's build: each image
     is decoded once, for both."""
+    max_image_pixels: int | None = PIL_MAX_IMAGE_PIXELS
+    """PIL's decompression-bomb limit (``PIL.Image.MAX_IMAGE_PIXELS``), for every image this
+    run and its evaluation decode: PIL warns on an image of more pixels and refuses one of more
+    than twice as many, which the check before training reports as unreadable (``bad_images``
+    then stops or skips it). Default: PIL's, 89,478,485 pixels (about 9,459 × 9,459); raise it
+    for larger scans you trust, or ``null`` for no limit."""
     cache: ImageCacheConfig | None = None
     """Decode every image once, shrink it to ``cache.size`` (shorter side) and train and evaluate
     from that copy (``fseb-ft cache RECIPE`` builds it ahead); e.g. ``{size: 256}`` or
@@ -296,6 +313,12 @@ class DataConfig:
         self._check_test_fraction()
         check(self.batch_size >= 1, "batch_size", self.batch_size, "must be ≥ 1")
         check(self.num_workers >= 0, "num_workers", self.num_workers, "must be ≥ 0")
+        check(
+            self.max_image_pixels is None or self.max_image_pixels >= 1,
+            "max_image_pixels",
+            self.max_image_pixels,
+            "must be ≥ 1 or null",
+        )
         check(self.seed is None or self.seed >= 0, "seed", self.seed, "must be ≥ 0 or null")
         for name in ("mean", "std"):
             value = getattr(self, name)
@@ -346,11 +369,15 @@ class DataConfig:
 
 def _same_images(a: DatasetSpec, b: DatasetSpec) -> bool:
     """Whether two specs may share images: the same split of the same source, and classes not
-    disjoint (a ``limit`` subset of a split still shares its images)."""
+    disjoint (a ``limit`` subset of a split still shares its images). A class named in one and
+    given by its label in the other cannot be compared without the data: taken as shared."""
     where = ("source", "path", "config", "split", "revision")
     if any(getattr(a, k) != getattr(b, k) for k in where):
         return False
-    return a.classes is None or b.classes is None or bool(set(a.classes) & set(b.classes))
+    if a.classes is None or b.classes is None:
+        return True
+    kinds = {type(c) for c in (*a.classes, *b.classes)}
+    return len(kinds) > 1 or bool(set(a.classes) & set(b.classes))
 
 
 def _spec_text(spec: DatasetSpec) -> str:

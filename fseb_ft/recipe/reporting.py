@@ -47,8 +47,11 @@ class EvalConfig:
     """Seed of the corruptions' randomness: image i always gets the same corrupted pixels."""
     corruption_limit: int | None = None
     """Corrupt only a seeded, class-stratified subset of at most this many test images (the
-    same subset for every corruption and severity, drawn with ``corruption_seed``); the clean
-    test metrics still use the whole split. ``null``: the whole test split."""
+    same subset for every corruption and severity, drawn with ``corruption_seed``). The
+    corruption table's and figure's clean row is taken on the same subset
+    (``corruption_clean`` in ``results.json``), so clean and corrupted rows compare the same
+    images; the test split's own metrics still use the whole split. ``null``: the whole test
+    split."""
     corruption_cache: str | None = None
     """Folder caching the corrupted test images (uint8 ``.npy`` with an ``.npz`` index), so a
     re-evaluation does not recompute them; ``null``: ``$XDG_CACHE_HOME/fseb_ft/corruptions``, else

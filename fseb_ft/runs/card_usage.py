@@ -34,7 +34,7 @@ def usage_section(
         scale = f"T = {temperature!r}  # temperature scaling (fseb.json); T = 1: raw outputs\n"
         logits = f"({logits} / T)"
     mode = "L" if channels == 1 else "RGB"
-    imports = "import numpy as np\nimport timm\nimport torch\nfrom PIL import Image\n"
+    imports = "import numpy as np\nimport timm\nimport torch\nfrom PIL import Image, ImageOps\n"
     if source.get("needs_fseb_ft"):
         imports += "import fseb_ft.method.models  # registers this architecture with timm\n"
     load = f'model = timm.create_model("hf-hub:{repo}", pretrained=True).eval()\n'
@@ -52,6 +52,7 @@ def usage_section(
         "transform = timm.data.create_transform(**config)\n"
         'labels = model.pretrained_cfg["label_names"]\n\n'
         'image = Image.open("image.jpg")\n'
+        "image = ImageOps.exif_transpose(image)  # upright by its EXIF orientation, as trained\n"
         'if image.mode.startswith("I;16"):  # 16-bit: to 8 bits as training read it, value >> 8\n'
         "    image = Image.fromarray((np.asarray(image) >> 8).astype(np.uint8))\n"
         f'image = image.convert("{mode}")\n'

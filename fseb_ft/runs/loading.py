@@ -31,6 +31,7 @@ from torch.utils.data import Dataset
 from fseb_ft.data.files import find_images, read_image
 from fseb_ft.data.images import LabeledImages
 from fseb_ft.data.inputs import InputSpec
+from fseb_ft.data.pixels import set_max_image_pixels
 from fseb_ft.data.screening import screen
 from fseb_ft.data.sources import hold_outs, load_split
 from fseb_ft.data.transforms import eval_transform, make_loader
@@ -340,6 +341,8 @@ def gather_inputs(
     """The inputs, their names, their labels' class names (datasets) and files passed over."""
     if dataset is not None and images:
         raise ValueError("give IMAGES or a dataset, not both")
+    if loaded.recipe is not None:  # the run's data.max_image_pixels; a model folder: PIL's
+        set_max_image_pixels(loaded.recipe.data.max_image_pixels)
     if dataset is None:
         files, skipped = find_images(images) if images else ([], [])
         if not files:

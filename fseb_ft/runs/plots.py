@@ -251,14 +251,14 @@ def corruption_plot(
     entry of ``results.json``, whose numbers
     :func:`fseb_ft.evaluation.metrics.classification_metrics` computed. The bold line at each
     severity is the mean over the corruptions evaluated at it (``corruption_summary`` in
-    ``results.json``). With ``clean`` (the ``test`` metrics) every line starts from the
-    uncorrupted test split at severity 0. Both axes stay within 0..100 %.
+    ``results.json``). With ``clean`` (the metrics of the same images uncorrupted,
+    ``corruption_clean``) every line starts from them at severity 0. Both axes stay within 0..100 %.
 
     Args:
         corruptions: corruption name → severity (``"1"``..``"5"`` or int) → metrics with at
             least ``accuracy`` and ``ece``.
         path: where to write the PNG.
-        clean: metrics of the clean test split, drawn at severity 0.
+        clean: metrics of the corrupted images uncorrupted, drawn at severity 0.
         title: figure title.
 
     Returns:

@@ -37,6 +37,7 @@ from fseb_ft.runs.rundir import (
     write_json,
 )
 from fseb_ft.runs.tables import (
+    clean_reference,
     corruption_markdown,
     corruption_summary,
     groups_markdown,
@@ -127,7 +128,7 @@ def evaluate_predictions(
     test: tuple[Tensor, Tensor],
     ood: Mapping[str, Tensor] | None = None,
     corruptions: Mapping[str, Mapping[int, Tensor]] | None = None,
-    corruption_labels: Tensor | None = None,
+    corruption_index: Tensor | None = None,
     *,
     ood_scores: Sequence[str] = ("entropy",),
     test_logits: Tensor | None = None,
@@ -148,7 +149,7 @@ def evaluate_predictions(
         ood: name → log-probabilities (N_o, K) on that semantic-shift set.
         corruptions: corruption name → severity → log-probabilities (N_c, K) on the corrupted
             test split.
-        corruption_labels: labels (N_c,) of the corrupted images; ``None``: ``test``'s.
+        corruption_index: indices (N_c,) into ``test`` of the corrupted images; ``None``: all.
         ood_scores: the OOD scores to report (``eval.ood_scores``).
         test_logits, ood_logits: the logits behind ``test`` and ``ood`` (``None`` for an
             ensemble: its logit scores are then absent).
@@ -158,9 +159,11 @@ def evaluate_predictions(
 
     Returns:
         ``{"test": {metric: float, "n": N}, "ood": {name: {metric: float, "n": N_o}}}``; with
-        ``corruptions`` also ``"corruptions": {name: {"1": {metric: float, "n": N}, ...}}``
-        (severities as strings, as JSON keys) and ``"corruption_summary": {"1": {metric: mean
-        over the corruptions}, ..., "all": {metric: mean over every corruption and severity}}``.
+        ``corruptions`` also ``"corruptions": {name: {"1": {metric: float, "n": N_c}, ...}}``
+        (severities as strings, as JSON keys), ``"corruption_summary": {"1": {metric: mean
+        over the corruptions}, ..., "all": {metric: mean over every corruption and severity}}``
+        and ``"corruption_clean": {metric: float, "n": N_c}``, the metrics of the same N_c
+        images uncorrupted: the baseline the corrupted rows are compared with.
         The metrics are those of ``test``
         (:func:`~fseb_ft.evaluation.metrics.classification_metrics`).
     """
@@ -185,7 +188,8 @@ def evaluate_predictions(
         scores = {k: float(v) for k, v in found.items()}
         out["ood"][name] = scores | {"n": len(lp)}
     if corruptions:
-        c_labels = labels if corruption_labels is None else corruption_labels  # (N_c,)
+        index = slice(None) if corruption_index is None else corruption_index
+        c_labels = labels[index]  # (N_c,)
         out["corruptions"] = {
             name: {
                 str(sev): {k: float(v) for k, v in classification_metrics(lp, c_labels).items()}
@@ -195,6 +199,8 @@ def evaluate_predictions(
             for name, by_severity in corruptions.items()
         }
         out["corruption_summary"] = corruption_summary(out["corruptions"])
+        clean = classification_metrics(log_probs[index], c_labels)
+        out["corruption_clean"] = {k: float(v) for k, v in clean.items()} | {"n": len(c_labels)}
     return out
 
 
@@ -247,7 +253,7 @@ def write_corruption_plot(directory: Path, results: Mapping[str, Any], title: st
     from fseb_ft.runs import plots
 
     path = Path(directory) / CORRUPTION_PLOT
-    clean = results.get("test")
+    clean = clean_reference(results)
     caption = f"{title}: corrupted {results_split(results)} split"
     _draw(
         [lambda: plots.corruption_plot(results["corruptions"], path, clean=clean, title=caption)],
@@ -398,7 +404,7 @@ def _metrics(
         predictions.test,
         predictions.ood,
         predictions.corruptions,
-        predictions.corruption_labels,
+        predictions.corruption_index,
         ood_scores=ood_scores,
         test_logits=predictions.test_logits,
         ood_logits=predictions.ood_logits,

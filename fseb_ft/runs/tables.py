@@ -24,6 +24,7 @@ from fseb_ft.runs.rundir import results_split
 
 __all__ = [
     "VALIDATION_NOTE",
+    "clean_reference",
     "corruption_markdown",
     "corruption_summary",
     "groups_markdown",
@@ -83,6 +84,13 @@ VALIDATION_NOTE = (
 """Why results on the validation split are reported, and how far to trust them."""
 
 
+def clean_reference(results: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The clean row of the corruption table and figure: the metrics of the very images that were
+    corrupted (``corruption_clean``; ``eval.corruption_limit``'s subset), so a change from clean
+    to corrupted is the corruption's alone; ``test`` for results written before that key."""
+    return results.get("corruption_clean") or results.get("test")
+
+
 def corruption_summary(
     corruptions: Mapping[str, Mapping[str, Mapping[str, float]]],
 ) -> dict[str, dict[str, float]]:
@@ -109,10 +117,10 @@ def corruption_markdown(results: Mapping[str, Any]) -> str:
     ``corruptions``).
 
     The first gives, per severity, the mean over the corruptions of accuracy, NLL, ECE and
-    Sel. Pred. (the clean split first, for reference), each row followed by its post-hoc ones
-    ("<severity> + TS", "<severity> + LLLA") when ``results`` has those blocks
-    (:data:`~fseb_ft.runs.posthoc.POSTHOC_BLOCKS`); the second the accuracy and ECE of every
-    corruption at every severity.
+    Sel. Pred. (first the clean images that were corrupted, :func:`clean_reference`), each row
+    followed by its post-hoc ones ("<severity> + TS", "<severity> + LLLA") when ``results``
+    has those blocks (:data:`~fseb_ft.runs.posthoc.POSTHOC_BLOCKS`); the second the accuracy
+    and ECE of every corruption at every severity.
     """
     corruptions = results.get("corruptions") or {}
     if not corruptions:
@@ -131,8 +139,8 @@ def corruption_markdown(results: Mapping[str, Any]) -> str:
         for block, found in posthoc_blocks(results)
         if found.get("corruption_summary")
     ]
-    rows = [("clean", results.get("test", {}))]
-    rows += [(f"clean{suffix}", found["test"]) for suffix, found in posthoc]
+    rows = [("clean", clean_reference(results) or {})]
+    rows += [(f"clean{suffix}", clean_reference(found)) for suffix, found in posthoc]
     for sev, metrics in summary.items():
         label = sev if sev != "all" else "all severities"
         rows.append((label, metrics))

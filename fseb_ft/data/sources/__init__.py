@@ -22,6 +22,7 @@ import numpy as np
 
 from fseb_ft.data.holdout import hold_out
 from fseb_ft.data.images import IndexedImages, LabeledImages
+from fseb_ft.data.pixels import set_max_image_pixels
 from fseb_ft.data.sources import arrays, csv, disk, hub, idx, imagefolder, sklearn_digits  # noqa: F401
 from fseb_ft.data.sources.registry import find_source, source
 from fseb_ft.data.splits import Splits, select_classes, stratified_split
@@ -100,7 +101,9 @@ def hold_outs(
 def build_splits(cfg: DataConfig, seed: int) -> Splits:
     """Load train/val/test/OOD; hold out validation and test parts of train where the recipe
     asks (:func:`hold_outs`); every draw seeded with ``cfg.draw_seed(seed)`` (``data.seed``,
-    else ``seed``, ``train.seed``)."""
+    else ``seed``, ``train.seed``). ``data.max_image_pixels`` becomes PIL's limit here, for this
+    process and its workers: every command that reads a recipe's data passes here first."""
+    set_max_image_pixels(cfg.max_image_pixels)
     seed = cfg.draw_seed(seed)
     full = load_split("data.train", cfg.train, cfg.channels, seed)
     train, val, test = hold_outs(full, cfg, seed)

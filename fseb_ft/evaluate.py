@@ -25,7 +25,7 @@ from typing import Any
 
 from accelerate import PartialState
 
-from fseb_ft.cli import help_text, run_entry
+from fseb_ft.cli import device_argument, help_text, run_entry
 from fseb_ft.engine.ensemble import evaluate_ensemble
 from fseb_ft.engine.reevaluate import evaluate_run
 from fseb_ft.logs import configure_logging
@@ -65,6 +65,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m fseb_ft.evalu
             f"a moved cache folder, got {bad}"
         )
     args.overrides = [*args.set_overrides, *overrides]
+    if args.device is not None:
+        if args.device.partition(":")[2] not in ("", "0"):
+            parser.error(
+                f"--device {args.device}: evaluation runs on the first GPU it sees; "
+                f"CUDA_VISIBLE_DEVICES={args.device.partition(':')[2]} picks that one"
+            )
+        args.cpu = args.cpu or args.device == "cpu"
     configure_logging()
     try:
         if args.ensemble:
@@ -137,7 +144,12 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         help="with --ensemble: where to write results.json, results.md and plots (default: "
         "'ensemble' beside the runs when they share a parent folder, else ./ensemble)",
     )
-    parser.add_argument("--cpu", action="store_true", help="evaluate on CPU")
+    parser.add_argument("--cpu", action="store_true", help="evaluate on CPU (--device cpu)")
+    parser.add_argument(
+        "--device",
+        type=device_argument,
+        help="cpu, cuda or mps (default: Accelerate's choice, the GPU when there is one)",
+    )
     parser.add_argument(
         "--set",
         dest="set_overrides",

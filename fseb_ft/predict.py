@@ -59,13 +59,14 @@ from typing import Any
 import torch
 import yaml
 
-from fseb_ft.cli import help_text, run_entry
+from fseb_ft.cli import device_argument, help_text, run_entry
 from fseb_ft.errors import FsebError
 from fseb_ft.evaluation.abstention import AbstentionRule, out_of_range
 from fseb_ft.evaluation.conformal import ConformalCalibration
 from fseb_ft.evaluation.feature_ood import FeatureOodFit, feature_ood_score
 from fseb_ft.evaluation.temperature import TEMPERATURE_RANGE, temperature_identified
 from fseb_ft.logs import configure_logging
+from fseb_ft.method.devices import resolve_device
 from fseb_ft.recipe import DatasetSpec
 from fseb_ft.recipe.options import OOD_SCORES
 from fseb_ft.runs.conformal_sets import (
@@ -181,7 +182,7 @@ def predict_images(
         ood=ood,
         fit=load_feature_fit(loaded, ood),  # before any pass: a model without one stops here
         top_k=top_k,
-        device=torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")),
+        device=resolve_device(device),
         loader_kw={"batch_size": batch_size, "num_workers": num_workers, "progress": progress},
     )
     inputs, names, labels, skipped = gather_inputs(loaded, images, dataset)
@@ -455,7 +456,11 @@ def _add_row_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--temperature", type=float, help="override the model's temperature (1: raw outputs)"
     )
-    parser.add_argument("--device", help="cpu, cuda, cuda:1, … (default: cuda when available)")
+    parser.add_argument(
+        "--device",
+        type=device_argument,
+        help="cpu, cuda, cuda:1, mps (default: cuda when available)",
+    )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--num-workers", type=int, default=0, help="image-reading processes")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")

@@ -12,11 +12,13 @@ from pathlib import Path
 import huggingface_hub
 import numpy as np
 import pytest
+import torch
 from datasets import Dataset
 
 from fseb_ft import cli, logs
 from fseb_ft import finetune as finetune_module
 from fseb_ft.engine import run as run_module
+from fseb_ft.method import devices
 from fseb_ft.runs.atomic import DiskFullError
 from tests.helpers import poison_loss, snapshot, write_image_folder
 
@@ -237,6 +239,27 @@ def test_a_cholesky_failure_is_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     # s (‖h‖² + 1) overflows float64: Kc has inf entries and cannot be factorised at all.
     line = _fails([*_tiny(tmp_path), "fseb.prior_cov_scale=1e308"], capsys, 1)
     assert "the prior covariance Kc (32×32) has NaN/inf entries" in line
+
+
+def test_a_device_this_machine_lacks_is_one_usage_line_before_anything_loads(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    for command in (["predict", "/no/such/run", "x.png"], ["evaluate", "/no/such/run"]):
+        for device, why in (
+            ("cuda", "is not on this machine"),
+            ("mps", "is not on this machine"),
+            ("foo", "is not a device"),
+        ):
+            line = _fails([*command, "--device", device], capsys, 2)
+            assert f"argument --device: device {device!r} {why}; available here: cpu" in line
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert devices.resolve_device("cuda:1") == torch.device("cuda:1")
+    with pytest.raises(devices.DeviceError, match=r"available here: cpu, cuda:0, cuda:1$"):
+        devices.resolve_device("cuda:2")
+    line = _fails(["evaluate", "/no/such/run", "--device", "cuda:1"], capsys, 2)
+    assert "CUDA_VISIBLE_DEVICES=1 picks that one" in line
 
 
 def test_an_unreachable_hub_is_one_line(

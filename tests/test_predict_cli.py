@@ -443,6 +443,7 @@ def test_mistakes_end_in_one_line(
     def offline(*args: object, **kwargs: object) -> None:
         raise OSError("We couldn't connect to 'https://huggingface.co'.\nCheck your connection.")
 
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)  # no request at all
     monkeypatch.setattr(predictor.timm, "create_model", offline)
     message = _fails(["hf-hub:someone/model", str(images)], capsys)
     assert "could not load hf-hub:someone/model from the Hugging Face Hub (OSError: We " in message

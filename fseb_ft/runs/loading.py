@@ -30,12 +30,13 @@ from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
 from fseb_ft.data.files import find_images, read_image
+from fseb_ft.data.hub_access import hub_or_cache, offline_hint
 from fseb_ft.data.images import LabeledImages
 from fseb_ft.data.inputs import InputSpec
 from fseb_ft.data.screening import screen
 from fseb_ft.data.sources import hold_outs, load_split
 from fseb_ft.data.transforms import eval_transform, make_loader
-from fseb_ft.errors import FsebError
+from fseb_ft.errors import FsebError, first_line
 from fseb_ft.evaluation.abstention import AbstentionRule
 from fseb_ft.method.models import create_model
 from fseb_ft.method.posterior import posterior, predictive
@@ -233,20 +234,26 @@ def _load_folder(folder: Path) -> LoadedModel:
     )
 
 
+_LOCAL_MODEL = (
+    "give MODEL as a local model folder (a run's model/ folder, or a download of the repo)"
+)
+
+
 def _load_hub(name: str) -> LoadedModel:
     repo, _, revision = name.removeprefix("hf-hub:").partition("@")  # timm's owner/name@rev
-    try:
-        model = timm.create_model(name, pretrained=True)
-    except Exception as err:  # network, auth, missing repo, cache: all mean "could not load it"
-        raise ModelLoadError(
-            f"could not load {name} from the Hugging Face Hub ({type(err).__name__}: "
-            f"{first_line(err)}); offline, give a local model folder instead (a run's model/ "
-            "folder, or a download of the repo)"
-        ) from err
-    try:
-        meta = read_json(Path(hf_hub_download(repo, "fseb.json", revision=revision or None)))
-    except Exception:  # a timm model not trained by fseb_ft has no fseb.json: no T, no τ
-        meta = {}
+    with hub_or_cache() as unreachable:
+        try:
+            model = timm.create_model(name, pretrained=True)
+        except Exception as err:  # network, auth, missing repo, cache: all mean "could not load it"
+            why = "" if unreachable is None else "the Hub did not answer and it is not cached: "
+            raise ModelLoadError(
+                f"could not load {name} from the Hugging Face Hub ({why}{type(err).__name__}: "
+                f"{first_line(err)}); {offline_hint(_LOCAL_MODEL)}"
+            ) from err
+        try:
+            meta = read_json(Path(hf_hub_download(repo, "fseb.json", revision=revision or None)))
+        except Exception:  # a timm model not trained by fseb_ft has no fseb.json: no T, no τ
+            meta = {}
     return _from_timm(model, name, meta, _hub_file(name, meta))
 
 
@@ -263,13 +270,14 @@ def _hub_file(name: str, meta: Mapping[str, Any]) -> Callable[[], Path | None]:
     repo, _, revision = name.removeprefix("hf-hub:").partition("@")
 
     def download() -> Path:
-        try:
-            return Path(hf_hub_download(repo, FEATURE_OOD_FIT.name, revision=revision or None))
-        except Exception as err:  # network, auth, a file removed since: could not fetch it
-            raise ModelLoadError(
-                f"could not fetch {FEATURE_OOD_FIT.name} of {name} from the Hugging Face Hub "
-                f"({type(err).__name__}: {first_line(err)})"
-            ) from err
+        with hub_or_cache():
+            try:
+                return Path(hf_hub_download(repo, FEATURE_OOD_FIT.name, revision=revision or None))
+            except Exception as err:  # network, auth, a file removed since: could not fetch it
+                raise ModelLoadError(
+                    f"could not fetch {FEATURE_OOD_FIT.name} of {name} from the Hugging Face Hub "
+                    f"({type(err).__name__}: {first_line(err)}); {offline_hint(_LOCAL_MODEL)}"
+                ) from err
 
     return download
 
@@ -301,12 +309,6 @@ def _from_timm(
 
 def _kept(record: Mapping[str, Any] | None) -> AbstentionRule | None:
     return AbstentionRule.from_json(record) if record else None
-
-
-def first_line(err: BaseException) -> str:
-    """The first line of an error's message (its type's name when it has none)."""
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 class ImageInputs(Dataset):

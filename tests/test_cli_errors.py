@@ -60,7 +60,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ([QUICKSTART, "fseb.reg_scale"], 2, "must look like section.key=value"),
         ([QUICKSTART, "--compare", "fseb.reg_scale=0"], 2, "fseb.reg_scale=0: --compare"),
         ([QUICKSTART, "sweep.space={fseb.nope: {low: 1, high: 2}}"], 2, "fseb.nope"),
-        (["evaluate", "/no/such/run"], 2, "/no/such/run is not a finished run"),
+        (["evaluate", "/no/such/run"], 2, "/no/such/run does not exist"),
         (["evaluate", "a", "--ensemble"], 2, "--ensemble needs at least two run directories"),
         (["push", "/no/such/run", "user/name"], 2, "is not a run directory"),
         (

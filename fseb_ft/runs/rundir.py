@@ -232,9 +232,11 @@ def read_run(
     """A finished run's resolved recipe (with ``overrides``) and ``run.json``.
 
     Raises:
-        FileNotFoundError: a file of ``needed`` is missing; the message is ``missing`` formatted
-            with ``run_dir`` and the missing file's name.
+        FileNotFoundError: ``run_dir`` does not exist, or a file of ``needed`` is missing (the
+            message is then ``missing`` formatted with ``run_dir`` and the missing file's name).
     """
+    if not run_dir.exists():
+        raise FileNotFoundError(f"{run_dir} does not exist")
     for name in needed:
         if not (run_dir / name).is_file():
             raise FileNotFoundError(missing.format(run_dir=run_dir, missing=name))

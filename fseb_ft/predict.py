@@ -87,7 +87,7 @@ from fseb_ft.runs.loading import (
     outputs_and_read_errors,
 )
 from fseb_ft.runs.prediction_files import (
-    accuracy,
+    accuracy_record,
     format_rows,
     image_rows,
     output_format,
@@ -204,8 +204,7 @@ def predict_images(
     warnings = temperature_warnings(call.temperature) if temperature is None else []
     meta = _meta(loaded, call, rule, warnings, rows, unreadable, skipped)
     if labels is not None:
-        meta["accuracy_accepted"] = accuracy([r for r in rows if not r["abstain"]])
-        meta["accuracy_all"] = accuracy(rows)
+        meta |= accuracy_record(rows, loaded.class_names)
     if sets is not None:
         meta["conformal"] = conformal_record(sets, rows)
     if keep and loaded.run_dir is not None and rule.chosen_on != "kept":

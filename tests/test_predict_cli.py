@@ -401,6 +401,26 @@ def test_a_labelled_dataset_spec(run_dir: Path, capsys: pytest.CaptureFixture[st
     results = read_json(run_dir / "results.json")
     assert result.meta["accuracy_all"] == pytest.approx(results["test"]["accuracy"])
     assert result.rows[0]["label"] in ("0", "1", "2")
+    assert result.meta["unknown_labels"] == {"images": 0, "labels": []}
+
+
+def test_images_of_classes_the_model_does_not_know_are_left_out_of_the_accuracy(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    known = api.predict_images(run_dir, dataset={"source": "sklearn_digits", "split": "test",
+                               "classes": [0, 1, 2]}, threshold=0.5, progress=False)  # fmt: skip
+    spec = "{source: sklearn_digits, split: test, classes: [0, 1, 2, 3, 4]}"
+    out = _predict([str(run_dir), "--dataset", spec, "--threshold", "0.5"], capsys)
+    with_unknown = api.predict_images(run_dir, dataset={"source": "sklearn_digits", "split":
+                                      "test", "classes": [0, 1, 2, 3, 4]}, threshold=0.5,
+                                      progress=False)  # fmt: skip
+    n_unknown = with_unknown.meta["images"] - known.meta["images"]
+    assert n_unknown > 0
+    assert with_unknown.meta["unknown_labels"] == {"images": n_unknown, "labels": ["3", "4"]}
+    for key in ("accuracy_all", "accuracy_accepted"):
+        assert with_unknown.meta[key] == known.meta[key]
+    assert f"note: {n_unknown} image(s) with labels the model does not know (3, 4)" in out
+    assert f"accuracy on the labelled dataset (its {known.meta['images']} of known classes)" in out
 
 
 def test_without_out_the_rows_go_to_standard_output(

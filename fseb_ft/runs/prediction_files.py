@@ -13,7 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from fseb_ft.runs.rundir import write_json
 __all__ = [
     "FORMATS",
     "accuracy",
+    "accuracy_record",
     "format_rows",
     "image_rows",
     "meta_path",
@@ -87,6 +88,23 @@ def image_rows(
 def accuracy(rows: list[dict[str, Any]]) -> float | None:
     """The fraction of labelled ``rows`` predicted right; ``None`` without rows."""
     return sum(r["prediction"] == r["label"] for r in rows) / len(rows) if rows else None
+
+
+def accuracy_record(rows: list[dict[str, Any]], class_names: Sequence[str]) -> dict[str, Any]:
+    """The meta record's accuracies of labelled ``rows``, on all and on the accepted ones, over
+    the rows whose label is one of the model's ``class_names``: an image of a class the model
+    does not know cannot be predicted right, so counting it would measure the dataset, not the
+    model. ``unknown_labels``: how many rows were left out, and their labels."""
+    known = set(class_names)
+    scored = [r for r in rows if r["label"] in known]
+    return {
+        "accuracy_accepted": accuracy([r for r in scored if not r["abstain"]]),
+        "accuracy_all": accuracy(scored),
+        "unknown_labels": {
+            "images": len(rows) - len(scored),
+            "labels": sorted({r["label"] for r in rows if r["label"] not in known}),
+        },
+    }
 
 
 def output_format(out: str | Path | None, fmt: str | None) -> str:

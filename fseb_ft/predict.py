@@ -399,7 +399,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     )
     parser.add_argument("model", help="run folder, model folder or hf-hub:owner/name")
     parser.add_argument(
-        "images", nargs="*",
+        "images", nargs="*", default=[],
         help="image files, folders (recursive) and globs; data.SPLIT.path=DIR says where a run's "
         "data are now when they moved since training (its validation split chooses thresholds)",
     )  # fmt: skip

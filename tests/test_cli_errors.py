@@ -77,6 +77,16 @@ def test_command_line_mistakes(
     assert expected in _fails(argv, capsys, code)
 
 
+def test_a_missing_positional_is_the_only_one_named_required(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The usage shows overrides (and predict's IMAGES) as optional, and so does the error."""
+    for command, required in (("train", "recipe"), ("sweep", "recipe"), ("cache", "recipe"),
+                              ("predict", "model")):  # fmt: skip
+        line = _fails([command], capsys, 2)
+        assert line.endswith(f"error: the following arguments are required: {required}"), line
+
+
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [

@@ -87,6 +87,7 @@ from fseb_ft.runs.loading import (
     outputs_and_read_errors,
 )
 from fseb_ft.runs.prediction_files import (
+    ImagePredictions,
     accuracy_record,
     format_rows,
     image_rows,
@@ -98,17 +99,6 @@ from fseb_ft.runs.rundir import ABSTENTION_FILE
 from fseb_ft.runs.thresholds import DEFAULT_COVERAGE, choose_rule, keep_rule, validation_fetch
 
 __all__ = ["ImagePredictions", "main", "predict_images", "summary"]
-
-
-@dataclasses.dataclass
-class ImagePredictions:
-    """What :func:`predict_images` returns: the rows written to ``out`` and the meta record."""
-
-    rows: list[dict[str, Any]]
-    """One mapping per readable image, in input order (the CSV / JSON Lines rows)."""
-    meta: dict[str, Any]
-    """Model, temperature, threshold with its validation coverage and risk, counts, files left
-    out: what ``<out stem>.meta.json`` holds."""
 
 
 def predict_images(

@@ -35,6 +35,7 @@ from fseb_ft.recipe import recipe_from_dict
 from fseb_ft.runs import loading as predictor
 from fseb_ft.runs import rundir, thresholds
 from fseb_ft.runs.loading import load_model, load_run_model
+from fseb_ft.runs.prediction_files import format_rows, write_predictions
 from fseb_ft.runs.rundir import VAL_LOGITS, read_json, read_run, read_val_logits
 from tests.helpers import snapshot
 
@@ -402,6 +403,18 @@ def test_a_labelled_dataset_spec(run_dir: Path, capsys: pytest.CaptureFixture[st
     assert result.meta["accuracy_all"] == pytest.approx(results["test"]["accuracy"])
     assert result.rows[0]["label"] in ("0", "1", "2")
     assert result.meta["unknown_labels"] == {"images": 0, "labels": []}
+    assert len(result) == result.meta["images"] == len(result.rows)
+    frame = result.to_pandas()
+    assert list(frame.columns) == list(result.rows[0]) and len(frame) == len(result)
+    assert frame["label"].tolist() == [row["label"] for row in result.rows]
+
+
+def test_json_lines_keep_names_and_labels_as_written(tmp_path: Path) -> None:
+    rows = [{"image": "photos/café.jpg", "prediction": "chat_noir", "set": ["chat_noir", "é"]}]
+    text = format_rows(rows, "jsonl")
+    assert "café" in text and "\\u" not in text and json.loads(text) == rows[0]
+    write_predictions(tmp_path / "p.jsonl", "jsonl", rows, {})
+    assert (tmp_path / "p.jsonl").read_text(encoding="utf-8") == text
 
 
 def test_images_of_classes_the_model_does_not_know_are_left_out_of_the_accuracy(

@@ -11,11 +11,12 @@ the top-k classes with their probabilities; with ``--conformal``, the conformal 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -26,8 +27,12 @@ from fseb_ft.evaluation.selective import top_class_log_odds
 from fseb_ft.runs.atomic import write_text
 from fseb_ft.runs.rundir import write_json
 
+if TYPE_CHECKING:
+    import pandas
+
 __all__ = [
     "FORMATS",
+    "ImagePredictions",
     "accuracy",
     "accuracy_record",
     "format_rows",
@@ -36,6 +41,29 @@ __all__ = [
     "output_format",
     "write_predictions",
 ]
+
+
+@dataclasses.dataclass
+class ImagePredictions:
+    """What :func:`fseb_ft.predict.predict_images` returns: the rows written to ``out`` and the
+    meta record."""
+
+    rows: list[dict[str, Any]]
+    """One mapping per readable image, in input order (the CSV / JSON Lines rows)."""
+    meta: dict[str, Any]
+    """Model, temperature, threshold with its validation coverage and risk, counts, files left
+    out: what ``<out stem>.meta.json`` holds."""
+
+    def __len__(self) -> int:
+        """The number of rows: the images predicted."""
+        return len(self.rows)
+
+    def to_pandas(self) -> pandas.DataFrame:
+        """The rows as a ``pandas.DataFrame``, one row per image, the columns of the CSV."""
+        import pandas  # only for this call: it is not needed to predict
+
+        return pandas.DataFrame(self.rows)
+
 
 FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 """The formats of the predictions file, by its extension."""
@@ -134,7 +162,8 @@ def meta_path(out: str | Path) -> Path:
 def format_rows(rows: list[dict[str, Any]], fmt: str) -> str:
     """The rows as CSV (with a header) or JSON Lines text."""
     if fmt != "csv":
-        return "".join(json.dumps(row) + "\n" for row in rows)
+        # Names and labels as written (UTF-8 files), not \u escapes.
+        return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
     if not rows:
         return ""
     buffer = io.StringIO()

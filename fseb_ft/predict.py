@@ -89,6 +89,7 @@ from fseb_ft.runs.loading import (
 from fseb_ft.runs.prediction_files import (
     ImagePredictions,
     accuracy_record,
+    check_out_file,
     format_rows,
     image_rows,
     output_format,
@@ -169,6 +170,7 @@ def predict_images(
     _check_arguments(coverage, max_risk, threshold, top_k, ood, temperature, confidence)
     check_conformal(conformal, conformal_method)
     fmt = output_format(out, fmt)
+    check_out_file(out)
     images = [images] if isinstance(images, str | Path) else list(images)
     loaded = _loaded(model, keep, data_paths)
     ood = ood or loaded.default_ood_score

@@ -21,6 +21,7 @@ from fseb_ft.engine import run as run_module
 from fseb_ft.method import devices
 from fseb_ft.runs.atomic import DiskFullError
 from tests.helpers import poison_loss, snapshot, write_image_folder
+from tests.test_predict_cli import read_only
 
 ROOT = Path(__file__).parents[1]
 QUICKSTART = str(ROOT / "recipes" / "quickstart.yaml")
@@ -157,6 +158,33 @@ def test_an_output_dir_that_is_a_file_says_so(
 ) -> None:
     line = _fails([QUICKSTART, f"output.dir={output.format(root=data)}"], capsys, 2)
     assert expected.format(root=data) in line
+
+
+def test_an_output_that_cannot_be_written_is_one_line_before_any_data_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    read_only(locked, monkeypatch)
+
+    def no_data(*args: object, **kwargs: object) -> None:
+        raise AssertionError("data were loaded")
+
+    monkeypatch.setattr(run_module, "build_splits", no_data)
+    line = _fails([QUICKSTART, f"output.dir={locked / 'run'}"], capsys, 2)
+    assert f"output.dir {locked / 'run'} (made in {locked}) cannot be written to" in line
+    line = _fails([QUICKSTART, f"output.dir={locked}", "--compare"], capsys, 2)
+    assert f"output.dir {locked} cannot be written to (Permission denied)" in line
+    out = locked / "p.csv"
+    line = _fails(["predict", "/no/such/run", "x.png", "--out", str(out)], capsys, 1)
+    assert f"--out {out}: its folder {locked} cannot be written to" in line
+    (tmp_path / "folder.csv").mkdir()
+    line = _fails(["predict", "/no/such/run", "x.png", "--out", str(tmp_path / "folder.csv")],
+                  capsys, 1)  # fmt: skip
+    assert "is a folder: give a file (.csv or .jsonl)" in line
+    (tmp_path / "a-file").write_text("")
+    argv = ["evaluate", "/no/run-a", "/no/run-b", "--ensemble", "--out", str(tmp_path / "a-file")]
+    assert f"--out {tmp_path / 'a-file'} is a file, not a folder" in _fails(argv, capsys, 1)
 
 
 def test_a_yaml_syntax_error_is_one_line_under_python_m(tmp_path: Path) -> None:

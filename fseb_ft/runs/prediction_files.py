@@ -24,8 +24,9 @@ from torch import Tensor
 from fseb_ft.evaluation.metrics import predictive_entropy
 from fseb_ft.evaluation.ood import ood_score
 from fseb_ft.evaluation.selective import top_class_log_odds
+from fseb_ft.recipe import ConfigError
 from fseb_ft.runs.atomic import write_text
-from fseb_ft.runs.rundir import write_json
+from fseb_ft.runs.rundir import check_output_dir, write_json
 
 if TYPE_CHECKING:
     import pandas
@@ -35,6 +36,7 @@ __all__ = [
     "ImagePredictions",
     "accuracy",
     "accuracy_record",
+    "check_out_file",
     "format_rows",
     "image_rows",
     "meta_path",
@@ -133,6 +135,21 @@ def accuracy_record(rows: list[dict[str, Any]], class_names: Sequence[str]) -> d
             "labels": sorted({r["label"] for r in rows if r["label"] not in known}),
         },
     }
+
+
+def check_out_file(out: str | Path | None) -> None:
+    """Refuse an ``--out`` that is a folder, or whose folder cannot be written to, before any
+    image is read (an existing file is replaced: it is a file of predictions).
+
+    Raises:
+        ConfigError: naming ``--out`` and why.
+    """
+    if out is None:
+        return
+    out = Path(out)
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a folder: give a file (.csv or .jsonl) to write")
+    check_output_dir(out.parent, f"--out {out}: its folder")
 
 
 def output_format(out: str | Path | None, fmt: str | None) -> str:

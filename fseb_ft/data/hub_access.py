@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-import datasets
 import huggingface_hub
 
 __all__ = ["hub_or_cache", "hub_unreachable", "offline", "offline_hint"]
@@ -55,7 +54,9 @@ def hub_or_cache() -> Iterator[Exception | None]:
     if unreachable is None:
         yield None
         return
-    constants, config = huggingface_hub.constants, datasets.config
+    from datasets import config  # only here: predicting a model folder needs no datasets
+
+    constants = huggingface_hub.constants
     saved = constants.HF_HUB_OFFLINE, config.HF_HUB_OFFLINE
     constants.HF_HUB_OFFLINE = config.HF_HUB_OFFLINE = True
     try:

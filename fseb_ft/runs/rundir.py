@@ -50,6 +50,7 @@ __all__ = [
     "COMPARISON_PLOTS",
     "CONFUSION_PLOT",
     "CORRUPTION_PLOT",
+    "DATA_FILES",
     "FEATURE_OOD_FIT",
     "MODEL_DIR",
     "MODEL_RECIPE",
@@ -89,6 +90,9 @@ RECIPE_FILE = "recipe.yaml"
 """The resolved recipe a run directory holds (what makes a folder a run)."""
 RUN_INFO_FILE = "run.json"
 """The run's :class:`RunInfo`."""
+DATA_FILES = "data_files.json"
+"""The image files of the run's image-folder splits (``data.train`` …: each file's size and
+modification time by its path), so a rerun refused for changed data names the files that changed."""
 RESULTS_JSON = "results.json"
 """Metrics of the best weights (and the training record), for machines."""
 RESULTS_MD = "results.md"
@@ -404,6 +408,7 @@ def clear_run(run_dir: Path) -> list[str]:
         run_dir / CHECKPOINTS,
         run_dir / MODEL_DIR,
         run_dir / RUN_INFO_FILE,
+        run_dir / DATA_FILES,
         run_dir / ABSTENTION_FILE,
         run_dir / VAL_LOGITS,
     ]

@@ -43,7 +43,10 @@ def main(
     )
     parser.add_argument("recipe", type=Path, help="YAML recipe (see recipes/)")
     parser.add_argument(
-        "overrides", nargs="*", help="section.key=value overrides, e.g. data.cache.size=256"
+        "overrides",
+        nargs="*",
+        default=[],
+        help="section.key=value overrides, e.g. data.cache.size=256",
     )
     parser.add_argument(
         "--workers",

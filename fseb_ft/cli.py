@@ -19,6 +19,7 @@ disk, a diverged run: :class:`~fseb_ft.errors.FsebError`, ``OSError``, ``ValueEr
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import re
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["COMMANDS", "Command", "Terminated", "help_text", "main", "run_entry"]
+__all__ = ["COMMANDS", "Command", "Terminated", "device_argument", "help_text", "main", "run_entry"]
 
 
 @dataclass(frozen=True)
@@ -178,6 +179,18 @@ def _help() -> str:
         "`fseb-ft COMMAND --help` describes each; --version prints the version; --debug shows "
         "the traceback of an error."
     )
+
+
+def device_argument(text: str) -> str:
+    """The argparse type of a command's ``--device``: a device of this machine, so a missing
+    one is a usage error naming those it has, before anything loads."""
+    from fseb_ft.method.devices import DeviceError, resolve_device  # torch: only when parsed
+
+    try:
+        resolve_device(text)
+    except DeviceError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
 
 
 HELP_WIDTH = 79

@@ -6,8 +6,14 @@ Each concrete error also derives from the builtin it refines (``ValueError`` for
 can catch either.
 """
 
-__all__ = ["FsebError"]
+__all__ = ["FsebError", "first_line"]
 
 
 class FsebError(Exception):
     """Base of fseb_ft's user-facing errors: the message says what happened and what to do."""
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an error's message (its type's name when it has none)."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

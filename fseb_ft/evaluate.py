@@ -25,10 +25,11 @@ from typing import Any
 
 from accelerate import PartialState
 
-from fseb_ft.cli import help_text, run_entry
+from fseb_ft.cli import device_argument, help_text, run_entry
 from fseb_ft.engine.ensemble import evaluate_ensemble
 from fseb_ft.engine.reevaluate import evaluate_run
 from fseb_ft.logs import configure_logging
+from fseb_ft.recipe.datasets import is_data_path_override
 from fseb_ft.runs.rundir import RECIPE_FILE, read_class_names, runs_in
 from fseb_ft.runs.tables import markdown_table
 
@@ -61,10 +62,18 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m fseb_ft.evalu
     if bad:
         parser.error(
             "overrides take eval.KEY=VALUE (evaluation settings only), data.cache=null to read "
-            "the original images instead of the resized-image cache, or data.cache.dir=DIR for "
-            f"a moved cache folder, got {bad}"
+            "the original images instead of the resized-image cache, data.cache.dir=DIR for "
+            "a moved cache folder, or data.SPLIT.path=DIR (data.ood.NAME.path=DIR) for moved "
+            f"data, got {bad}"
         )
     args.overrides = [*args.set_overrides, *overrides]
+    if args.device is not None:
+        if args.device.partition(":")[2] not in ("", "0"):
+            parser.error(
+                f"--device {args.device}: evaluation runs on the first GPU it sees; "
+                f"CUDA_VISIBLE_DEVICES={args.device.partition(':')[2]} picks that one"
+            )
+        args.cpu = args.cpu or args.device == "cpu"
     configure_logging()
     try:
         if args.ensemble:
@@ -87,9 +96,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m fseb_ft.evalu
 def _evaluation_override(override: str) -> bool:
     """Whether ``override`` changes only how a run is evaluated, not the pixels it was trained
     and validated on: ``eval.*``, ``data.cache=null`` (the originals, the preprocessing the model
-    card documents) or ``data.cache.dir=`` (the same entries, moved: they are keyed by the
-    images, size and filter, not the folder). Another cache size or filter would evaluate on
-    other pixels than the run's."""
+    card documents), ``data.cache.dir=`` (the same entries, moved: they are keyed by the
+    images, size and filter, not the folder) or a dataset's new place (``data.test.path=DIR``,
+    moved data). Another cache size or filter would evaluate on other pixels than the run's."""
+    if is_data_path_override(override):
+        return True
     return override.startswith(("eval.", "data.cache.dir=")) or override == "data.cache=null"
 
 
@@ -121,7 +132,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "OUTPUT of --compare) stands for the runs in it. An argument with '=' is an "
         "eval.KEY=VALUE override of the saved recipes for this evaluation, e.g. "
         "eval.corruptions=all eval.severities=[1,3,5]; data.cache=null reads the original "
-        "images of a run trained with the resized-image cache",
+        "images of a run trained with the resized-image cache; data.test.path=DIR (any "
+        "data.SPLIT.path, data.ood.NAME.path) finds data moved since training",
     )
     parser.add_argument(
         "--ensemble",
@@ -137,7 +149,12 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         help="with --ensemble: where to write results.json, results.md and plots (default: "
         "'ensemble' beside the runs when they share a parent folder, else ./ensemble)",
     )
-    parser.add_argument("--cpu", action="store_true", help="evaluate on CPU")
+    parser.add_argument("--cpu", action="store_true", help="evaluate on CPU (--device cpu)")
+    parser.add_argument(
+        "--device",
+        type=device_argument,
+        help="cpu, cuda or mps (default: Accelerate's choice, the GPU when there is one)",
+    )
     parser.add_argument(
         "--set",
         dest="set_overrides",

@@ -64,7 +64,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "fseb-ft") -> dict[str, 
         prog=prog, description=_CLI_USAGE, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("recipe", type=Path, help="YAML recipe (see recipes/)")
-    parser.add_argument("overrides", nargs="*", help="section.key=value overrides")
+    # A default: argparse names a "*" positional without one as required when another is missing.
+    parser.add_argument("overrides", nargs="*", default=[], help="section.key=value overrides")
     parser.add_argument(
         "--compare",
         action="store_true",

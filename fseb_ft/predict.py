@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -59,14 +60,16 @@ from typing import Any
 import torch
 import yaml
 
-from fseb_ft.cli import help_text, run_entry
+from fseb_ft.cli import device_argument, help_text, run_entry
 from fseb_ft.errors import FsebError
 from fseb_ft.evaluation.abstention import AbstentionRule, out_of_range
 from fseb_ft.evaluation.conformal import ConformalCalibration
 from fseb_ft.evaluation.feature_ood import FeatureOodFit, feature_ood_score
-from fseb_ft.evaluation.temperature import TEMPERATURE_RANGE, temperature_identified
+from fseb_ft.evaluation.temperature import temperature_warnings
 from fseb_ft.logs import configure_logging
+from fseb_ft.method.devices import resolve_device
 from fseb_ft.recipe import DatasetSpec
+from fseb_ft.recipe.datasets import is_data_path_override
 from fseb_ft.recipe.options import OOD_SCORES
 from fseb_ft.runs.conformal_sets import (
     add_conformal_arguments,
@@ -84,7 +87,9 @@ from fseb_ft.runs.loading import (
     outputs_and_read_errors,
 )
 from fseb_ft.runs.prediction_files import (
-    accuracy,
+    ImagePredictions,
+    accuracy_record,
+    check_out_file,
     format_rows,
     image_rows,
     output_format,
@@ -95,17 +100,6 @@ from fseb_ft.runs.rundir import ABSTENTION_FILE
 from fseb_ft.runs.thresholds import DEFAULT_COVERAGE, choose_rule, keep_rule, validation_fetch
 
 __all__ = ["ImagePredictions", "main", "predict_images", "summary"]
-
-
-@dataclasses.dataclass
-class ImagePredictions:
-    """What :func:`predict_images` returns: the rows written to ``out`` and the meta record."""
-
-    rows: list[dict[str, Any]]
-    """One mapping per readable image, in input order (the CSV / JSON Lines rows)."""
-    meta: dict[str, Any]
-    """Model, temperature, threshold with its validation coverage and risk, counts, files left
-    out: what ``<out stem>.meta.json`` holds."""
 
 
 def predict_images(
@@ -130,6 +124,7 @@ def predict_images(
     conformal: float | None = None,
     conformal_method: str = "lac",
     class_conditional: bool = False,
+    data_paths: Sequence[str] = (),
 ) -> ImagePredictions:
     """Predict ``images`` (or a ``dataset``) with ``model``, abstaining below a threshold.
 
@@ -166,6 +161,8 @@ def predict_images(
             (0, 1], calibrated on the run's validation split.
         conformal_method: its score, ``lac``, ``aps`` or ``raps``.
         class_conditional: one quantile per class: the coverage holds for each class.
+        data_paths: where a run's data are now when they moved since training
+            (``data.train.path=DIR``, ``data.val.path=DIR``), for its validation split.
 
     Returns:
         The rows and the meta record (:class:`ImagePredictions`).
@@ -173,15 +170,16 @@ def predict_images(
     _check_arguments(coverage, max_risk, threshold, top_k, ood, temperature, confidence)
     check_conformal(conformal, conformal_method)
     fmt = output_format(out, fmt)
+    check_out_file(out)
     images = [images] if isinstance(images, str | Path) else list(images)
-    loaded = _loaded(model, keep)
+    loaded = _loaded(model, keep, data_paths)
     ood = ood or loaded.default_ood_score
     call = _Call(
         temperature=loaded.temperature if temperature is None else float(temperature),
         ood=ood,
         fit=load_feature_fit(loaded, ood),  # before any pass: a model without one stops here
         top_k=top_k,
-        device=torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")),
+        device=resolve_device(device),
         loader_kw={"batch_size": batch_size, "num_workers": num_workers, "progress": progress},
     )
     inputs, names, labels, skipped = gather_inputs(loaded, images, dataset)
@@ -195,11 +193,10 @@ def predict_images(
                                 class_conditional, validation)  # fmt: skip
     rows, unreadable = _rows(loaded, call, rule, inputs, names, labels, sets)
     # A temperature the caller chose is not the fit's, so its range says nothing of it.
-    warnings = _temperature_warnings(call.temperature) if temperature is None else []
+    warnings = temperature_warnings(call.temperature) if temperature is None else []
     meta = _meta(loaded, call, rule, warnings, rows, unreadable, skipped)
     if labels is not None:
-        meta["accuracy_accepted"] = accuracy([r for r in rows if not r["abstain"]])
-        meta["accuracy_all"] = accuracy(rows)
+        meta |= accuracy_record(rows, loaded.class_names)
     if sets is not None:
         meta["conformal"] = conformal_record(sets, rows)
     if keep and loaded.run_dir is not None and rule.chosen_on != "kept":
@@ -227,9 +224,12 @@ class _Call:
     """``batch_size``, ``num_workers``, ``progress`` of every loader."""
 
 
-def _loaded(model: str | Path | LoadedModel, keep: bool) -> LoadedModel:
-    """``model`` loaded; ``keep`` refused before anything predicts when it is not a run."""
-    loaded = model if isinstance(model, LoadedModel) else load_model(model)
+def _loaded(
+    model: str | Path | LoadedModel, keep: bool, data_paths: Sequence[str] = ()
+) -> LoadedModel:
+    """``model`` loaded (its data where ``data_paths`` say); ``keep`` refused before anything
+    predicts when it is not a run."""
+    loaded = model if isinstance(model, LoadedModel) else load_model(model, data_paths)
     if keep and loaded.run_dir is None:
         raise FsebError(
             f"--keep stores the threshold in a run folder ({ABSTENTION_FILE}), and MODEL is "
@@ -329,25 +329,20 @@ def _check_arguments(
             raise ValueError(f"{name} {problem}")
 
 
-def _temperature_warnings(temperature: float | None) -> list[str]:
-    """A temperature at an end of the fitted range means the fit ran into it, not a minimum."""
-    if temperature is None or temperature_identified(temperature):
-        return []
-    why = " (the validation split is predicted perfectly: its NLL falls as T → 0)"
-    return [
-        f"the temperature T = {temperature:.4g} is at an end of the range temperature scaling "
-        f"searches, [{TEMPERATURE_RANGE[0]:g}, {TEMPERATURE_RANGE[1]:g}]"
-        f"{why if temperature < 1 else ''}: the fit "
-        "found no minimum inside it; --temperature 1 gives the raw outputs"
-    ]
-
-
 def main(
     argv: Sequence[str] | None = None, prog: str = "python -m fseb_ft.predict"
 ) -> ImagePredictions:
     """CLI ``fseb-ft predict MODEL IMAGES... --out predictions.csv``; prints a summary."""
     parser = _parser(prog)
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides may follow the options
+    data_paths = [a for a in args.images if _override(a)]
+    args.images = [a for a in args.images if not _override(a)]
+    bad = [o for o in data_paths if not is_data_path_override(o)]
+    if bad:
+        parser.error(
+            "overrides take data.SPLIT.path=DIR (data.train.path, data.val.path: where a run's "
+            f"data are now, when they moved since training), got {bad}"
+        )
     if not args.images and args.dataset is None:
         parser.error("give IMAGES (files, folders, globs) or --dataset")
     if args.confidence is not None and args.max_risk is None:
@@ -371,7 +366,7 @@ def main(
         temperature=args.temperature, device=args.device,
         batch_size=args.batch_size, num_workers=args.num_workers, progress=not args.no_progress,
         keep=args.keep, conformal=args.conformal, conformal_method=args.conformal_method,
-        class_conditional=args.class_conditional,
+        class_conditional=args.class_conditional, data_paths=data_paths,
     )  # fmt: skip
     if args.out is None:  # the rows are the answer: to stdout, so `> file` keeps them alone
         sys.stdout.write(format_rows(result.rows, args.format or "csv"))
@@ -383,6 +378,11 @@ def main(
     return result
 
 
+def _override(arg: str) -> bool:
+    """Whether ``arg`` is a ``section.key=value`` override, not an image (a file stays one)."""
+    return re.match(r"[a-z_]+\.[\w.]+=", arg) is not None and not Path(arg).exists()
+
+
 def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
@@ -390,7 +390,11 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("model", help="run folder, model folder or hf-hub:owner/name")
-    parser.add_argument("images", nargs="*", help="image files, folders (recursive) and globs")
+    parser.add_argument(
+        "images", nargs="*", default=[],
+        help="image files, folders (recursive) and globs; data.SPLIT.path=DIR says where a run's "
+        "data are now when they moved since training (its validation split chooses thresholds)",
+    )  # fmt: skip
     parser.add_argument(
         "--dataset", metavar="SPEC",
         help='a recipe dataset spec instead of IMAGES: "{source: idx, path: data, split: t10k}"',
@@ -455,7 +459,11 @@ def _add_row_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--temperature", type=float, help="override the model's temperature (1: raw outputs)"
     )
-    parser.add_argument("--device", help="cpu, cuda, cuda:1, … (default: cuda when available)")
+    parser.add_argument(
+        "--device",
+        type=device_argument,
+        help="cpu, cuda, cuda:1, mps (default: cuda when available)",
+    )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--num-workers", type=int, default=0, help="image-reading processes")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")

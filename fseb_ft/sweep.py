@@ -46,7 +46,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "fseb-ft sweep") -> dict
         prog=prog, description=_CLI_USAGE, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("recipe", type=Path, help="YAML recipe (see recipes/)")
-    parser.add_argument("overrides", nargs="*", help="section.key=value overrides")
+    parser.add_argument("overrides", nargs="*", default=[], help="section.key=value overrides")
     parser.add_argument(
         "--trials",
         type=int,

@@ -13,13 +13,16 @@ from pathlib import Path
 import huggingface_hub
 import numpy as np
 import pytest
+import torch
 from datasets import Dataset
 
 from fseb_ft import cli, logs
 from fseb_ft import finetune as finetune_module
 from fseb_ft.engine import run as run_module
+from fseb_ft.method import devices
 from fseb_ft.runs.atomic import DiskFullError
 from tests.helpers import poison_loss, snapshot, write_image_folder
+from tests.test_predict_cli import read_only
 
 ROOT = Path(__file__).parents[1]
 QUICKSTART = str(ROOT / "recipes" / "quickstart.yaml")
@@ -59,7 +62,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ([QUICKSTART, "fseb.reg_scale"], 2, "must look like section.key=value"),
         ([QUICKSTART, "--compare", "fseb.reg_scale=0"], 2, "fseb.reg_scale=0: --compare"),
         ([QUICKSTART, "sweep.space={fseb.nope: {low: 1, high: 2}}"], 2, "fseb.nope"),
-        (["evaluate", "/no/such/run"], 2, "/no/such/run is not a finished run"),
+        (["evaluate", "/no/such/run"], 2, "/no/such/run does not exist"),
         (["evaluate", "a", "--ensemble"], 2, "--ensemble needs at least two run directories"),
         (["push", "/no/such/run", "user/name"], 2, "is not a run directory"),
         (
@@ -74,6 +77,16 @@ def test_command_line_mistakes(
     argv: list[str], code: int, expected: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert expected in _fails(argv, capsys, code)
+
+
+def test_a_missing_positional_is_the_only_one_named_required(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The usage shows overrides (and predict's IMAGES) as optional, and so does the error."""
+    for command, required in (("train", "recipe"), ("sweep", "recipe"), ("cache", "recipe"),
+                              ("predict", "model")):  # fmt: skip
+        line = _fails([command], capsys, 2)
+        assert line.endswith(f"error: the following arguments are required: {required}"), line
 
 
 @pytest.mark.parametrize(
@@ -146,6 +159,33 @@ def test_an_output_dir_that_is_a_file_says_so(
 ) -> None:
     line = _fails([QUICKSTART, f"output.dir={output.format(root=data)}"], capsys, 2)
     assert expected.format(root=data) in line
+
+
+def test_an_output_that_cannot_be_written_is_one_line_before_any_data_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    read_only(locked, monkeypatch)
+
+    def no_data(*args: object, **kwargs: object) -> None:
+        raise AssertionError("data were loaded")
+
+    monkeypatch.setattr(run_module, "build_splits", no_data)
+    line = _fails([QUICKSTART, f"output.dir={locked / 'run'}"], capsys, 2)
+    assert f"output.dir {locked / 'run'} (made in {locked}) cannot be written to" in line
+    line = _fails([QUICKSTART, f"output.dir={locked}", "--compare"], capsys, 2)
+    assert f"output.dir {locked} cannot be written to (Permission denied)" in line
+    out = locked / "p.csv"
+    line = _fails(["predict", "/no/such/run", "x.png", "--out", str(out)], capsys, 1)
+    assert f"--out {out}: its folder {locked} cannot be written to" in line
+    (tmp_path / "folder.csv").mkdir()
+    line = _fails(["predict", "/no/such/run", "x.png", "--out", str(tmp_path / "folder.csv")],
+                  capsys, 1)  # fmt: skip
+    assert "is a folder: give a file (.csv or .jsonl)" in line
+    (tmp_path / "a-file").write_text("")
+    argv = ["evaluate", "/no/run-a", "/no/run-b", "--ensemble", "--out", str(tmp_path / "a-file")]
+    assert f"--out {tmp_path / 'a-file'} is a file, not a folder" in _fails(argv, capsys, 1)
 
 
 def test_a_yaml_syntax_error_is_one_line_under_python_m(tmp_path: Path) -> None:
@@ -261,6 +301,27 @@ def test_a_cholesky_failure_is_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     # s (‖h‖² + 1) overflows float64: Kc has inf entries and cannot be factorised at all.
     line = _fails([*_tiny(tmp_path), "fseb.prior_cov_scale=1e308"], capsys, 1)
     assert "the prior covariance Kc (32×32) has NaN/inf entries" in line
+
+
+def test_a_device_this_machine_lacks_is_one_usage_line_before_anything_loads(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    for command in (["predict", "/no/such/run", "x.png"], ["evaluate", "/no/such/run"]):
+        for device, why in (
+            ("cuda", "is not on this machine"),
+            ("mps", "is not on this machine"),
+            ("foo", "is not a device"),
+        ):
+            line = _fails([*command, "--device", device], capsys, 2)
+            assert f"argument --device: device {device!r} {why}; available here: cpu" in line
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert devices.resolve_device("cuda:1") == torch.device("cuda:1")
+    with pytest.raises(devices.DeviceError, match=r"available here: cpu, cuda:0, cuda:1$"):
+        devices.resolve_device("cuda:2")
+    line = _fails(["evaluate", "/no/such/run", "--device", "cuda:1"], capsys, 2)
+    assert "CUDA_VISIBLE_DEVICES=1 picks that one" in line
 
 
 def test_an_unreachable_hub_is_one_line(

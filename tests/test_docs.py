@@ -20,6 +20,7 @@ import yaml
 
 from fseb_ft import recipe as config
 from fseb_ft.recipe import Recipe, override_path, recipe_from_dict, reference_markdown, schema
+from tests.helpers import skip_figures
 
 ROOT = Path(__file__).parents[1]
 DOCS = ROOT / "docs"
@@ -115,6 +116,29 @@ def test_own_loop_example_has_at_most_20_lines_of_code() -> None:
         code.update(range(stmt.lineno, stmt.end_lineno + 1))
     code = {n for n in code if lines[n - 1].strip() and not lines[n - 1].strip().startswith("#")}
     assert 0 < len(code) <= 20, f"{len(code)} lines of code"
+
+
+def _python_block(page: Path, heading: str) -> str:
+    """The first ``python`` block of ``page`` under ``heading``."""
+    text = page.read_text(encoding="utf-8").split(f"\n{heading}\n", 1)[1]
+    return re.search(r"```python\n(.*?)```", text, re.S)[1]
+
+
+def test_quickstarts_python_snippet_runs_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It defines every name it uses: only its budget shrinks here (a tiny model, one epoch)."""
+    code = _python_block(DOCS / "quickstart.md", "## From Python")
+    budget, out = "train__epochs=5,", '"runs/from-python"'
+    assert budget in code and out in code
+    tiny = "train__epochs=1, model__name='test_byobnet', model__input_size=16, train__cpu=True,"
+    code = code.replace(budget, tiny).replace(out, repr(str(tmp_path / "run")))
+    monkeypatch.chdir(ROOT)  # the recipe's path is relative to the repository root
+    skip_figures(monkeypatch)
+    exec(compile(code, "docs/quickstart.md", "exec"), {"__name__": "__main__"})
+    accuracy, auroc = map(float, capsys.readouterr().out.split()[-2:])
+    assert 0 <= accuracy <= 1 and 0 <= auroc <= 1
+    assert (tmp_path / "run" / "results.json").is_file()
 
 
 def _slug(heading: str) -> str:

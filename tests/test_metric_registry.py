@@ -164,6 +164,10 @@ def test_tables_take_titles_and_scales_from_the_registry_and_read_as_before() ->
         "| A | 90.00 | 0.3000 | 5.00 | 4.00 | 0.2000 | 95.00 | 5.00 | 88.00 |\n"
         "| B | 70.00 | – | 5.00 | – | 0.2000 | – | – | – |\n"
     )
+    # A binary task naming roc_auc shows that AUROC once, under the name it asked for.
+    binary = {"test": {**_RESULTS["test"], "roc_auc": 0.88}}
+    header = markdown_table({"A": binary}).splitlines()[0]
+    assert header.endswith("| AURC (%) | ROC-AUC (%) |") and "AUROC pos." not in header
     # Without a binary result the AUROC pos. column (applies to K = 2 only) is left out.
     assert markdown_table({"B": _OLD_RUN}).splitlines()[0] == (
         "| Method | Acc. (%) | NLL | ECE (%) | ECE-10 (%) | Brier | Sel. Pred. (%) | AURC (%) |"

@@ -35,6 +35,7 @@ from fseb_ft.recipe import recipe_from_dict
 from fseb_ft.runs import loading as predictor
 from fseb_ft.runs import rundir, thresholds
 from fseb_ft.runs.loading import load_model, load_run_model
+from fseb_ft.runs.prediction_files import format_rows, write_predictions
 from fseb_ft.runs.rundir import VAL_LOGITS, read_json, read_run, read_val_logits
 from tests.helpers import snapshot
 
@@ -401,6 +402,38 @@ def test_a_labelled_dataset_spec(run_dir: Path, capsys: pytest.CaptureFixture[st
     results = read_json(run_dir / "results.json")
     assert result.meta["accuracy_all"] == pytest.approx(results["test"]["accuracy"])
     assert result.rows[0]["label"] in ("0", "1", "2")
+    assert result.meta["unknown_labels"] == {"images": 0, "labels": []}
+    assert len(result) == result.meta["images"] == len(result.rows)
+    frame = result.to_pandas()
+    assert list(frame.columns) == list(result.rows[0]) and len(frame) == len(result)
+    assert frame["label"].tolist() == [row["label"] for row in result.rows]
+
+
+def test_json_lines_keep_names_and_labels_as_written(tmp_path: Path) -> None:
+    rows = [{"image": "photos/café.jpg", "prediction": "chat_noir", "set": ["chat_noir", "é"]}]
+    text = format_rows(rows, "jsonl")
+    assert "café" in text and "\\u" not in text and json.loads(text) == rows[0]
+    write_predictions(tmp_path / "p.jsonl", "jsonl", rows, {})
+    assert (tmp_path / "p.jsonl").read_text(encoding="utf-8") == text
+
+
+def test_images_of_classes_the_model_does_not_know_are_left_out_of_the_accuracy(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    known = api.predict_images(run_dir, dataset={"source": "sklearn_digits", "split": "test",
+                               "classes": [0, 1, 2]}, threshold=0.5, progress=False)  # fmt: skip
+    spec = "{source: sklearn_digits, split: test, classes: [0, 1, 2, 3, 4]}"
+    out = _predict([str(run_dir), "--dataset", spec, "--threshold", "0.5"], capsys)
+    with_unknown = api.predict_images(run_dir, dataset={"source": "sklearn_digits", "split":
+                                      "test", "classes": [0, 1, 2, 3, 4]}, threshold=0.5,
+                                      progress=False)  # fmt: skip
+    n_unknown = with_unknown.meta["images"] - known.meta["images"]
+    assert n_unknown > 0
+    assert with_unknown.meta["unknown_labels"] == {"images": n_unknown, "labels": ["3", "4"]}
+    for key in ("accuracy_all", "accuracy_accepted"):
+        assert with_unknown.meta[key] == known.meta[key]
+    assert f"note: {n_unknown} image(s) with labels the model does not know (3, 4)" in out
+    assert f"accuracy on the labelled dataset (its {known.meta['images']} of known classes)" in out
 
 
 def test_without_out_the_rows_go_to_standard_output(
@@ -443,6 +476,7 @@ def test_mistakes_end_in_one_line(
     def offline(*args: object, **kwargs: object) -> None:
         raise OSError("We couldn't connect to 'https://huggingface.co'.\nCheck your connection.")
 
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)  # no request at all
     monkeypatch.setattr(predictor.timm, "create_model", offline)
     message = _fails(["hf-hub:someone/model", str(images)], capsys)
     assert "could not load hf-hub:someone/model from the Hugging Face Hub (OSError: We " in message

@@ -174,6 +174,7 @@ def test_a_hub_model_without_the_fit_names_the_push_and_is_not_downloaded(
         loading.timm, "create_model", lambda *a, **kw: create(f"local-dir:{folder}", **kw)
     )
     monkeypatch.setattr(loading, "hf_hub_download", download)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)  # no request at all
     message = _fails(["hf-hub:someone/digits", "--dataset", SPEC_TEXT, "--ood-score", "vim"],
                      capsys)  # fmt: skip
     assert "hf-hub:someone/digits keeps none" in message

@@ -61,4 +61,8 @@ def test_names_shown_for_models_and_folders() -> None:
     )
     assert model_label("hf-hub:org/name@v1") == "hf-hub:org/name@v1"
     assert model_label("resnet18") == "resnet18"
+    # A run started from another run's model folder: that run's name says which model it is.
+    assert model_label("local-dir:/home/alice/runs/qs-fseb/model") == "qs-fseb/model"
+    assert model_label("local-dir:runs\\qs-fseb\\model\\") == "qs-fseb/model"
+    assert model_label("local-dir:model") == "model"
     assert folder_name("/home/alice/data/my_data/") == "my_data"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -101,11 +102,12 @@ def test_a_rerun_on_changed_data_is_refused_before_anything_is_written(tmp_path:
     run(recipe_from_dict(raw))
     finished = snapshot(out)
 
-    def refused(match: str) -> None:
+    def refused(match: str) -> str:
         with pytest.raises(finetune_module.RecipeMismatchError, match=match) as err:
             run(recipe_from_dict(raw))
         assert "\n" not in str(err.value) and "train.resume=never" in str(err.value)
         assert snapshot(out) == finished  # run.json, model/config.json: as trained
+        return str(err.value)
 
     (data / "train" / "ship").rename(data / "train" / "deer")
     (data / "test" / "ship").rename(data / "test" / "deer")
@@ -125,4 +127,13 @@ def test_a_rerun_on_changed_data_is_refused_before_anything_is_written(tmp_path:
     write_image_folder(tmp_path / "more", "train", {"cat": 3})
     for i, image in enumerate(sorted((tmp_path / "more" / "train" / "cat").iterdir())):
         image.rename(data / "train" / "cat" / f"new{i}.png")
-    refused(r"num_train: 14 → 16; data\.train: 'imagefolder:")
+    added = r"3 added \(cat/new0\.png, cat/new1\.png, cat/new2\.png\)"
+    message = refused(rf"num_train: 14 → 16; data\.train: {added}")
+    assert "imagefolder:" not in message and "#" not in message  # no identities, no hashes
+    for image in (data / "train" / "cat").glob("new*.png"):
+        image.unlink()
+    cat = data / "train" / "cat"
+    shutil.copyfile(cat / "002.png", cat / "000.png")
+    (cat / "001.png").unlink()
+    message = refused(r"data\.train: 1 rewritten \(cat/000\.png\), 1 removed \(cat/001\.png\)")
+    assert "data.val changed" in message

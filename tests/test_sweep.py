@@ -141,6 +141,33 @@ def test_a_killed_sweep_continues_and_resumes_the_killed_trial(
     assert len(list((out / "trials").iterdir())) == 3
 
 
+def test_a_sweep_continued_from_another_directory_finds_its_winner(
+    folders: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The study stores trial folders relative to the sweep folder; older studies stored them
+    relative to the working directory, and their folder is found by its name."""
+    first, other = tmp_path / "a", tmp_path / "b"
+    first.mkdir(), other.mkdir()
+    out = first / "moved"
+    recipe_file = _recipe_file(folders, out)
+    monkeypatch.chdir(first)
+    main([str(recipe_file), "--trials", "1", "output.dir=moved"])
+    (trial,) = _study(out).trials
+    assert trial.user_attrs["dir"] == f"trials/{sorted((out / 'trials').iterdir())[0].name}"
+
+    monkeypatch.chdir(other)
+    board = main([str(recipe_file), "--trials", "1", f"output.dir={out}"])
+    assert board["best"]["results"]["test"]["n"] == 6
+    assert Path(board["best"]["dir"]) == out / trial.user_attrs["dir"]
+
+    old = json.dumps(f"moved/{trial.user_attrs['dir']}")  # as sweeps stored it before
+    with closing(sqlite3.connect(out / "study.db")) as db, db:
+        db.execute("UPDATE trial_user_attributes SET value_json = ? WHERE key = 'dir'", (old,))
+    board = main([str(recipe_file), "--trials", "1", f"output.dir={out}"])
+    assert board["best"]["results"]["test"]["n"] == 6
+    assert Path(board["best"]["dir"]) == out / trial.user_attrs["dir"]
+
+
 def test_two_workers_on_one_study_run_its_budget_of_trials_together(
     folders: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -198,7 +225,7 @@ def test_a_dead_workers_trial_is_retried_by_another_in_its_folder(
     dead, retry = _study(out).trials
     assert dead.state == TrialState.FAIL and retry.state == TrialState.COMPLETE
     assert _retry_of(retry) == 0
-    assert retry.params == params and Path(retry.user_attrs["dir"]) == folder
+    assert retry.params == params and retry.user_attrs["dir"] == f"trials/{folder.name}"
     assert saves == [folder]  # the retry resumed from the saved epoch: nothing left to train
 
 

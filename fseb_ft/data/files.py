@@ -18,7 +18,7 @@ import glob
 import hashlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +33,7 @@ __all__ = [
     "SPLIT_FOLDERS",
     "FileImages",
     "FolderListing",
+    "file_changes",
     "find_images",
     "list_split",
     "read_image",
@@ -72,6 +73,26 @@ class FolderListing:
     fingerprint: str
     """16 hex digits of a sha256 over class names and every file's path, size and mtime: it
     changes when a file is added, removed, renamed or rewritten, and only then."""
+    stats: dict[str, tuple[int, int]]
+    """Each image file's ``(size, mtime_ns)``, by its path relative to ``folder``: what the
+    fingerprint hashes, kept to name the files a changed fingerprint comes from."""
+
+
+def file_changes(
+    old: Mapping[str, Sequence[int]], new: Mapping[str, Sequence[int]], shown: int = 3
+) -> str:
+    """How the files ``new`` (relative path → size, mtime) differ from ``old``: the count of files
+    added, rewritten and removed, each with its first ``shown`` paths; empty when none."""
+    kinds = (
+        ("added", sorted(set(new) - set(old))),
+        ("rewritten", sorted(f for f in set(old) & set(new) if list(old[f]) != list(new[f]))),
+        ("removed", sorted(set(old) - set(new))),
+    )
+    return ", ".join(
+        f"{len(files)} {kind} ({', '.join(files[:shown])}{', …' if len(files) > shown else ''})"
+        for kind, files in kinds
+        if files
+    )
 
 
 def split_folder(root: Path, split: str) -> Path:
@@ -128,6 +149,7 @@ def list_split(root: str | Path, split: str) -> FolderListing:
         class_names=class_names,
         left_out=sorted(left_out),
         fingerprint=digest.hexdigest()[:16],
+        stats={relative: (size, mtime) for relative, _, size, mtime in found},
     )
 
 

@@ -32,6 +32,7 @@ from fseb_ft.runs.rundir import (
     RESULTS_MD,
     RUN_INFO_FILE,
     RunInfo,
+    check_output_dir,
     read_json,
     write_json,
 )
@@ -106,6 +107,7 @@ def _ensemble_out(run_dirs: Sequence[Path], out_dir: str | Path | None) -> Path:
     if out.resolve() in resolved or (out / RUN_INFO_FILE).exists():
         raise ValueError(f"--out {out} is a run directory; its results would be overwritten")
     _check_ensemble_out(out, run_dirs)
+    check_output_dir(out, "--out")  # a file, or a folder refusing writes: before any data loads
     return out
 
 

@@ -13,9 +13,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from fseb_ft.data.files import file_changes, list_split
 from fseb_ft.errors import FsebError
-from fseb_ft.recipe import Recipe, TrainConfig, load_recipe
+from fseb_ft.recipe import DataConfig, Recipe, TrainConfig, load_recipe
 from fseb_ft.runs.rundir import (
+    DATA_FILES,
     MODEL_DIR,
     RECIPE_FILE,
     RUN_INFO_FILE,
@@ -24,7 +26,13 @@ from fseb_ft.runs.rundir import (
     read_json,
 )
 
-__all__ = ["RecipeMismatchError", "check_resumable", "check_same_data", "flat_keys"]
+__all__ = [
+    "RecipeMismatchError",
+    "check_resumable",
+    "check_same_data",
+    "data_files",
+    "flat_keys",
+]
 
 
 class RecipeMismatchError(FsebError, ValueError):
@@ -102,27 +110,66 @@ def _epochs_message(run_dir: Path, old: Recipe, epochs: int) -> str:
 _DATA_FACTS = ("num_classes", "class_names", "num_train", "data", "context")
 
 
-def check_same_data(train: TrainConfig, run_dir: Path, info: RunInfo) -> None:
+def check_same_data(
+    train: TrainConfig, run_dir: Path, info: RunInfo, files: Mapping[str, Any] | None = None
+) -> None:
     """Refuse to resume a run directory whose run was trained on other data than ``info`` says.
 
     Called before anything is written: resuming would load weights trained on the old images
     (or fail on a head of another size) and then describe them by the new data, so the model's
     ``label_names`` would name classes it never saw. Compared: the class names and count, the
     training-set size, every split's identity (image folders: names, sizes and times of their
-    files) and the context pool's.
+    files) and the context pool's. The message names a changed image folder's files added,
+    rewritten and removed (``files``, :func:`data_files`, against the run's
+    :data:`~fseb_ft.runs.rundir.DATA_FILES`), and a changed identity only by its key: its
+    fingerprints say nothing to a person.
     """
     saved = run_dir / RUN_INFO_FILE
     if train.resume != "auto" or latest_checkpoint(run_dir) is None or not saved.is_file():
         return
     old = read_json(saved)
     new = json.loads(json.dumps(info.to_json()))  # as run.json would hold it: lists, not tuples
-    changed = [f"{key}: {_short(a)} → {_short(b)}" for key, a, b in _changes(old, new, _DATA_FACTS)]
+    recorded = read_json(run_dir / DATA_FILES) if (run_dir / DATA_FILES).is_file() else {}
+    files = files or {}
+    changed = [
+        _said(key, a, b, recorded.get(key), files.get(key))
+        for key, a, b in _changes(old, new, _DATA_FACTS)
+    ]
     if changed:
         raise RecipeMismatchError(
             f"{run_dir} holds checkpoints of a run trained on other data ({'; '.join(changed)});"
             " resuming would describe its weights by the new data. Use another output.dir, or "
             "train.resume=never to start over in this one."
         )
+
+
+def data_files(data: DataConfig) -> dict[str, dict[str, list[int]]]:
+    """The image files of the image-folder splits ``data.train``, ``data.val`` and
+    ``data.test``: each file's ``[size, mtime_ns]`` by its path in the split folder, as
+    :data:`~fseb_ft.runs.rundir.DATA_FILES` records them. A folder that cannot be listed is left
+    out (loading the data names it)."""
+    out = {}
+    for key in ("train", "val", "test"):
+        spec = getattr(data, key)
+        if spec is None or spec.source != "imagefolder":
+            continue
+        try:
+            listing = list_split(spec.path, spec.split)
+        except OSError:
+            continue
+        out[f"data.{key}"] = {name: list(stat) for name, stat in listing.stats.items()}
+    return out
+
+
+def _said(key: str, a: Any, b: Any, was: Any, now: Any) -> str:
+    """One change, as the refusal says it: an image folder's files that changed when both
+    listings are known; another dataset's or the context's identity by its key alone; any other
+    fact (classes, counts) old → new, shortened."""
+    if was is not None and now is not None and (found := file_changes(was, now)):
+        return f"{key}: {found}"
+    if key.startswith(("data.", "context")):
+        return f"{key} changed"
+    return f"{key}: {_short(a)} → {_short(b)}"
 
 
 def _changes(

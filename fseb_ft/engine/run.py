@@ -43,7 +43,7 @@ from fseb_ft.engine.loop import (
     make_accelerator,
 )
 from fseb_ft.engine.optimizers import build_optimizer, build_scheduler
-from fseb_ft.engine.resume import check_resumable, check_same_data, flat_keys
+from fseb_ft.engine.resume import check_resumable, check_same_data, data_files, flat_keys
 from fseb_ft.engine.run_callbacks import builtin_callbacks
 from fseb_ft.engine.run_checks import check_data, class_count, reported_task_metrics
 from fseb_ft.engine.speed import apply_speed_keys
@@ -60,6 +60,7 @@ from fseb_ft.runs.feature_fit import write_feature_fit
 from fseb_ft.runs.lock import run_lock
 from fseb_ft.runs.report import EvalResults, write_results
 from fseb_ft.runs.rundir import (
+    DATA_FILES,
     MODEL_WEIGHTS,
     RECIPE_FILE,
     RUN_INFO_FILE,
@@ -329,11 +330,13 @@ def _record_start(
         bad_images=data.dropped or None,
         class_weights=None if data.class_weights is None else data.class_weights.tolist(),
     )
-    check_same_data(recipe.train, run_dir, run_info)
+    files = data_files(recipe.data)
+    check_same_data(recipe.train, run_dir, run_info, files)
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_text(run_dir / RECIPE_FILE, dump_recipe(recipe))
         write_json(run_dir / RUN_INFO_FILE, run_info.to_json())
+        write_json(run_dir / DATA_FILES, files)
     if accelerator.log_with:
         accelerator.init_trackers(run_dir.name, config=flat_keys(dataclasses.asdict(recipe)))
     return run_info

@@ -35,6 +35,7 @@ from fseb_ft.engine.trials import (
     HOST_ATTR,
     PID_ATTR,
     SURPLUS_ATTR,
+    TRIALS_DIR,
     ahead_of,
     claimed,
     experimental_ok,
@@ -45,6 +46,7 @@ from fseb_ft.engine.trials import (
     requeue_interrupted,
     stop_at_budget,
     tpe_sampler,
+    trial_folder,
     trial_rows,
 )
 from fseb_ft.recipe import (
@@ -91,8 +93,6 @@ __all__ = [
 
 STUDY_DB = "study.db"
 """The default storage: an SQLite file in the sweep folder."""
-TRIALS_DIR = "trials"
-"""The folder of the trials' run folders inside the sweep folder."""
 WAIT_S = 30
 """How often a worker with no budget left checks whether the others' trials finished or died."""
 
@@ -307,8 +307,9 @@ def _objective(
         trial.set_user_attr(PID_ATTR, os.getpid())
         trial.set_user_attr(HOST_ATTR, socket.gethostname())
         params = {key: _suggest(trial, key, param) for key, param in space.items()}
-        folder = out / TRIALS_DIR / _folder_name(params)  # a retry's values: the same folder
-        trial.set_user_attr(DIR_ATTR, str(folder))
+        stored = f"{TRIALS_DIR}/{_folder_name(params)}"  # a retry's values: the same folder
+        trial.set_user_attr(DIR_ATTR, stored)  # relative to the sweep folder, wherever it is
+        folder = trial_folder(out, stored)
         with experimental_ok():
             retried = RetryHeartbeatStaleTrialCallback.retried_trial_number(
                 next(t for t in trials_now if t.number == trial.number)
@@ -366,7 +367,7 @@ def _trial_recipe(recipe: Recipe, params: Mapping[str, Any], folder: Path) -> Re
 def _report(study: optuna.Study, recipe: Recipe, space: Mapping[str, SweepParam]) -> dict[str, Any]:
     """Write the leaderboard, the winning recipe and the plot; evaluate the winner once."""
     out = Path(recipe.output.dir)
-    rows = trial_rows(study, recipe.sweep.metric)
+    rows = trial_rows(study, recipe.sweep.metric, out)
     board: dict[str, Any] = {
         "study": study.study_name,
         "metric": f"val_{recipe.sweep.metric}",

@@ -14,7 +14,7 @@ import socket
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import optuna
@@ -36,6 +36,7 @@ __all__ = [
     "PID_ATTR",
     "PRUNERS",
     "SURPLUS_ATTR",
+    "TRIALS_DIR",
     "ahead_of",
     "claimed",
     "experimental_ok",
@@ -46,6 +47,7 @@ __all__ = [
     "requeue_interrupted",
     "stop_at_budget",
     "tpe_sampler",
+    "trial_folder",
     "trial_rows",
 ]
 
@@ -62,11 +64,14 @@ HOST_ATTR = "host"
 PID_ATTR = "pid"
 """The process of the trial's worker, to tell at once that a worker on this machine died."""
 DIR_ATTR = "dir"
-"""The trial's run folder."""
+"""The trial's run folder relative to the sweep folder, ``trials/<name>``
+(:func:`trial_folder`)."""
 EPOCHS_ATTR = "epochs"
 """The epochs a completed trial trained."""
 SURPLUS_ATTR = "surplus"
 """A trial asked for when the other workers' trials had taken the whole budget: never run."""
+TRIALS_DIR = "trials"
+"""The folder of the trials' run folders inside the sweep folder."""
 _RETRY_OF = "retry_of"  # how sweeps marked a retry before Optuna's retry callback did
 
 
@@ -235,8 +240,21 @@ def _alive(pid: int | None) -> bool:
     return True
 
 
-def trial_rows(study: optuna.Study, metric: str) -> list[dict[str, Any]]:
-    """One row per finished trial, best first: complete ones, then pruned, then diverged."""
+def trial_folder(out: Path, stored: str) -> Path:
+    """The run folder of a trial whose :data:`DIR_ATTR` is ``stored``, in the sweep folder ``out``.
+
+    A trial's folder is always ``out/trials/<name>``, so only its name is read: the study stores
+    ``trials/<name>``, and studies from before stored the path as the sweep saw it (relative to
+    its working directory, or absolute), which ends in that name too. A sweep continued from
+    another working directory, or on another machine sharing the study, finds each trial in its
+    own sweep folder.
+    """
+    return out / TRIALS_DIR / PurePath(stored).name
+
+
+def trial_rows(study: optuna.Study, metric: str, out: Path) -> list[dict[str, Any]]:
+    """One row per finished trial, best first: complete ones, then pruned, then diverged; its
+    ``dir`` is the trial's run folder in the sweep folder ``out``."""
     sign = -1.0 if higher_is_better(metric) else 1.0
     order = {"complete": 0, "pruned": 1, "diverged": 2}
     rows = []
@@ -244,6 +262,7 @@ def trial_rows(study: optuna.Study, metric: str) -> list[dict[str, Any]]:
         state = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned"}.get(
             t.state, "diverged"
         )
+        stored = t.user_attrs.get(DIR_ATTR)
         rows.append(
             {
                 "number": t.number,
@@ -251,7 +270,7 @@ def trial_rows(study: optuna.Study, metric: str) -> list[dict[str, Any]]:
                 "value": t.value if state != "diverged" else None,
                 "epochs": t.user_attrs.get(EPOCHS_ATTR, t.last_step),
                 "params": t.params,
-                "dir": t.user_attrs.get(DIR_ATTR),
+                "dir": None if stored is None else str(trial_folder(out, stored)),
             }
         )
     rows.sort(key=lambda r: (order[r["state"]], sign * (r["value"] or 0.0), r["number"]))

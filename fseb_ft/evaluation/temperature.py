@@ -13,7 +13,7 @@ from torch import Tensor
 
 from fseb_ft.evaluation.checks import check_float_matrix, check_labels, describe, to_float64
 
-__all__ = ["TEMPERATURE_RANGE", "fit_temperature", "temperature_identified"]
+__all__ = ["TEMPERATURE_RANGE", "fit_temperature", "temperature_identified", "temperature_warnings"]
 
 TEMPERATURE_RANGE = (1e-3, 1e3)
 """The temperatures :func:`fit_temperature` searches."""
@@ -78,3 +78,16 @@ def temperature_identified(temperature: float) -> bool:
     """
     low, high = TEMPERATURE_RANGE
     return low * 1.01 < temperature < high / 1.01
+
+
+def temperature_warnings(temperature: float | None) -> list[str]:
+    """A temperature at an end of the fitted range means the fit ran into it, not a minimum."""
+    if temperature is None or temperature_identified(temperature):
+        return []
+    why = " (the validation split is predicted perfectly: its NLL falls as T → 0)"
+    return [
+        f"the temperature T = {temperature:.4g} is at an end of the range temperature scaling "
+        f"searches, [{TEMPERATURE_RANGE[0]:g}, {TEMPERATURE_RANGE[1]:g}]"
+        f"{why if temperature < 1 else ''}: the fit "
+        "found no minimum inside it; --temperature 1 gives the raw outputs"
+    ]

@@ -12,6 +12,7 @@ from timm.data import resolve_data_config
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from torch import nn
 
+from fseb_ft.data.hub_access import hub_or_cache
 from fseb_ft.data.inputs import InputSpec
 from fseb_ft.recipe import DataConfig, ModelConfig
 
@@ -57,37 +58,17 @@ def create_model(cfg: ModelConfig, num_classes: int, in_chans: int = 3) -> nn.Mo
 
 
 def _timm_model(cfg: ModelConfig, **kwargs: Any) -> nn.Module:
-    """``timm.create_model(cfg.name, **kwargs)``; with the Hub unreachable, from the cache only.
-
-    huggingface_hub retries a file it can neither reach nor find cached five times, backing off
-    for about 23 s, before it fails. One request without retries first tells whether the Hub
-    answers; if not, the weights come from the local cache as with ``HF_HUB_OFFLINE=1``, at once.
-    """
-    unreachable = _hub_unreachable(cfg)
-    if unreachable is None:
+    """``timm.create_model(cfg.name, **kwargs)``; with the Hub unreachable, from the cache only,
+    at once (:func:`~fseb_ft.data.hub_access.hub_or_cache`)."""
+    if not cfg.pretrained or cfg.name.startswith("local-dir:"):
         return timm.create_model(cfg.name, **kwargs)
-    constants = huggingface_hub.constants
-    offline, constants.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE, True
-    try:
-        return timm.create_model(cfg.name, **kwargs)
-    except OSError as err:
-        raise OSError(f"the Hub did not answer; not in the cache: {err}") from unreachable
-    finally:
-        constants.HF_HUB_OFFLINE = offline
-
-
-def _hub_unreachable(cfg: ModelConfig) -> Exception | None:
-    """Why the Hugging Face Hub does not answer one request; None if it does or is not needed."""
-    constants = huggingface_hub.constants
-    if not cfg.pretrained or cfg.name.startswith("local-dir:") or constants.HF_HUB_OFFLINE:
-        return None
-    try:
-        huggingface_hub.get_session().head(
-            constants.ENDPOINT, timeout=constants.HF_HUB_ETAG_TIMEOUT
-        )
-    except Exception as err:  # requests' or httpx's errors, by huggingface_hub's version
-        return err
-    return None
+    with hub_or_cache() as unreachable:
+        try:
+            return timm.create_model(cfg.name, **kwargs)
+        except OSError as err:
+            if unreachable is None:
+                raise
+            raise OSError(f"the Hub did not answer; not in the cache: {err}") from unreachable
 
 
 def head_init(cfg: ModelConfig) -> str:

@@ -9,6 +9,7 @@ re-exports them.
 
 from __future__ import annotations
 
+import re
 import types
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ __all__ = [
     "ImageCacheConfig",
     "MixupConfig",
     "check_cache_size",
+    "is_data_path_override",
 ]
 
 PIL_MAX_IMAGE_PIXELS = 1024 * 1024 * 1024 // 4 // 3
@@ -42,6 +44,17 @@ PIL_MAX_IMAGE_PIXELS = 1024 * 1024 * 1024 // 4 // 3
 IN_MEMORY = "in-memory:"
 """The path prefix that stands in a resolved recipe for a dataset the Python API was given in
 memory (``fseb_ft.finetune(train=...)``): ``in-memory:<split>``. Such data cannot be read again."""
+
+
+_DATA_PATH_OVERRIDE = re.compile(r"data\.(train|val|test|(ood|val_ood)\.[^.=]+)\.(path|image_dir)=")
+
+
+def is_data_path_override(override: str) -> bool:
+    """Whether ``override`` only says where a dataset of the ``data`` section now is: its
+    ``path`` or ``image_dir`` (``data.test.path=DIR``, ``data.ood.NAME.path=DIR``). Evaluating
+    and predicting a finished run take these for data moved since training; any other data key
+    would change the images themselves."""
+    return _DATA_PATH_OVERRIDE.match(override) is not None
 
 
 @dataclass(frozen=True)

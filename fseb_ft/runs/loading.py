@@ -15,6 +15,7 @@ The engine of ``fseb-ft predict`` (:mod:`fseb_ft.predict`); its thresholds are c
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -29,18 +30,19 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from fseb_ft.data.files import find_images, read_image
+from fseb_ft.data.hub_access import hub_or_cache, offline_hint
 from fseb_ft.data.images import LabeledImages
 from fseb_ft.data.inputs import InputSpec
 from fseb_ft.data.pixels import set_max_image_pixels
 from fseb_ft.data.screening import screen
 from fseb_ft.data.sources import hold_outs, load_split
 from fseb_ft.data.transforms import eval_transform, make_loader
-from fseb_ft.errors import FsebError
+from fseb_ft.errors import FsebError, first_line
 from fseb_ft.evaluation.abstention import AbstentionRule
 from fseb_ft.logs import progress_bar
 from fseb_ft.method.models import create_model
 from fseb_ft.method.posterior import posterior, predictive
-from fseb_ft.recipe import DatasetSpec, Recipe
+from fseb_ft.recipe import DataConfig, DatasetSpec, Recipe
 from fseb_ft.recipe.datasets import IN_MEMORY
 from fseb_ft.recipe.options import OUTPUT_OOD_SCORES
 from fseb_ft.recipe.schema import build
@@ -121,24 +123,31 @@ class LoadedModel:
     when it keeps none; called only when a feature score is asked for."""
 
 
-def load_model(model: str | Path) -> LoadedModel:
+def load_model(model: str | Path, data_paths: Sequence[str] = ()) -> LoadedModel:
     """Load a run folder, a model folder (timm's Hub format) or ``hf-hub:owner/name``.
 
     A model folder inside a run (``RUN/model``) loads as its run, whose validation split can
     choose thresholds. A folder holding runs (the OUTPUT of ``--compare``) loads its ``fseb``
-    run, or its only run.
+    run, or its only run. ``data_paths`` (``data.train.path=DIR``, …) say where a run's data
+    are now when they moved since training.
 
     Raises:
-        ModelLoadError: ``model`` is none of these, or the Hub cannot be reached.
+        ModelLoadError: ``model`` is none of these, or the Hub cannot be reached; or
+            ``data_paths`` are given for a model that is not a run.
     """
     text = str(model)
-    if text.startswith("hf-hub:"):
-        return _load_hub(text)
     path = Path(text).expanduser()
     if path.name == MODEL_DIR and (path.parent / RECIPE_FILE).is_file():
         path = path.parent
+    if data_paths and not (path / RECIPE_FILE).is_file():
+        raise ModelLoadError(
+            f"{', '.join(data_paths)}: data paths move a run's data, and MODEL {text} is not a "
+            "run folder"
+        )
+    if text.startswith("hf-hub:"):
+        return _load_hub(text)
     if (path / RECIPE_FILE).is_file():
-        return _load_run(path)
+        return _load_run(path, data_paths)
     if (path / "config.json").is_file():
         return _load_folder(path)
     runs = sorted(p.parent.name for p in path.glob(f"*/{RECIPE_FILE}")) if path.is_dir() else []
@@ -158,8 +167,10 @@ def load_model(model: str | Path) -> LoadedModel:
     )
 
 
-def _load_run(run_dir: Path) -> LoadedModel:
-    recipe, info = read_run(run_dir)
+def _load_run(run_dir: Path, data_paths: Sequence[str] = ()) -> LoadedModel:
+    recipe, info = read_run(run_dir, data_paths)
+    if data_paths:
+        info = _moved(info, read_run(run_dir)[0].data, recipe.data)
     network = load_run_model(run_dir, recipe, info)
     # FS-VI runs predict with their Monte-Carlo predictive, as their results were scored.
     model = run_predictor(run_dir, recipe, network).eval()
@@ -183,6 +194,19 @@ def _load_run(run_dir: Path) -> LoadedModel:
         network=None if model is network else network,
         feature_fit_file=_local_file(run_dir / FEATURE_OOD_FIT),
     )
+
+
+def _moved(info: RunInfo, old: DataConfig, new: DataConfig) -> RunInfo:
+    """``info`` with the identities of the splits whose folder moved (``old`` → ``new``) named by
+    their new folder, so the rebuilt validation split is checked against the images the run
+    recorded: an image folder's identity is its folder and its listing's fingerprint (names,
+    sizes, times of its files), which moving the folder keeps."""
+    text = json.dumps(info.data, ensure_ascii=False)
+    for a, b in ((old.train, new.train), (old.val, new.val), (old.test, new.test)):
+        if a is not None and b is not None and a.path != b.path:
+            was, now = (json.dumps(f":{Path(x.path)}:", ensure_ascii=False)[1:-1] for x in (a, b))
+            text = text.replace(was, now)
+    return dataclasses.replace(info, data=json.loads(text))
 
 
 def load_run_model(run_dir: Path, recipe: Recipe, info: RunInfo) -> nn.Module:
@@ -234,20 +258,26 @@ def _load_folder(folder: Path) -> LoadedModel:
     )
 
 
+_LOCAL_MODEL = (
+    "give MODEL as a local model folder (a run's model/ folder, or a download of the repo)"
+)
+
+
 def _load_hub(name: str) -> LoadedModel:
     repo, _, revision = name.removeprefix("hf-hub:").partition("@")  # timm's owner/name@rev
-    try:
-        model = timm.create_model(name, pretrained=True)
-    except Exception as err:  # network, auth, missing repo, cache: all mean "could not load it"
-        raise ModelLoadError(
-            f"could not load {name} from the Hugging Face Hub ({type(err).__name__}: "
-            f"{first_line(err)}); offline, give a local model folder instead (a run's model/ "
-            "folder, or a download of the repo)"
-        ) from err
-    try:
-        meta = read_json(Path(hf_hub_download(repo, "fseb.json", revision=revision or None)))
-    except Exception:  # a timm model not trained by fseb_ft has no fseb.json: no T, no τ
-        meta = {}
+    with hub_or_cache() as unreachable:
+        try:
+            model = timm.create_model(name, pretrained=True)
+        except Exception as err:  # network, auth, missing repo, cache: all mean "could not load it"
+            why = "" if unreachable is None else "the Hub did not answer and it is not cached: "
+            raise ModelLoadError(
+                f"could not load {name} from the Hugging Face Hub ({why}{type(err).__name__}: "
+                f"{first_line(err)}); {offline_hint(_LOCAL_MODEL)}"
+            ) from err
+        try:
+            meta = read_json(Path(hf_hub_download(repo, "fseb.json", revision=revision or None)))
+        except Exception:  # a timm model not trained by fseb_ft has no fseb.json: no T, no τ
+            meta = {}
     return _from_timm(model, name, meta, _hub_file(name, meta))
 
 
@@ -264,13 +294,14 @@ def _hub_file(name: str, meta: Mapping[str, Any]) -> Callable[[], Path | None]:
     repo, _, revision = name.removeprefix("hf-hub:").partition("@")
 
     def download() -> Path:
-        try:
-            return Path(hf_hub_download(repo, FEATURE_OOD_FIT.name, revision=revision or None))
-        except Exception as err:  # network, auth, a file removed since: could not fetch it
-            raise ModelLoadError(
-                f"could not fetch {FEATURE_OOD_FIT.name} of {name} from the Hugging Face Hub "
-                f"({type(err).__name__}: {first_line(err)})"
-            ) from err
+        with hub_or_cache():
+            try:
+                return Path(hf_hub_download(repo, FEATURE_OOD_FIT.name, revision=revision or None))
+            except Exception as err:  # network, auth, a file removed since: could not fetch it
+                raise ModelLoadError(
+                    f"could not fetch {FEATURE_OOD_FIT.name} of {name} from the Hugging Face Hub "
+                    f"({type(err).__name__}: {first_line(err)}); {offline_hint(_LOCAL_MODEL)}"
+                ) from err
 
     return download
 
@@ -302,12 +333,6 @@ def _from_timm(
 
 def _kept(record: Mapping[str, Any] | None) -> AbstentionRule | None:
     return AbstentionRule.from_json(record) if record else None
-
-
-def first_line(err: BaseException) -> str:
-    """The first line of an error's message (its type's name when it has none)."""
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 class ImageInputs(Dataset):

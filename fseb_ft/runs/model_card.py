@@ -20,7 +20,7 @@ from fseb_ft.evaluation.abstention import AbstentionRule
 from fseb_ft.evaluation.metrics import METRIC_REGISTRY
 from fseb_ft.recipe import Recipe, dump_recipe
 from fseb_ft.runs.card_usage import predict_section, usage_section
-from fseb_ft.runs.model_index import card_data
+from fseb_ft.runs.model_index import card_data, local_name
 from fseb_ft.runs.posthoc import LAPLACE, TEMPERATURE
 from fseb_ft.runs.published import LOCAL_DIR, PLACEHOLDER, model_label, placeholders, scrub
 from fseb_ft.runs.rundir import (
@@ -165,11 +165,12 @@ def _provenance(recipe: Recipe, run_info: RunInfo, source: Mapping[str, Any], me
     shown = ", ".join(names[:_MAX_CLASSES_SHOWN])
     if len(names) > _MAX_CLASSES_SHOWN:
         shown += ", …"
-    data = run_info.data or {}
+    train = recipe.data.train  # by its folder's name: run.json's identity adds fingerprints
     size = "×".join(str(s) for s in run_info.input.size)
     return (
         f"A timm `{arch}` image classifier {start} with **{method}** using `fseb_ft`, "
-        f"on `{data.get('train', '?')}` ({_or(run_info.num_train, '?')} training images; "
+        f"on the `{train.split}` split of `{local_name(train)}` "
+        f"({_or(run_info.num_train, '?')} training images; "
         f"{run_info.num_classes} classes: {shown or '–'}). "
         f"Input: {size} pixels, {recipe.data.channels} channel(s)."
         + _hardware(run_info)

@@ -11,11 +11,12 @@ the top-k classes with their probabilities; with ``--conformal``, the conformal 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -23,18 +24,48 @@ from torch import Tensor
 from fseb_ft.evaluation.metrics import predictive_entropy
 from fseb_ft.evaluation.ood import ood_score
 from fseb_ft.evaluation.selective import top_class_log_odds
+from fseb_ft.recipe import ConfigError
 from fseb_ft.runs.atomic import write_text
-from fseb_ft.runs.rundir import write_json
+from fseb_ft.runs.rundir import check_output_dir, write_json
+
+if TYPE_CHECKING:
+    import pandas
 
 __all__ = [
     "FORMATS",
+    "ImagePredictions",
     "accuracy",
+    "accuracy_record",
+    "check_out_file",
     "format_rows",
     "image_rows",
     "meta_path",
     "output_format",
     "write_predictions",
 ]
+
+
+@dataclasses.dataclass
+class ImagePredictions:
+    """What :func:`fseb_ft.predict.predict_images` returns: the rows written to ``out`` and the
+    meta record."""
+
+    rows: list[dict[str, Any]]
+    """One mapping per readable image, in input order (the CSV / JSON Lines rows)."""
+    meta: dict[str, Any]
+    """Model, temperature, threshold with its validation coverage and risk, counts, files left
+    out: what ``<out stem>.meta.json`` holds."""
+
+    def __len__(self) -> int:
+        """The number of rows: the images predicted."""
+        return len(self.rows)
+
+    def to_pandas(self) -> pandas.DataFrame:
+        """The rows as a ``pandas.DataFrame``, one row per image, the columns of the CSV."""
+        import pandas  # only for this call: it is not needed to predict
+
+        return pandas.DataFrame(self.rows)
+
 
 FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 """The formats of the predictions file, by its extension."""
@@ -89,6 +120,38 @@ def accuracy(rows: list[dict[str, Any]]) -> float | None:
     return sum(r["prediction"] == r["label"] for r in rows) / len(rows) if rows else None
 
 
+def accuracy_record(rows: list[dict[str, Any]], class_names: Sequence[str]) -> dict[str, Any]:
+    """The meta record's accuracies of labelled ``rows``, on all and on the accepted ones, over
+    the rows whose label is one of the model's ``class_names``: an image of a class the model
+    does not know cannot be predicted right, so counting it would measure the dataset, not the
+    model. ``unknown_labels``: how many rows were left out, and their labels."""
+    known = set(class_names)
+    scored = [r for r in rows if r["label"] in known]
+    return {
+        "accuracy_accepted": accuracy([r for r in scored if not r["abstain"]]),
+        "accuracy_all": accuracy(scored),
+        "unknown_labels": {
+            "images": len(rows) - len(scored),
+            "labels": sorted({r["label"] for r in rows if r["label"] not in known}),
+        },
+    }
+
+
+def check_out_file(out: str | Path | None) -> None:
+    """Refuse an ``--out`` that is a folder, or whose folder cannot be written to, before any
+    image is read (an existing file is replaced: it is a file of predictions).
+
+    Raises:
+        ConfigError: naming ``--out`` and why.
+    """
+    if out is None:
+        return
+    out = Path(out)
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a folder: give a file (.csv or .jsonl) to write")
+    check_output_dir(out.parent, f"--out {out}: its folder")
+
+
 def output_format(out: str | Path | None, fmt: str | None) -> str:
     """``fmt`` (``csv`` or ``jsonl``), or the format :data:`FORMATS` gives ``out``'s extension;
     ``csv`` without either."""
@@ -116,7 +179,8 @@ def meta_path(out: str | Path) -> Path:
 def format_rows(rows: list[dict[str, Any]], fmt: str) -> str:
     """The rows as CSV (with a header) or JSON Lines text."""
     if fmt != "csv":
-        return "".join(json.dumps(row) + "\n" for row in rows)
+        # Names and labels as written (UTF-8 files), not \u escapes.
+        return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
     if not rows:
         return ""
     buffer = io.StringIO()

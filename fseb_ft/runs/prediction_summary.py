@@ -52,13 +52,7 @@ def summary(meta: Mapping[str, Any], out: str | Path | None) -> str:
         lines.append(_guarantee(rule))
     n, abstained = meta["images"], meta["abstained"]
     lines.append(f"predicted {n} image(s): {n - abstained} accepted, {abstained} abstained")
-    if meta.get("accuracy_accepted") is not None or meta.get("accuracy_all") is not None:
-        acc = meta.get("accuracy_accepted")
-        lines.append(
-            f"accuracy on the labelled dataset: {meta['accuracy_all']:.4f} on all, "
-            + ("n/a" if acc is None else f"{acc:.4f}")
-            + " on the accepted"
-        )
+    lines += _accuracy_lines(meta)
     if meta.get("ood_score") in FEATURE_OOD_SCORES:  # what the column holds, and its fit
         name = meta["ood_score"]
         lines.append(
@@ -107,3 +101,30 @@ def _guarantee(rule: AbstentionRule) -> str:
 def _percent(fraction: float, digits: int | None = 1) -> str:
     """``fraction`` in percent, to ``digits`` decimals (``None``: as given, 0.975 → 97.5 %)."""
     return f"{100 * fraction:.4g} %" if digits is None else f"{100 * fraction:.{digits}f} %"
+
+
+def _accuracy_lines(meta: dict[str, Any]) -> list[str]:
+    """The accuracy on a labelled dataset, over the images of classes the model knows, and how
+    many images had labels it does not know (left out of it)."""
+    unknown = meta.get("unknown_labels") or {"images": 0, "labels": []}
+    lines = []
+    if meta.get("accuracy_all") is not None:
+        acc = meta.get("accuracy_accepted")
+        over = (
+            f" (its {meta['images'] - unknown['images']} of known classes)"
+            if unknown["images"]
+            else ""
+        )
+        lines.append(
+            f"accuracy on the labelled dataset{over}: {meta['accuracy_all']:.4f} on all, "
+            + ("n/a" if acc is None else f"{acc:.4f}")
+            + " on the accepted"
+        )
+    if unknown["images"]:
+        shown = ", ".join(unknown["labels"][:_SHOWN])
+        more = ", …" if len(unknown["labels"]) > _SHOWN else ""
+        lines.append(
+            f"note: {unknown['images']} image(s) with labels the model does not know ({shown}"
+            f"{more}): left out of the accuracy"
+        )
+    return lines

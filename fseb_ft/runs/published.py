@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping
 from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any
 
+from fseb_ft.runs.rundir import MODEL_DIR
+
 __all__ = ["LOCAL_DIR", "PLACEHOLDER", "folder_name", "model_label", "placeholders", "scrub"]
 
 LOCAL_DIR = "local-dir:"
@@ -33,8 +35,15 @@ def folder_name(path: str) -> str:
 
 
 def model_label(name: str) -> str:
-    """A model as titles and tables show it: a ``local-dir:`` folder by its name."""
-    return folder_name(name.removeprefix(LOCAL_DIR)) if name.startswith(LOCAL_DIR) else name
+    """A model as titles and tables show it: a ``local-dir:`` folder by its name, a run's model
+    folder (``RUN/model``, every run's is named so) as ``<run>/model``, which says whose it is."""
+    if not name.startswith(LOCAL_DIR):
+        return name
+    path = PureWindowsPath(name.removeprefix(LOCAL_DIR))  # either separator
+    label = folder_name(str(path))
+    if label == MODEL_DIR and path.parent.name:
+        return f"{path.parent.name}/{label}"
+    return label
 
 
 def scrub(value: Any) -> Any:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from torch import Tensor
 from fseb_ft.data.inputs import InputSpec
 from fseb_ft.data.splits import TEST_SPLIT
 from fseb_ft.recipe import ConfigError, Recipe, load_recipe
-from fseb_ft.runs.atomic import cleaned_on_failure, publish, remove, write_text
+from fseb_ft.runs.atomic import cleaned_on_failure, is_not_writable, publish, remove, write_text
 
 __all__ = [
     "ABSTENTION_FILE",
@@ -49,6 +50,7 @@ __all__ = [
     "COMPARISON_PLOTS",
     "CONFUSION_PLOT",
     "CORRUPTION_PLOT",
+    "DATA_FILES",
     "FEATURE_OOD_FIT",
     "LOCK_FILE",
     "MODEL_DIR",
@@ -89,6 +91,9 @@ RECIPE_FILE = "recipe.yaml"
 """The resolved recipe a run directory holds (what makes a folder a run)."""
 RUN_INFO_FILE = "run.json"
 """The run's :class:`RunInfo`."""
+DATA_FILES = "data_files.json"
+"""The image files of the run's image-folder splits (``data.train`` …: each file's size and
+modification time by its path), so a rerun refused for changed data names the files that changed."""
 RESULTS_JSON = "results.json"
 """Metrics of the best weights (and the training record), for machines."""
 RESULTS_MD = "results.md"
@@ -236,9 +241,11 @@ def read_run(
     """A finished run's resolved recipe (with ``overrides``) and ``run.json``.
 
     Raises:
-        FileNotFoundError: a file of ``needed`` is missing; the message is ``missing`` formatted
-            with ``run_dir`` and the missing file's name.
+        FileNotFoundError: ``run_dir`` does not exist, or a file of ``needed`` is missing (the
+            message is then ``missing`` formatted with ``run_dir`` and the missing file's name).
     """
+    if not run_dir.exists():
+        raise FileNotFoundError(f"{run_dir} does not exist")
     for name in needed:
         if not (run_dir / name).is_file():
             raise FileNotFoundError(missing.format(run_dir=run_dir, missing=name))
@@ -320,24 +327,46 @@ def checkpoint_name(epoch: int) -> str:
     return f"{CHECKPOINT_PREFIX}{epoch:04d}"
 
 
-def check_output_dir(run_dir: Path) -> None:
-    """Refuse an ``output.dir`` that is, or lies inside, an existing file.
+def check_output_dir(run_dir: Path, what: str = "output.dir") -> None:
+    """Refuse an ``output.dir`` (``what`` names it in the message) that is, or lies inside, an
+    existing file, or that cannot be written to.
 
-    Checked before anything loads: creating the folder would otherwise fail only after the data
-    and model, with the bare ``[Errno 17] File exists`` (or ``Not a directory``).
+    Checked before anything loads: creating or writing the folder would otherwise fail only after
+    the data and model, with the bare ``[Errno 17] File exists`` (or ``Not a directory``,
+    ``Permission denied``).
 
     Raises:
-        ConfigError: ``run_dir`` or a folder above it is a file.
+        ConfigError: ``run_dir`` or a folder above it is a file, or the folder (the nearest
+            existing one above it when it does not exist yet) refuses a file.
     """
     for folder in (run_dir, *run_dir.parents):
         if folder.is_dir():
+            _check_writable(folder, run_dir, what)
             return
         # Looked at again: another worker of a sweep may have made the folder since.
         if folder.exists() and not folder.is_dir():
             where = "is a file" if folder == run_dir else f"lies inside {folder}, which is a file"
             raise ConfigError(
-                f"output.dir {run_dir} {where}, not a folder: give a folder (created if missing)"
+                f"{what} {run_dir} {where}, not a folder: give a folder (created if missing)"
             )
+
+
+def _check_writable(folder: Path, run_dir: Path, what: str) -> None:
+    """Refuse ``folder`` (``run_dir`` or the folder it will be made in) if it refuses a file:
+    one is made and removed, as the OS says it (permissions, a read-only file system)."""
+    probe = folder / f".fseb-ft-write-check-{os.getpid()}"
+    try:
+        with probe.open("x"):
+            pass
+    except OSError as err:
+        if not is_not_writable(err):
+            raise
+        inside = "" if folder == run_dir else f" (made in {folder})"
+        raise ConfigError(
+            f"{what} {run_dir}{inside} cannot be written to ({err.strerror}): give a folder "
+            "you can write to"
+        ) from err
+    probe.unlink(missing_ok=True)
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -383,6 +412,7 @@ def clear_run(run_dir: Path) -> list[str]:
         run_dir / CHECKPOINTS,
         run_dir / MODEL_DIR,
         run_dir / RUN_INFO_FILE,
+        run_dir / DATA_FILES,
         run_dir / ABSTENTION_FILE,
         run_dir / VAL_LOGITS,
     ]

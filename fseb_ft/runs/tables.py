@@ -250,7 +250,8 @@ def markdown_table(
     """A Markdown table of several runs' results, one row per method (e.g. PS-MAP, FS-EB).
 
     Binary tasks get an ``AUROC pos. (%)`` column (positive class = label 1), and the task
-    metrics of ``eval.metrics`` a column each after the others; a per-class one
+    metrics of ``eval.metrics`` a column each after the others (``roc_auc``'s replaces
+    ``AUROC pos.``, the same number for K = 2); a per-class one
     (``per_class_recall``) gets a table of its own below, one row per class (``class_names``,
     index = label; the labels where not given) and a column per method. Each OOD set has
     AUROC, AUPR and FPR95 columns for every score found in the results (titles name the score
@@ -272,10 +273,13 @@ def markdown_table(
     def shown(name: str) -> bool:
         return any(name in r["test"] for r in results.values())
 
+    # A two-class task's roc_auc (eval.metrics) is auroc_positive's number: one column, the one
+    # the recipe asked for (for K > 2 there is no auroc_positive).
+    doubled = {"auroc_positive"} if shown("roc_auc") else set()
     metrics = [
         (m.name, m.title, m.scale)
         for m in (*_COLUMNS, *_TASK_COLUMNS)
-        if (m.applies is None and not m.task) or shown(m.name)
+        if ((m.applies is None and not m.task) or shown(m.name)) and m.name not in doubled
     ]
     metrics += [column for column in _CONFORMAL_COLUMNS if shown(column[0])]
     # Entropy alone keeps the titles tables had before other scores existed.

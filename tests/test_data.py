@@ -675,31 +675,3 @@ def test_fraction_keeps_the_same_seeded_share_of_every_class(tmp_path: Path) -> 
     assert len(whole) == 64
     with pytest.raises(ConfigError, match="fraction"):
         DatasetSpec(source="arrays", path="x.npz", fraction=0.0)
-
-
-class _OpenCVThreads(torch.utils.data.Dataset):
-    """Each item is the number of threads OpenCV uses where the item is made."""
-
-    def __len__(self) -> int:
-        return 2
-
-    def __getitem__(self, index: int) -> int:
-        import cv2
-
-        return cv2.getNumThreads()
-
-
-def test_loader_workers_run_opencv_on_one_thread() -> None:
-    """Workers are the parallelism: each one's OpenCV stays on one thread, whatever the parent's
-    setting (inherited across fork), so many workers do not oversubscribe the cores."""
-    import cv2
-
-    from fseb_ft.data.transforms import make_loader
-
-    before = cv2.getNumThreads()
-    cv2.setNumThreads(4)
-    try:
-        loader = make_loader(_OpenCVThreads(), batch_size=2, shuffle=False, num_workers=1)
-        assert next(iter(loader)).tolist() == [1, 1]
-    finally:
-        cv2.setNumThreads(before)

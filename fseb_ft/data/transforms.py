@@ -392,16 +392,12 @@ class TransformedImages(Dataset):
 
 
 def seed_worker(worker_id: int) -> None:
-    """DataLoader ``worker_init_fn``: OpenCV on one thread; seed numpy, random and the
-    dataset's transform.
+    """DataLoader ``worker_init_fn``: seed numpy, random and the dataset's transform.
 
     torch gives each worker the seed ``base_seed + worker_id`` with ``base_seed`` drawn from the
     loader's generator, so workers differ from each other yet a run is reproducible. Without the
     transform reseed, every worker would replay the same copied albumentations stream.
     """
-    # The workers are the loader's parallelism: OpenCV's own thread pool in each of them
-    # oversubscribes the cores (and a pool inherited across fork may not run at all).
-    cv2.setNumThreads(1)
     seed = torch.initial_seed() % 2**32
     np.random.seed(seed)
     random.seed(seed)

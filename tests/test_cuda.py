@@ -18,7 +18,7 @@ import torch
 from fseb_ft.engine.speed import apply_speed_keys
 from fseb_ft.finetune import run
 from fseb_ft.method.objective import FSEBObjective
-from fseb_ft.method.regularizer import function_space_term, prior_covariance
+from fseb_ft.method.regularizer import function_space_term
 from fseb_ft.recipe import ModelConfig, TrainConfig, recipe_from_dict
 from tests.helpers import image_folders, skip_figures, tiny_recipe
 
@@ -32,7 +32,8 @@ CUDA = torch.device("cuda")
 
 def _naive_term(F: torch.Tensor, H: torch.Tensor, s: float, d: float) -> torch.Tensor:
     """``½ Σ_k f_kᵀ Kc⁻¹ f_k`` through an explicit float64 inverse, on the CPU."""
-    Kc = prior_covariance(H.double().cpu(), s, d)  # (M, M)
+    H = H.double().cpu()  # (M, D)
+    Kc = s * (H @ H.T + 1) + d * torch.eye(H.shape[0], dtype=torch.float64)  # (M, M)
     F = F.double().cpu()  # (M, K)
     return 0.5 * torch.einsum("mk,mn,nk->", F, torch.linalg.inv(Kc), F)
 

@@ -729,7 +729,12 @@ def test_all_exports() -> None:
         "OodScore",
         "register_ood_score",
     }
-    assert T.__all__ == ["TEMPERATURE_RANGE", "fit_temperature", "temperature_identified"]
+    assert T.__all__ == [
+        "TEMPERATURE_RANGE",
+        "fit_temperature",
+        "temperature_identified",
+        "temperature_warnings",
+    ]
     for module in (M, O, T):
         for name in module.__all__:
             assert callable(getattr(module, name)) or name.isupper()

@@ -10,8 +10,9 @@ in its message and commits the file regenerated). ``tests/test_fingerprint.py`` 
 
 Parts and how they compare (docs/results.md, "Behaviour fingerprint"):
 
-- ``pixels`` and ``context`` are integer grey levels and pool indices: exact on every x86-64
-  CPU with AVX2 (:func:`exact_here`; without it OpenCV's hue jitter rounds differently);
+- ``pixels``, ``corruptions`` and ``context`` are integer grey levels and pool indices: exact
+  on every x86-64 CPU with AVX2 (:func:`exact_here`; without it OpenCV's hue jitter rounds
+  differently);
 - ``loss``, ``training`` and ``metrics`` are float64 values, compared within a relative
   tolerance (:data:`TOLERANCES`): BLAS, LAPACK and vectorised ``exp``/``log`` round differently
   on CPUs with other vector units, even in float64, so their bits are not compared. The hash of
@@ -51,10 +52,11 @@ __all__ = [
 
 FILE = Path(__file__).with_suffix(".json")
 """The committed fingerprint, ``benchmarks/fingerprint.json``."""
-PARTS = ("pixels", "context", "loss", "training", "metrics")
+PARTS = ("pixels", "corruptions", "context", "loss", "training", "metrics")
 """The parts, in the order they are computed and printed."""
 TOLERANCES: dict[str, float | None] = {
     "pixels": None,
+    "corruptions": None,
     "context": None,
     "loss": 1e-10,
     "training": 1e-9,
@@ -79,6 +81,7 @@ LIBRARIES = (
     "albumentations",
     "albucore",
     "scikit-learn",
+    "scipy",
     "datasets",
 )
 """Libraries whose versions the file records: an upgrade may move a part."""
@@ -240,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(json.dumps({k: v["values"] for k, v in document["parts"].items()}, indent=1))
     for name, part in document["parts"].items():
         state = "CHANGED" if name in changes else "unchanged"
-        print(f"{name:9s} {part['hash']}  {part['tolerance']!s:6s} {state}")
+        print(f"{name:11s} {part['hash']}  {part['tolerance']!s:6s} {state}")
     if changes:
         print(report(changes, committed))
     if not exact_here():

@@ -18,7 +18,7 @@ from PIL import Image
 
 from fseb_ft.recipe import DatasetSpec
 
-__all__ = ["CLASSES", "IMAGE_SHAPE", "NUM_IMAGES", "SEED", "write_sources"]
+__all__ = ["CLASSES", "IMAGE_SHAPE", "NUM_IMAGES", "SEED", "fixture_images", "write_sources"]
 
 SEED = 20261127
 """The seed of the fixture images."""
@@ -31,7 +31,7 @@ CLASSES = ("a", "b", "c")
 """The class names; image ``i`` is of class ``i % 3``."""
 
 
-def _images() -> tuple[np.ndarray, np.ndarray]:
+def fixture_images() -> tuple[np.ndarray, np.ndarray]:
     """(N, H, W, 3) uint8 images, smooth enough for JPEG and resizing to matter, and labels."""
     rng = np.random.default_rng(SEED)
     height, width, _ = IMAGE_SHAPE
@@ -93,7 +93,7 @@ def _disk(root: Path, images: np.ndarray, labels: np.ndarray) -> None:
 
 def write_sources(root: Path) -> dict[str, DatasetSpec]:
     """Write the fixtures under ``root``; source label → the spec that loads its images."""
-    images, labels = _images()
+    images, labels = fixture_images()
     _folder(root / "png", images, labels, "png")
     _folder(root / "jpeg", images, labels, "jpg")
     np.savez(root / "arrays.npz", images=images, labels=labels, class_names=np.array(CLASSES))

@@ -4,6 +4,8 @@ runs a tiny, seeded slice of what shapes a run's results and returns its values 
 - :func:`pixels`: every source's decoded images and what the evaluation transform and each
   training augmentation (``data.augment``) make of them, seeded as a run's first epoch, as
   integer grey levels (normalised with mean 0 and std 1, so a tensor is ``level / 255``);
+- :func:`corruptions`: the fixture images under every corruption of ``eval.corruptions`` at
+  severities 1, 3 and 5, as grey levels;
 - :func:`context`: the perturbed context pool of a tiny recipe and its first batches of two
   epochs, as grey levels;
 - :func:`training`: PS-MAP and FS-EB from one seeded initialisation, in float64: the initial
@@ -29,7 +31,8 @@ import torch
 from accelerate.utils import set_seed
 from torch import Tensor, nn
 
-from benchmarks.fingerprint_fixtures import write_sources
+from benchmarks.fingerprint_fixtures import fixture_images, write_sources
+from fseb_ft.data.corruptions import corrupt_images
 from fseb_ft.data.images import LabeledImages
 from fseb_ft.data.inputs import InputSpec
 from fseb_ft.data.sources import load_spec
@@ -51,9 +54,23 @@ from fseb_ft.method.models import create_model, input_spec
 from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.recipe import Recipe
 from fseb_ft.recipe.load import recipe_from_dict
-from fseb_ft.recipe.options import BINARY_TASK_METRICS, OUTPUT_OOD_SCORES, TASK_METRICS
+from fseb_ft.recipe.options import (
+    BINARY_TASK_METRICS,
+    CORRUPTIONS,
+    OUTPUT_OOD_SCORES,
+    TASK_METRICS,
+)
 
-__all__ = ["EPOCHS", "SEED", "compute", "context", "metrics", "pixels", "training"]
+__all__ = [
+    "EPOCHS",
+    "SEED",
+    "compute",
+    "context",
+    "corruptions",
+    "metrics",
+    "pixels",
+    "training",
+]
 
 SEED = 3
 """The run's seed (``train.seed``) of every part."""
@@ -101,9 +118,9 @@ def grey_levels(tensors: list[Tensor]) -> np.ndarray:
     return levels.astype(np.uint8)
 
 
-def _unnormalised(spec: InputSpec) -> InputSpec:
-    """``spec`` with mean 0 and std 1: the transforms' grey levels, exact."""
-    return InputSpec(size=spec.size, mean=(0.0,) * 3, std=(1.0,) * 3)
+def _unnormalised(spec: InputSpec, channels: int = 3) -> InputSpec:
+    """``spec`` with mean 0 and std 1 for ``channels``: the transforms' grey levels, exact."""
+    return InputSpec(size=spec.size, mean=(0.0,) * channels, std=(1.0,) * channels)
 
 
 def _transforms(spec: InputSpec, seed: int) -> dict[str, Any]:
@@ -128,11 +145,24 @@ def _source_pixels(images: LabeledImages, spec: InputSpec, seed: int) -> dict[st
 
 
 def pixels(sources: Mapping[str, Any], spec: InputSpec, seed: int = SEED) -> dict[str, Any]:
-    """Source label → its labels, decoded pixels and transformed grey levels."""
-    spec = _unnormalised(spec)
-    return {
-        name: _source_pixels(load_spec(source, 3, seed), spec, seed)
+    """Source label → its labels, decoded pixels and transformed grey levels, in RGB; and the
+    IDX images as one channel (``data.channels: 1``), as ``idx_gray``."""
+    found = {
+        name: _source_pixels(load_spec(source, 3, seed), _unnormalised(spec), seed)
         for name, source in sources.items()
+    }
+    gray = load_spec(sources["idx"], 1, seed)
+    return found | {"idx_gray": _source_pixels(gray, _unnormalised(spec, 1), seed)}
+
+
+def corruptions(severities: tuple[int, ...] = (1, 3, 5)) -> dict[str, str]:
+    """``<corruption>_<severity>`` → the grey levels of the fixture images corrupted (seed 0),
+    every corruption of ``eval.corruptions``."""
+    images, _ = fixture_images()
+    return {
+        f"{name}_{severity}": digest(np.stack(corrupt_images(images, name, severity, seed=0)))
+        for name in CORRUPTIONS
+        for severity in severities
     }
 
 
@@ -265,6 +295,7 @@ def compute(root: Path) -> dict[str, dict[str, Any]]:
     recipe = tiny_recipe(train_spec, 1.0)
     train = load_spec(recipe.data.train, 3, SEED)
     spec = input_spec(create_model(recipe.model, 3), recipe.model, recipe.data)
-    found = {"pixels": pixels(sources, spec), "context": context(recipe, train, spec)}
+    found = {"pixels": pixels(sources, spec), "corruptions": corruptions()}
+    found["context"] = context(recipe, train, spec)
     found["loss"], found["training"] = training(train_spec, train)
     return found | {"metrics": metrics()}

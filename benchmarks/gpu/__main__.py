@@ -48,7 +48,7 @@ THROUGHPUT_DRY = ["--models", "test_resnet", "test_vit", "--batch", "8", "--size
 
 
 def commands(args: argparse.Namespace) -> dict[str, list[str]]:
-    """Each part's command line."""
+    """Each part's command line (for the dry run, once its image folder is written)."""
     py = [sys.executable]
     tests = [*py, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider"]
     throughput = [*py, "-m", "benchmarks.gpu.throughput"]

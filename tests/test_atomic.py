@@ -18,6 +18,7 @@ from torch import nn
 
 import fseb_ft.engine.run as run_module
 import fseb_ft.finetune as finetune_module
+import fseb_ft.runs.atomic as atomic
 from fseb_ft.engine.callbacks import TrainState
 from fseb_ft.engine.loop import _save_checkpoint
 from fseb_ft.recipe import recipe_from_dict
@@ -221,3 +222,23 @@ def test_a_refused_write_is_a_permission_error_whichever_library_wrote(
     assert is_not_writable(raised.value) and raised.value.errno == errno.EACCES
     assert not temp.exists()
     assert not is_not_writable(DISK_FULL["safetensors"]) and not is_not_writable(ValueError("x"))
+
+
+def test_two_writers_of_one_file_at_once_both_complete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two workers of a sweep write the leaderboard at once: the other's whole write falls
+    between this one's write and its rename. With one temporary name for both, the other's
+    rename took this one's file, and this rename failed (FileNotFoundError)."""
+    target = tmp_path / "leaderboard.json"
+    real = atomic.publish
+
+    def interleaved(temp: Path, final: Path) -> None:
+        monkeypatch.setattr(atomic, "publish", real)
+        atomic.write_text(target, "B")
+        real(temp, final)
+
+    monkeypatch.setattr(atomic, "publish", interleaved)
+    atomic.write_text(target, "A")
+    assert target.read_text() == "A"
+    assert [p.name for p in tmp_path.iterdir()] == ["leaderboard.json"]

@@ -108,6 +108,10 @@ def read_only(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def writing(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> bool:
         return any(c in mode for c in "wax+")
 
+    def creating(file: Any, flags: int, *args: Any, **kwargs: Any) -> bool:
+        return bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))
+
+    monkeypatch.setattr(os, "open", guard(os.open, writes=creating))  # tempfile.mkstemp's
     monkeypatch.setattr(io, "open", guard(io.open, writes=writing))
     monkeypatch.setattr(builtins, "open", guard(builtins.open, writes=writing))
     monkeypatch.setattr(os, "replace", guard(os.replace))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import json
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -90,3 +92,16 @@ def test_the_run_folder_knows_no_method() -> None:
         for alias in node.names
     ]
     assert [name for name in imported if name.startswith("fseb_ft.method")] == []
+
+
+def test_the_writability_check_runs_from_many_threads_of_one_process_at_once(
+    tmp_path: Path,
+) -> None:
+    """The workers of a sweep (threads of one process too) check the same folder at once: one
+    check's probe file is never another's refusal. The probe was named by the process alone, so
+    a second thread found it there and raised FileExistsError."""
+    (tmp_path / f".fseb-ft-write-check-{os.getpid()}").touch()  # another thread's, mid-check
+    rundir.check_output_dir(tmp_path / "run")
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda _: rundir.check_output_dir(tmp_path / "run"), range(200)))
+    assert [p.name for p in tmp_path.iterdir()] == [f".fseb-ft-write-check-{os.getpid()}"]

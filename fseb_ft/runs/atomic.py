@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -145,9 +146,15 @@ def publish(temp: Path, final: Path) -> None:
     os.replace(temp, final)
 
 
+def temp_beside(path: Path) -> Path:
+    """A temporary name beside ``path`` (``.NAME.<random>.tmp``) that no other writer uses: the
+    workers of a sweep, threads of one process among them, write the same files at once."""
+    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+
+
 def write_text(path: Path, text: str, what: str | None = None) -> None:
-    """Write ``text`` to ``path`` atomically (``.NAME.tmp`` beside it, then rename)."""
-    temp = path.with_name(f".{path.name}.tmp")
+    """Write ``text`` to ``path`` atomically (a :func:`temp_beside` file, then rename)."""
+    temp = temp_beside(path)
     with cleaned_on_failure(temp, what=what or str(path.name)):
         temp.write_text(text, encoding="utf-8")
     publish(temp, path)

@@ -22,6 +22,8 @@ from matplotlib.figure import Figure
 from matplotlib.text import Text
 from torch import Tensor
 
+from fseb_ft.runs.atomic import temp_beside
+
 __all__ = [
     "ArrayLike",
     "ProbsLabels",
@@ -118,7 +120,7 @@ def save_figure(fig: Figure, path: str | Path) -> Path:
     _fit_canvas(fig)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = temp_beside(path)
     fig.savefig(tmp, format="png", dpi=_DPI)
     os.replace(tmp, path)
     return path

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,14 @@ from torch import Tensor
 from fseb_ft.data.inputs import InputSpec
 from fseb_ft.data.splits import TEST_SPLIT
 from fseb_ft.recipe import ConfigError, Recipe, load_recipe
-from fseb_ft.runs.atomic import cleaned_on_failure, is_not_writable, publish, remove, write_text
+from fseb_ft.runs.atomic import (
+    cleaned_on_failure,
+    is_not_writable,
+    publish,
+    remove,
+    temp_beside,
+    write_text,
+)
 
 __all__ = [
     "ABSTENTION_FILE",
@@ -287,7 +295,7 @@ def read_val_logits(run_dir: Path) -> tuple[Tensor, Tensor] | None:
 
 def write_tensors(path: Path, tensors: Mapping[str, Tensor], what: str) -> None:
     """Write named tensors to a safetensors file atomically (``what`` names them in errors)."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = temp_beside(path)
     with cleaned_on_failure(tmp, what=what):
         save_file({name: t.detach().cpu().contiguous() for name, t in tensors.items()}, str(tmp))
     publish(tmp, path)
@@ -353,11 +361,10 @@ def check_output_dir(run_dir: Path, what: str = "output.dir") -> None:
 
 def _check_writable(folder: Path, run_dir: Path, what: str) -> None:
     """Refuse ``folder`` (``run_dir`` or the folder it will be made in) if it refuses a file:
-    one is made and removed, as the OS says it (permissions, a read-only file system)."""
-    probe = folder / f".fseb-ft-write-check-{os.getpid()}"
+    one is made and removed, as the OS says it (permissions, a read-only file system). Its name
+    is new to each call: the workers of a sweep check one folder at once, threads included."""
     try:
-        with probe.open("x"):
-            pass
+        fd, probe = tempfile.mkstemp(prefix=".fseb-ft-write-check-", dir=folder)
     except OSError as err:
         if not is_not_writable(err):
             raise
@@ -366,7 +373,8 @@ def _check_writable(folder: Path, run_dir: Path, what: str) -> None:
             f"{what} {run_dir}{inside} cannot be written to ({err.strerror}): give a folder "
             "you can write to"
         ) from err
-    probe.unlink(missing_ok=True)
+    os.close(fd)
+    Path(probe).unlink(missing_ok=True)
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

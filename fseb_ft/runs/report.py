@@ -188,20 +188,34 @@ def evaluate_predictions(
         scores = {k: float(v) for k, v in found.items()}
         out["ood"][name] = scores | {"n": len(lp)}
     if corruptions:
-        index = slice(None) if corruption_index is None else corruption_index
-        c_labels = labels[index]  # (N_c,)
-        out["corruptions"] = {
-            name: {
-                str(sev): {k: float(v) for k, v in classification_metrics(lp, c_labels).items()}
-                | {"n": len(lp)}
-                for sev, lp in sorted(by_severity.items())
-            }
-            for name, by_severity in corruptions.items()
-        }
-        out["corruption_summary"] = corruption_summary(out["corruptions"])
-        clean = classification_metrics(log_probs[index], c_labels)
-        out["corruption_clean"] = {k: float(v) for k, v in clean.items()} | {"n": len(c_labels)}
+        out |= _corruption_results(test, corruptions, corruption_index)
     return out
+
+
+def _corruption_results(
+    test: tuple[Tensor, Tensor],
+    corruptions: Mapping[str, Mapping[int, Tensor]],
+    corruption_index: Tensor | None,
+) -> dict[str, Any]:
+    """``corruptions``, ``corruption_summary`` and ``corruption_clean`` of
+    :func:`evaluate_predictions`: every corruption and severity, and the same images clean."""
+    log_probs, labels = test
+    index = slice(None) if corruption_index is None else corruption_index
+    c_labels = labels[index]  # (N_c,)
+    by_name = {
+        name: {
+            str(sev): {k: float(v) for k, v in classification_metrics(lp, c_labels).items()}
+            | {"n": len(lp)}
+            for sev, lp in sorted(by_severity.items())
+        }
+        for name, by_severity in corruptions.items()
+    }
+    clean = classification_metrics(log_probs[index], c_labels)
+    return {
+        "corruptions": by_name,
+        "corruption_summary": corruption_summary(by_name),
+        "corruption_clean": {k: float(v) for k, v in clean.items()} | {"n": len(c_labels)},
+    }
 
 
 def write_results(

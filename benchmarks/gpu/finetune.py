@@ -29,7 +29,7 @@ import faulthandler
 import json
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -61,7 +61,7 @@ class StepTimer(Callback):
         self.waits.append(self._start - self._mark)
         return x, y
 
-    def on_step_end(self, trainer: TrainerView, terms: object) -> None:
+    def on_step_end(self, trainer: TrainerView, terms: Mapping[str, Tensor]) -> None:
         if trainer.accelerator.device.type == "cuda":
             torch.cuda.synchronize(trainer.accelerator.device)
         self._mark = time.perf_counter()

@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml constraints-ci.txt
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy  # fseb_ft/, as [tool.mypy] in pyproject.toml says
 
 # One worker per core (at most 4), each test module on one worker so its fixtures are built
 # once, and one thread per worker so the workers do not oversubscribe the cores.

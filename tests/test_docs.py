@@ -26,7 +26,7 @@ ROOT = Path(__file__).parents[1]
 DOCS = ROOT / "docs"
 REFERENCE = DOCS / "recipes.md"
 OWN_LOOP = DOCS / "examples" / "own_loop.py"
-MARKDOWN = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+MARKDOWN = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted(DOCS.glob("*.md"))]
 SECTIONS = [f.name for f in dataclasses.fields(Recipe)]
 REGENERATE = "python -m fseb_ft.config --reference > docs/recipes.md"
 

@@ -203,3 +203,69 @@ def test_every_file_is_written_through_a_temporary_name() -> None:
         if writer.search(line) and "tmp" not in line and "lambda f:" not in line
     ]
     assert direct == [], "write through fseb_ft.runs.atomic (or a temporary path that is renamed)"
+
+
+def _imported_across_folders() -> dict[str, set[str]]:
+    """Per folder, the names that modules outside it (other folders, commands) import from its
+    modules: ``from fseb_ft.data.images import LabeledImages`` in ``runs/`` is ``data``'s
+    ``LabeledImages``. Submodules, a name that is also a submodule's (the package attribute is
+    the module once imported: ``method.posterior``'s ``posterior``), and a command's ``main``
+    are not names to export."""
+    modules = _modules()
+    found: dict[str, set[str]] = {layer: set() for layer in LAYERS}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.module and node.level == 0):
+                continue
+            parts = node.module.split(".")
+            if parts[0] != "fseb_ft" or len(parts) < 3 or parts[1] not in LAYERS:
+                continue  # the folder package itself, or not a folder's module
+            if name.split(".")[0] == parts[1]:
+                continue  # within the folder
+            base = ".".join(parts[1:])
+            found[parts[1]] |= {
+                a.name
+                for a in node.names
+                if not {f"{base}.{a.name}", f"{parts[1]}.{a.name}"} & set(modules)
+                and a.name != "main"
+            }
+    return found
+
+
+def test_each_folder_exports_what_the_others_import_from_it() -> None:
+    import importlib
+
+    across = _imported_across_folders()
+    for layer in LAYERS:
+        package = importlib.import_module(f"fseb_ft.{layer}")
+        missing = sorted(across[layer] - set(package.__all__))
+        assert missing == [], f"fseb_ft/{layer}/__init__.py: add {missing} to __all__"
+        for name in package.__all__:  # each resolves, lazily or not, to its home's object
+            assert getattr(package, name) is not None, f"fseb_ft.{layer}.{name}"
+
+
+def test_a_lazy_folder_types_the_names_it_exports() -> None:
+    """A folder that imports its names on first use (``_LAZY``) imports the same names under
+    ``TYPE_CHECKING``, from the same modules, for type checkers."""
+    for layer in LAYERS:
+        tree = ast.parse((PACKAGE / layer / "__init__.py").read_text())
+        lazy = next(
+            (
+                ast.literal_eval(node.value)
+                for node in tree.body
+                if isinstance(node, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == "_LAZY" for t in node.targets)
+            ),
+            None,
+        )
+        if lazy is None:
+            continue  # imports its names eagerly (recipe)
+        typed = {
+            alias.name: f"{node.module}"
+            for block in tree.body
+            if isinstance(block, ast.If) and ast.unparse(block.test) == "TYPE_CHECKING"
+            for node in block.body
+            if isinstance(node, ast.ImportFrom)
+            for alias in node.names
+        }
+        assert typed == lazy, f"fseb_ft/{layer}/__init__.py: TYPE_CHECKING imports ≠ _LAZY"

@@ -6,15 +6,19 @@
 :mod:`~fseb_ft.recipe.reporting` (eval, output) and :mod:`~fseb_ft.recipe.sweep`, loading and the
 reference in :mod:`~fseb_ft.recipe.load`, the option lists in :mod:`~fseb_ft.recipe.options` and
 the YAML-to-dataclass machinery in :mod:`~fseb_ft.recipe.schema`. Nothing here imports another
-fseb_ft folder.
+fseb_ft folder. ``__all__`` holds every name the other folders and the commands import from this
+one (a test checks).
 """
 
 from fseb_ft.recipe.datasets import (
+    IN_MEMORY,
     ContextConfig,
     DataConfig,
     DatasetSpec,
     ImageCacheConfig,
     MixupConfig,
+    check_cache_size,
+    is_data_path_override,
 )
 from fseb_ft.recipe.load import (
     apply_overrides,
@@ -24,8 +28,19 @@ from fseb_ft.recipe.load import (
     recipe_from_dict,
     reference_markdown,
 )
-from fseb_ft.recipe.reporting import EvalConfig, OutputConfig
-from fseb_ft.recipe.schema import ConfigError, parent_section, plain_tree
+from fseb_ft.recipe.options import (
+    ALL_CORRUPTIONS,
+    BENCHMARK_CORRUPTIONS,
+    BINARY_TASK_METRICS,
+    CONFORMAL_METHODS,
+    CONTEXT_KINDS,
+    FEATURE_OOD_SCORES,
+    OOD_SCORES,
+    OUTPUT_OOD_SCORES,
+    SOLVERS,
+)
+from fseb_ft.recipe.reporting import EvalConfig, OutputConfig, resolve_corruptions
+from fseb_ft.recipe.schema import ConfigError, build, parent_section, plain_tree, set_key
 from fseb_ft.recipe.sections import (
     VAL_OOD_METRIC_SUFFIX,
     FSEBConfig,
@@ -38,6 +53,16 @@ from fseb_ft.recipe.sweep import SweepConfig, SweepParam, override_path
 from fseb_ft.recipe.training import OptimConfig, TrainConfig
 
 __all__ = [
+    "ALL_CORRUPTIONS",
+    "BENCHMARK_CORRUPTIONS",
+    "BINARY_TASK_METRICS",
+    "CONFORMAL_METHODS",
+    "CONTEXT_KINDS",
+    "FEATURE_OOD_SCORES",
+    "IN_MEMORY",
+    "OOD_SCORES",
+    "OUTPUT_OOD_SCORES",
+    "SOLVERS",
     "VAL_OOD_METRIC_SUFFIX",
     "ConfigError",
     "ContextConfig",
@@ -55,7 +80,10 @@ __all__ = [
     "SweepParam",
     "TrainConfig",
     "apply_overrides",
+    "build",
+    "check_cache_size",
     "dump_recipe",
+    "is_data_path_override",
     "load_recipe",
     "override_path",
     "parent_section",
@@ -63,6 +91,8 @@ __all__ = [
     "read_recipe_file",
     "recipe_from_dict",
     "reference_markdown",
+    "resolve_corruptions",
+    "set_key",
     "val_ood_metric",
     "validation_metrics",
 ]

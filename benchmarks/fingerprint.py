@@ -6,7 +6,8 @@ Run ``python -m benchmarks.fingerprint``: it computes the parts
 values, then one line per part with
 its hash and whether it matches the committed ``benchmarks/fingerprint.json``, and exits with
 status 1 when a part changed. ``--write`` writes the file (a commit that changes a part says so
-in its message and commits the file regenerated). ``tests/test_fingerprint.py`` recomputes it.
+in its message and commits the file regenerated). ``tests/benchmarks/test_fingerprint.py``
+recomputes it.
 
 Parts and how they compare (docs/results.md, "Behaviour fingerprint"):
 

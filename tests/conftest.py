@@ -7,6 +7,7 @@ starts. The fixtures import what they use."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -34,11 +35,27 @@ def _no_figures_in_module(request: pytest.FixtureRequest) -> Iterator[None]:
 @pytest.fixture(autouse=True)
 def _no_figures(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Runs in a test (or module) marked ``no_figures`` draw no figures: half a tiny run's time,
-    spent on what tests/test_plots.py and the tests of a run's figures check."""
+    spent on what tests/runs/test_plots.py and the tests of a run's figures check."""
     if request.node.get_closest_marker("no_figures"):
         from tests.helpers import skip_figures
 
         skip_figures(monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The image folders of the tiny runs (:func:`tests.helpers.tiny_recipe`): three classes of
+    12 training images, a test split of 5, 4 and 4 (``N_TEST``), an OOD set of ``N_OOD`` owls;
+    the same pixels in every module (seeded by folder and split names). A module whose runs need
+    other images defines its own ``folders``, which takes precedence."""
+    from tests.helpers import N_OOD, image_folders
+
+    return image_folders(
+        tmp_path_factory.mktemp("data"),
+        {"cat": 12, "dog": 12, "fox": 12},
+        {"cat": 5, "dog": 4, "fox": 4},
+        owls=N_OOD,
+    )
 
 
 @pytest.fixture

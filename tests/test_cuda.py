@@ -4,7 +4,7 @@ float32 one, a training step with no host synchronisation, the sync-free Cholesk
 a whole bf16 run on the GPU whose exported model predicts alike on the CPU.
 
 ``bash benchmarks/gpu/run.sh`` runs these on a GPU machine; the two-process test
-(tests/test_pipeline.py) is not among them (one GPU)."""
+(tests/engine/test_pipeline.py) is not among them (one GPU)."""
 
 from __future__ import annotations
 

@@ -37,9 +37,9 @@ argument does not cover, and the guarantee is approximate. A fixed grid with a p
 gap between adjacent confidences would run the same tests in the same order (a grid point in
 a gap accepts the same validation images as the confidence above it) and choose a threshold
 no higher than ``λ̂`` (the lowest grid point of the gap below it), so where the risk falls as
-the threshold rises, ``λ̂`` is never riskier than that grid's choice. tests/test_certified.py
-checks the realised rate of choosing a ``λ̂`` with ``R(λ̂) > r`` over simulated validation
-draws, for a flat risk and a falling one.
+the threshold rises, ``λ̂`` is never riskier than that grid's choice.
+tests/evaluation/test_certified.py checks the realised rate of choosing a ``λ̂`` with
+``R(λ̂) > r`` over simulated validation draws, for a flat risk and a falling one.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ resamples (:func:`draw_counts`). Every metric here is a function of those counts
 on the images' order, and each is computed for all B resamples at once from per-image
 quantities, sums per tie group of a score (the curves' thresholds) and confusion matrices. Each
 equals the registered metric on the resampled images, the task metrics' scikit-learn functions
-included (tests/test_bootstrap.py checks); a metric with no batched form here (one a contributor
-registers) is computed by its registered function on each resample.
+included (tests/evaluation/test_bootstrap.py checks); a metric with no batched form here (one a
+contributor registers) is computed by its registered function on each resample.
 """
 
 from __future__ import annotations

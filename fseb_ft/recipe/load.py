@@ -90,7 +90,7 @@ _REFERENCE_INTRO = """\
 
 <!-- Generated from the dataclasses in fseb_ft/recipe/sections.py by
      `python -m fseb_ft.config --reference > docs/recipes.md`: edit the docstrings there, not
-     this file. tests/test_docs.py fails when the two disagree. -->
+     this file. tests/docs/test_docs.py fails when the two disagree. -->
 
 A recipe is a YAML file with the sections below; only `data.train` is required, every other key
 has a default. Any key can be overridden on the command line as `section.key=value`, the value

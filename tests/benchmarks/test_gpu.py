@@ -1,0 +1,54 @@
+"""The GPU script's dry run (``bash benchmarks/gpu/run.sh --dry-run``): every benchmark part runs
+small on the CPU and leaves its figures, so the script cannot rot while no GPU machine is lent.
+Its ``tests`` part (``pytest -m cuda``) is left out here: a suite inside the suite."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.gpu.__main__ import commands, parse
+from benchmarks.gpu.throughput import METHODS
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.no_figures
+
+
+def test_the_dry_run_leaves_every_figure(tmp_path: Path) -> None:
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = os.environ | {"PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    cmd = ["bash", "benchmarks/gpu/run.sh", "--dry-run", "--out", str(out), "--work", str(work),
+           "--parts", "eager", "finetune", "compile"]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = json.loads((out / "gpu.json").read_text())
+    assert json.loads(done.stdout.splitlines()[-1]) == results
+    for part in ("eager", "finetune", "compile"):
+        assert results[part]["status"] == "ok", (out / f"{part}.log").read_text()
+    for variant, models in (("eager", ("test_resnet", "test_vit")), ("compile", ("test_resnet",))):
+        rows = results[variant]["figures"]["rows"]
+        assert [(r["model"], r["method"]) for r in rows] == [
+            (model, method) for model in models for method in METHODS
+        ]
+        assert all(r["variant"] == variant and r["ms"] > 0 for r in rows)
+        ratios = results[variant]["figures"]["ratios"]
+        assert ratios["test_resnet/" + variant + "/FS-EB M=B floor"] == 2.0
+    for method in ("PS-MAP", "FS-EB"):
+        figures = results["finetune"]["figures"][method]
+        assert figures["steps"] == 3 and figures["bound_by"] in ("input pipeline", "accelerator")
+        assert 0 <= figures["wait_fraction"] <= 1
+    summary = (out / "summary.md").read_text()
+    assert "| test_vit | eager | FS-EB M=B | 8 |" in summary
+    assert "- compile: ok" in summary and "- tests:" not in summary  # not asked for
+
+
+def test_the_gpu_run_selects_the_cuda_tests_and_carried_inputs() -> None:
+    cmds = commands(parse([]))
+    assert cmds["tests"][-5:] == ["-m", "cuda", "-p", "no:cacheprovider", "tests"]
+    assert any(a.startswith("local-dir:") and a.endswith(".gpu-carry/efficientnet_lite0.in1k")
+               for a in cmds["finetune"])  # fmt: skip

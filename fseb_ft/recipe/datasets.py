@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from fseb_ft.recipe.options import (
-    AUGMENTATIONS,
-    BAD_IMAGES,
-    CACHE_RESIZE,
-    CONTEXT_KINDS,
-    MIXUP_MODES,
-    SOURCES,
+    Augmentation,
+    BadImages,
+    CacheResize,
+    ContextKind,
+    MixupMode,
+    Source,
 )
 from fseb_ft.recipe.schema import ConfigError, check
 
@@ -61,7 +61,7 @@ def is_data_path_override(override: str) -> bool:
 class DatasetSpec:
     """Where one split of labelled images comes from."""
 
-    source: Literal[SOURCES]
+    source: Source
     """``hub``: an HF Hub dataset id; ``imagefolder``: ``path/<split>/<class>/*.jpg``;
     ``disk``: a ``save_to_disk`` folder; ``arrays``: an ``.npz`` with ``images``/``labels``;
     ``idx``: MNIST-style ``{split}-images-idx3-ubyte.gz`` files in ``path``;
@@ -174,7 +174,7 @@ class ImageCacheConfig:
     """Folder of the cache; ``null``: ``$XDG_CACHE_HOME/fseb_ft/images``, else
     ``~/.cache/fseb_ft/images``. Entries are keyed by each dataset's fingerprint, ``size`` and
     ``resize``: changed images get a new entry, unchanged ones reuse theirs."""
-    resize: Literal[CACHE_RESIZE] = "bilinear"
+    resize: CacheResize = "bilinear"
     """PIL's resampling filter for the shrink (antialiased): ``bilinear`` (the one evaluation
     resizes with), ``bicubic``, ``lanczos``, ``box`` (area average) or ``hamming``."""
 
@@ -219,7 +219,7 @@ class MixupConfig:
     """Probability that a batch (an image, a pair: ``mode``) is mixed at all."""
     switch_prob: float = 0.5
     """With both alphas above 0: the probability of CutMix instead of mixup."""
-    mode: Literal[MIXUP_MODES] = "batch"
+    mode: MixupMode = "batch"
     """One λ per ``batch``, per ``pair`` of images, or per image (``elem``)."""
 
     def __post_init__(self) -> None:
@@ -274,7 +274,7 @@ class DataConfig:
     and taken first, so the validation hold-out (or a ``val`` split given later) leaves it
     unchanged. Must be ``null`` when ``test`` is given, and ``val_fraction + test_fraction``
     below 1. ``null``: no test hold-out."""
-    augment: Literal[AUGMENTATIONS] = "crop_flip"
+    augment: Augmentation = "crop_flip"
     """Training augmentation: ``none`` (resize), ``flip``, ``crop_flip`` (pad, crop, flip: the
     CIFAR recipe) and ``randaug-lite`` (random resized crop, flip) with albumentations; ``timm``:
     timm's training transform, ``timm.data.create_transform(is_training=True,
@@ -291,7 +291,7 @@ class DataConfig:
     """Training batch size B per process."""
     num_workers: int = 2
     """DataLoader worker processes."""
-    bad_images: Literal[BAD_IMAGES] = "stop"
+    bad_images: BadImages = "stop"
     """Before training, every image still held encoded (image folders, ``datasets`` image
     columns) of every split and context dataset is read; ``stop`` ends the run there with one
     message naming the unreadable files, ``skip`` leaves them out and records them in
@@ -407,7 +407,7 @@ class ContextConfig:
     # "corruption" now means only the covariate-shift suite (eval.corruptions).
     RENAMED_KEYS = types.MappingProxyType({"corrupt": "perturb"})
 
-    kind: Literal[CONTEXT_KINDS] = "train"
+    kind: ContextKind = "train"
     """``train``: the training inputs; ``dataset``: ``datasets``; ``mixture``: both, by weight."""
     datasets: tuple[DatasetSpec, ...] = ()
     """Other datasets (labels ignored) for ``dataset`` and ``mixture``."""

@@ -1,72 +1,93 @@
 """Option lists, written once: recipes validate against them, the recipe reference lists them.
 
-Plain constants, importing nothing, so every layer can read them. A recipe field's ``Literal``
-type is built from the tuple here (``Literal[AUGMENTATIONS]``), so the recipe reference and the
-validation message cannot disagree. Where code finds an option by name in a registry (sources,
-augmentations, OOD scores, metrics, corruptions), a test holds the registry equal to its list
-here, so a name cannot be valid in a recipe and unknown to the code.
+Plain constants, importing nothing but :mod:`typing`, so every layer can read them. A recipe
+field's type is the ``Literal`` here (``Augmentation``) whose values are the tuple beside it
+(``AUGMENTATIONS``), so the recipe reference, the validation message and the type checker cannot
+disagree. Where code finds an option by name in a registry (sources, augmentations, OOD scores,
+metrics, corruptions), a test holds the registry equal to its list here, so a name cannot be
+valid in a recipe and unknown to the code.
 """
 
-AUGMENTATIONS = ("none", "flip", "crop_flip", "randaug-lite", "timm")
+from typing import Literal, get_args
+
+Augmentation = Literal["none", "flip", "crop_flip", "randaug-lite", "timm"]
+AUGMENTATIONS: tuple[str, ...] = get_args(Augmentation)
 """Training augmentations (``data.augment``)."""
 
-MIXUP_MODES = ("batch", "pair", "elem")
+MixupMode = Literal["batch", "pair", "elem"]
+MIXUP_MODES: tuple[str, ...] = get_args(MixupMode)
 """How mixup / CutMix draws its mixing (``data.mixup.mode``): one λ per batch, per pair of
 images, or per image (``timm.data.Mixup``'s ``mode``)."""
 
-CONTEXT_KINDS = ("train", "dataset", "mixture")
+ContextKind = Literal["train", "dataset", "mixture"]
+CONTEXT_KINDS: tuple[str, ...] = get_args(ContextKind)
 """Where context points come from (``context.kind``)."""
 
-METHODS = ("fseb", "fsvi")
+Method = Literal["fseb", "fsvi"]
+METHODS: tuple[str, ...] = get_args(Method)
 """The objective (``fseb.method``): FS-EB (PS-MAP at ``reg_scale = 0``) or FS-VI."""
 
-VARIANCE_SCOPES = ("head", "all")
+VarianceScope = Literal["head", "all"]
+VARIANCE_SCOPES: tuple[str, ...] = get_args(VarianceScope)
 """Which parameters carry FS-VI's variance (``fseb.fsvi_variance``): the linear classifier, or
 every trainable parameter."""
 
-SOLVERS = ("auto", "cholesky", "woodbury")
+Solver = Literal["auto", "cholesky", "woodbury"]
+SOLVERS: tuple[str, ...] = get_args(Solver)
 """How ``Kc⁻¹`` is applied (``fseb.solver``); ``auto`` picks the cheaper exact one."""
 
-FORWARD_MODES = ("joint", "separate")
+ForwardMode = Literal["joint", "separate"]
+FORWARD_MODES: tuple[str, ...] = get_args(ForwardMode)
 """One forward pass over ``[x; x̂]`` or two (``fseb.forward_mode``)."""
 
-REG_POINTS = ("context", "joint")
+RegPoints = Literal["context", "joint"]
+REG_POINTS: tuple[str, ...] = get_args(RegPoints)
 """Where the function-space term is evaluated (``fseb.reg_points``)."""
 
-PARAM_ANCHORS = ("zero", "init")
+ParamAnchor = Literal["zero", "init"]
+PARAM_ANCHORS: tuple[str, ...] = get_args(ParamAnchor)
 """Centre of the parameter prior (``fseb.param_anchor``)."""
 
-HEAD_INITS = ("auto", "timm", "zeros")
+HeadInit = Literal["auto", "timm", "zeros"]
+HEAD_INITS: tuple[str, ...] = get_args(HeadInit)
 """Initialisation of the new classifier (``model.head_init``)."""
 
-CLASS_WEIGHTS = ("none", "balanced")
+ClassWeights = Literal["none", "balanced"]
+CLASS_WEIGHTS: tuple[str, ...] = get_args(ClassWeights)
 """The named per-class likelihood weights (``train.class_weights``; a list of weights too)."""
 
-SAMPLERS = ("shuffle", "balanced")
+Sampler = Literal["shuffle", "balanced"]
+SAMPLERS: tuple[str, ...] = get_args(Sampler)
 """How an epoch draws the training images (``train.sampler``)."""
 
-BAD_IMAGES = ("stop", "skip")
+BadImages = Literal["stop", "skip"]
+BAD_IMAGES: tuple[str, ...] = get_args(BadImages)
 """What a run does with images found unreadable before training (``data.bad_images``)."""
 
-CACHE_RESIZE = ("bilinear", "bicubic", "lanczos", "box", "hamming")
+CacheResize = Literal["bilinear", "bicubic", "lanczos", "box", "hamming"]
+CACHE_RESIZE: tuple[str, ...] = get_args(CacheResize)
 """PIL resampling filters (antialiased when shrinking) of the resized-image cache
 (``data.cache.resize``)."""
 
-SOURCES = ("hub", "imagefolder", "disk", "arrays", "idx", "sklearn_digits", "csv")
+Source = Literal["hub", "imagefolder", "disk", "arrays", "idx", "sklearn_digits", "csv"]
+SOURCES: tuple[str, ...] = get_args(Source)
 """Dataset sources (``DatasetSpec.source``)."""
 
-FEATURE_OOD_SCORES = ("mahalanobis", "relative_mahalanobis", "knn", "vim")
+FeatureOodScore = Literal["mahalanobis", "relative_mahalanobis", "knn", "vim"]
+FEATURE_OOD_SCORES: tuple[str, ...] = get_args(FeatureOodScore)
 """The OOD scores of the penultimate features (``fseb_ft.evaluation.feature_ood``), fitted on the
 training split: not for an ensemble; ``fseb-ft predict`` computes them with the fit a run keeps."""
-OUTPUT_OOD_SCORES = ("entropy", "msp", "max_logit", "energy")
+OutputOodScore = Literal["entropy", "msp", "max_logit", "energy"]
+OUTPUT_OOD_SCORES: tuple[str, ...] = get_args(OutputOodScore)
 """The OOD scores of the network's outputs (probabilities or logits), those an ensemble can report
 and ``fseb-ft predict`` reports by default."""
-OOD_SCORES = (*OUTPUT_OOD_SCORES, *FEATURE_OOD_SCORES)
+OodScore = Literal[OutputOodScore, FeatureOodScore]
+OOD_SCORES: tuple[str, ...] = get_args(OodScore)
 """OOD detection scores (``eval.ood_scores``), each larger = more likely OOD: predictive entropy,
 negative maximum softmax probability, negative maximum logit, energy ``-logsumexp(logits)``, and
 the feature scores of :data:`FEATURE_OOD_SCORES`."""
 
-TASK_METRICS = (
+TaskMetric = Literal[
     "qwk",
     "balanced_accuracy",
     "macro_f1",
@@ -75,7 +96,8 @@ TASK_METRICS = (
     "sensitivity_at_90_specificity",
     "sensitivity_at_95_specificity",
     "per_class_recall",
-)
+]
+TASK_METRICS: tuple[str, ...] = get_args(TaskMetric)
 """The task metrics a recipe may report (``eval.metrics``), computed with scikit-learn
 (``fseb_ft.evaluation.task_metrics``, registered with ``task=True``), in registration order."""
 BINARY_TASK_METRICS = ("sensitivity_at_90_specificity", "sensitivity_at_95_specificity")
@@ -93,7 +115,8 @@ SELECT_METRICS = (
 (``sweep.metric``); the metric registry (``fseb_ft.evaluation.metric_registry``) knows which
 are higher-is-better."""
 
-PRUNERS = ("hyperband", "successive_halving", "none")
+Pruner = Literal["hyperband", "successive_halving", "none"]
+PRUNERS: tuple[str, ...] = get_args(Pruner)
 """How a sweep stops unpromising trials early on their per-epoch validation metric
 (``sweep.pruner``)."""
 
@@ -124,13 +147,16 @@ BENCHMARK_CORRUPTIONS = CORRUPTIONS[:14]
 ALL_CORRUPTIONS = "all"
 """The name that ``eval.corruptions`` expands to :data:`BENCHMARK_CORRUPTIONS`."""
 
-LAPLACE_HESSIANS = ("kron", "full", "diag")
+LaplaceHessian = Literal["kron", "full", "diag"]
+LAPLACE_HESSIANS: tuple[str, ...] = get_args(LaplaceHessian)
 """The last-layer Laplace's GGN structure (``eval.laplace_hessian``): Kronecker-factored, full,
 or diagonal (laplace-torch's ``hessian_structure``)."""
-LAPLACE_PRIORS = ("marglik", "validation")
+LaplacePrior = Literal["marglik", "validation"]
+LAPLACE_PRIORS: tuple[str, ...] = get_args(LaplacePrior)
 """How the last-layer Laplace's prior precision is chosen (``eval.laplace_prior``): by the
 marginal likelihood of the training split, or by a grid search on the validation split's NLL."""
 
-CONFORMAL_METHODS = ("lac", "aps", "raps")
+ConformalMethod = Literal["lac", "aps", "raps"]
+CONFORMAL_METHODS: tuple[str, ...] = get_args(ConformalMethod)
 """The non-conformity scores of conformal prediction sets (``eval.conformal_method``,
 ``fseb-ft predict --conformal-method``; ``fseb_ft.evaluation.conformal``)."""

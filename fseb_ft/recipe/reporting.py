@@ -10,18 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
 
 from fseb_ft.recipe.datasets import IN_MEMORY, DataConfig
 from fseb_ft.recipe.options import (
     ALL_CORRUPTIONS,
     BENCHMARK_CORRUPTIONS,
-    CONFORMAL_METHODS,
     CORRUPTIONS,
-    LAPLACE_HESSIANS,
-    LAPLACE_PRIORS,
-    OOD_SCORES,
-    TASK_METRICS,
+    ConformalMethod,
+    LaplaceHessian,
+    LaplacePrior,
+    OodScore,
+    TaskMetric,
 )
 from fseb_ft.recipe.schema import ConfigError, check
 
@@ -56,7 +55,7 @@ class EvalConfig:
     """Folder caching the corrupted test images (uint8 ``.npy`` with an ``.npz`` index), so a
     re-evaluation does not recompute them; ``null``: ``$XDG_CACHE_HOME/fseb_ft/corruptions``, else
     ``~/.cache/fseb_ft/corruptions``."""
-    ood_scores: tuple[Literal[OOD_SCORES], ...] = ("entropy",)
+    ood_scores: tuple[OodScore, ...] = ("entropy",)
     """OOD detection scores reported for each OOD set (AUROC, AUPR, FPR95 each; larger score =
     more likely OOD): ``entropy`` (predictive entropy, the paper's), ``msp`` (negative maximum
     softmax probability), ``max_logit`` (negative maximum logit), ``energy`` (negative
@@ -69,7 +68,7 @@ class EvalConfig:
     ensemble (averaged probabilities, no logits), nor the feature scores, and are left out of
     its results. With a feature score the run keeps their fit with its model, for
     ``fseb-ft predict --ood-score``."""
-    metrics: tuple[Literal[TASK_METRICS], ...] = ()
+    metrics: tuple[TaskMetric, ...] = ()
     """Task metrics reported beside the standard ones, computed with scikit-learn on the
     reported split and on validation every epoch (docs/method.md, "Task metrics"): ``qwk``
     (quadratic weighted Cohen's kappa, the class indices as grades), ``balanced_accuracy``,
@@ -116,13 +115,13 @@ class EvalConfig:
     ``fseb-ft predict`` uses the network's own (or temperature-scaled) probabilities. Needs
     ``pip install 'fseb_ft[laplace]'``, a linear classifier (timm's ``get_classifier()``) and
     a MAP run (FS-EB or PS-MAP, not ``fseb.method=fsvi``); an ensemble reports none."""
-    laplace_hessian: Literal[LAPLACE_HESSIANS] = "kron"
+    laplace_hessian: LaplaceHessian = "kron"
     """The structure of LLLA's Gauss-Newton matrix over the classifier's ``P = (D + 1)·K``
     weights (``D`` features, ``K`` classes): ``kron`` (Kronecker factors of ``D + 1`` and ``K``
     rows: any head), ``full`` (the exact ``P × P`` matrix: small heads only, ``P ≤ 25000``,
     5 GB in float64 at that size; a larger head stops with an error), ``diag`` (its
     diagonal)."""
-    laplace_prior: Literal[LAPLACE_PRIORS] = "marglik"
+    laplace_prior: LaplacePrior = "marglik"
     """How LLLA's prior precision ``λ`` (its prior ``N(0, λ⁻¹ I)`` over the classifier's
     weights; not the run's ``fseb`` prior) is chosen: ``marglik`` (maximise the training
     split's Laplace marginal likelihood; no validation image used), ``validation`` (the value
@@ -136,7 +135,7 @@ class EvalConfig:
     "+ LLLA" block's on its own), and the columns "Cov. (%)" and "Set size" of the tables
     (docs/method.md, "Conformal coverage"). The sets are those of ``fseb-ft predict
     --conformal`` at the same coverage. ``null``: none."""
-    conformal_method: Literal[CONFORMAL_METHODS] = "lac"
+    conformal_method: ConformalMethod = "lac"
     """The conformal sets' non-conformity score: ``lac`` (``1 − p_y``, the smallest sets),
     ``aps`` or ``raps`` (the mass of the classes ranked before ``y``; RAPS penalises long
     tails), deterministic (not randomised)."""

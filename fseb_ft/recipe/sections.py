@@ -16,14 +16,14 @@ from typing import Literal
 from fseb_ft.recipe.datasets import ContextConfig, DataConfig, check_cache_size
 from fseb_ft.recipe.options import (
     BINARY_TASK_METRICS,
-    FORWARD_MODES,
-    HEAD_INITS,
-    METHODS,
-    PARAM_ANCHORS,
-    REG_POINTS,
     SELECT_METRICS,
-    SOLVERS,
-    VARIANCE_SCOPES,
+    ForwardMode,
+    HeadInit,
+    Method,
+    ParamAnchor,
+    RegPoints,
+    Solver,
+    VarianceScope,
 )
 from fseb_ft.recipe.reporting import EvalConfig, OutputConfig, check_group_by
 from fseb_ft.recipe.schema import check
@@ -56,7 +56,7 @@ class ModelConfig:
     """Dropout before the classifier (timm ``drop_rate``)."""
     drop_path_rate: float = 0.0
     """Stochastic depth rate (timm ``drop_path_rate``)."""
-    head_init: Literal[HEAD_INITS] = "auto"
+    head_init: HeadInit = "auto"
     """The new classifier's initialisation: ``zeros``, all-zero weights and bias, so training
     starts from uniform predictions at FS-EB's prior mean (the usual choice for fine-tuning);
     ``timm``, the architecture's own (EfficientNets draw U(±1/√K): large logits for small K,
@@ -127,13 +127,13 @@ class FSEBConfig:
     φ0's features (the rest is d), in [0, 1]. 0.5: the pretrained reference prior (s = 1e-5,
     d = 1e-2) gives 0.46–0.50 on EfficientNet-Lite0 at 64 px (m ≈ 850–1,000); the from-scratch
     reference (s = 0.01, d = 1) gives ≈ 0.03 on its CNN (docs/method.md)."""
-    forward_mode: Literal[FORWARD_MODES] = "joint"
+    forward_mode: ForwardMode = "joint"
     """One forward over [x; x̂] (BatchNorm sees both) or two separate ones."""
-    reg_points: Literal[REG_POINTS] = "context"
+    reg_points: RegPoints = "context"
     """Where R_f is evaluated: the context batch x̂ (M points, the paper) or the training batch
     and the context batch together, [x; x̂] (B + M points; Kc from φ0's features of both), as the
     authors' FashionMNIST and ResNet-18 configs do (``--reg_points joint``)."""
-    param_anchor: Literal[PARAM_ANCHORS] = "zero"
+    param_anchor: ParamAnchor = "zero"
     """Centre of the parameter prior: zero (the paper) or the starting weights (L2-SP)."""
     param_noise_std: float = 0.0
     """σ of the EB-VI form θ + σε; 0 is EB-MAP (the paper's σ² = 1e-20 is numerically MAP)."""
@@ -141,17 +141,17 @@ class FSEBConfig:
     """Monte-Carlo samples S for the likelihood when param_noise_std > 0."""
     reg_samples: int = 1
     """Monte-Carlo samples J for R_f when param_noise_std > 0."""
-    solver: Literal[SOLVERS] = "auto"
+    solver: Solver = "auto"
     """How Kc⁻¹ is applied; ``auto`` picks the cheaper exact one by size (FS-VI: always
     Cholesky, its KL needs log|Kc|)."""
-    method: Literal[METHODS] = "fseb"
+    method: Method = "fseb"
     """``fseb``: FS-EB, the MAP estimate under the function-space and parameter priors (PS-MAP
     at ``reg_scale = 0``); ``fsvi``: FS-VI (Rudner et al., NeurIPS 2022), a mean-field Gaussian
     q(θ) trained on the Monte-Carlo likelihood (``likelihood_samples`` draws per step) minus
     ``reg_scale`` × the KL from q's linearised logits at the context points to the same prior
     N(0, Kc); no parameter prior (``prior_var`` unused); predictions average
     ``fsvi_predict_samples`` draws. The ``fsvi_*`` keys apply to it only."""
-    fsvi_variance: Literal[VARIANCE_SCOPES] = "head"
+    fsvi_variance: VarianceScope = "head"
     """FS-VI: the parameters with a variance σ² (the others are point estimates): ``head``, the
     linear classifier (covariance in closed form from the features, about FS-EB's cost); ``all``,
     every trainable parameter (exact per-point Jacobians: O(M² · P · K) per step, for small

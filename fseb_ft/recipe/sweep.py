@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args, get_type_hints
+from typing import Any, get_args, get_type_hints
 
-from fseb_ft.recipe.options import PRUNERS
+from fseb_ft.recipe.options import Pruner
 from fseb_ft.recipe.schema import ConfigError, check
 
 
@@ -56,7 +56,7 @@ class SweepConfig:
     recipe giving ``prior_std``) or ``fseb.reg_scale`` and ``fseb.prior_cov_diag``, and
     ``context.kind`` when the context section supports several (docs/cli.md). One key on the
     command line: ``sweep.space.fseb.reg_scale='{low: 0.01, high: 10, log: true}'``."""
-    pruner: Literal[PRUNERS] = "hyperband"
+    pruner: Pruner = "hyperband"
     """Stop trials early whose per-epoch validation metric falls behind (``none``: never)."""
     seed: int = 0
     """Seed of the TPE sampler that proposes the trials: trial number k draws with ``seed + k``,

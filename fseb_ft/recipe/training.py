@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from fseb_ft.recipe.options import CLASS_WEIGHTS, SAMPLERS
+from fseb_ft.recipe.options import ClassWeights, Sampler
 from fseb_ft.recipe.schema import check
 
 __all__ = ["OptimConfig", "TrainConfig"]
@@ -103,14 +103,14 @@ class TrainConfig:
     """Accelerate trackers for per-epoch metrics (none by default; the history is in
     ``run.json`` either way), e.g. ``[tensorboard]`` after ``pip install tensorboard``; one whose
     package is not installed is skipped with a log message."""
-    class_weights: Literal[CLASS_WEIGHTS] | tuple[float, ...] = "none"
+    class_weights: ClassWeights | tuple[float, ...] = "none"
     """Weight each training image's log-likelihood by a weight of its class (docs/method.md,
     "Class imbalance"): ``none``; ``balanced``, scikit-learn's ``compute_class_weight("balanced")``
     on the training labels (``N / (K · N_k)``); or a list ``[w_0, …]``, one positive weight per
     class in label order. The weights are scaled so that their mean over the training images is
     1, so the prior terms keep their weight against the likelihood; the weights used are in
     ``run.json``. Validation and test metrics stay unweighted (the natural class balance)."""
-    sampler: Literal[SAMPLERS] = "shuffle"
+    sampler: Sampler = "shuffle"
     """How an epoch draws the training images: ``shuffle`` (each once, in a seeded random
     order) or ``balanced`` (as many draws, with replacement, each class equally likely; seeded
     per epoch, so a resumed run draws as an uninterrupted one). ``balanced`` rebalances the

@@ -53,7 +53,9 @@ def _speckle_noise(x: np.ndarray, level: int, rng: np.random.Generator, s: float
     return x + x * c * rng.standard_normal(x.shape)
 
 
-def _gaussian(x: np.ndarray, sigma: float, mode: str = "nearest", truncate: float = 4.0):
+def _gaussian(
+    x: np.ndarray, sigma: float, mode: str = "nearest", truncate: float = 4.0
+) -> np.ndarray:
     """skimage.filters.gaussian over the two spatial axes (its defaults: nearest, truncate 4)."""
     sigmas = (sigma, sigma) + (0.0,) * (x.ndim - 2)
     return ndimage.gaussian_filter(x, sigmas, mode=mode, truncate=truncate)
@@ -243,11 +245,15 @@ def _pixelate(x: np.ndarray, level: int, rng: np.random.Generator, s: float) -> 
     c = (0.95, 0.9, 0.85, 0.75, 0.65)[level]
     height, width = x.shape[:2]
     small = (max(1, int(width * c)), max(1, int(height * c)))
-    image = _to_pil(x).resize(small, PIL.Image.BOX).resize((width, height), PIL.Image.BOX)
+    image = (
+        _to_pil(x)
+        .resize(small, PIL.Image.Resampling.BOX)
+        .resize((width, height), PIL.Image.Resampling.BOX)
+    )
     return _from_pil(image, x.shape)
 
 
-def _jpeg_compression(x: np.ndarray, level: int, rng: np.random.Generator, s: float):
+def _jpeg_compression(x: np.ndarray, level: int, rng: np.random.Generator, s: float) -> np.ndarray:
     quality = (80, 65, 58, 50, 40)[level]
     buffer = io.BytesIO()
     _to_pil(x).save(buffer, "JPEG", quality=quality)
@@ -255,7 +261,7 @@ def _jpeg_compression(x: np.ndarray, level: int, rng: np.random.Generator, s: fl
         return _from_pil(image, x.shape)
 
 
-def _elastic_transform(x: np.ndarray, level: int, rng: np.random.Generator, s: float):
+def _elastic_transform(x: np.ndarray, level: int, rng: np.random.Generator, s: float) -> np.ndarray:
     height, width, channels = x.shape
     size = min(height, width)  # the reference's IMSIZE (32)
     alpha, sigma, jitter = (
@@ -263,9 +269,11 @@ def _elastic_transform(x: np.ndarray, level: int, rng: np.random.Generator, s: f
     )[level]  # fmt: skip
     alpha, sigma, jitter = alpha * size, sigma * size, jitter * size
     # Random affine: three points around the centre, each moved by up to `jitter` pixels.
-    centre = np.float32((height, width)) // 2
+    centre = np.array((height, width), np.float32) // 2
     third = size // 3
-    src = np.float32([centre + third, [centre[0] + third, centre[1] - third], centre - third])
+    src = np.array(
+        [centre + third, [centre[0] + third, centre[1] - third], centre - third], np.float32
+    )
     dst = src + rng.uniform(-jitter, jitter, size=src.shape).astype(np.float32)
     matrix = cv2.getAffineTransform(src, dst)
     warped = cv2.warpAffine(

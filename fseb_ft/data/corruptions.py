@@ -37,6 +37,7 @@ import zipfile
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -119,7 +120,7 @@ def corrupt(
     x = pixels.reshape(*pixels.shape[:2], -1).astype(np.float64) / 255.0  # (H, W, C)
     generator = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
     scale = max(1.0, min(x.shape[:2]) / 32.0)  # the reference's parameters are for 32×32
-    out = fn(x, level, generator, scale)  # (H, W, C)
+    out = fn(x, level, generator, scale)  # type: ignore[misc]  # None raised above  # (H, W, C)
     return np.rint(np.clip(out, 0.0, 1.0) * 255.0).astype(np.uint8).reshape(pixels.shape)
 
 
@@ -211,7 +212,9 @@ class CorruptedImages(LabeledImages):
         )
 
     def _cache_file(self, cache_dir: str | Path | bool | None) -> Path:
-        root = default_cache_dir() if cache_dir in (None, True) else Path(cache_dir).expanduser()
+        # Called without False (no cache): None or True is the default folder, else a path.
+        given = cast(str | Path, cache_dir)
+        root = default_cache_dir() if cache_dir in (None, True) else Path(given).expanduser()
         self._key = self._cache_key()
         digest = hashlib.sha256(self._key.encode("utf-8")).hexdigest()[:20]
         return root / self.corruption / f"s{self.severity}-seed{self.seed}-{digest}.npz"
@@ -226,7 +229,8 @@ class CorruptedImages(LabeledImages):
 
     def _load(self) -> list[np.ndarray] | None:
         """The cached images (views of a read-only memory map), or None if absent or stale."""
-        index, pixels_file = self.cache_path, self.cache_path.with_suffix(".npy")
+        index = cast(Path, self.cache_path)  # called only with a cache (its callers check)
+        pixels_file = index.with_suffix(".npy")
         if not (index.is_file() and pixels_file.is_file()):
             return None
         try:
@@ -255,7 +259,7 @@ class CorruptedImages(LabeledImages):
         The index is written last, so a reader that finds it finds the pixels complete.
         Returns whether both were written (a failure is logged, not raised).
         """
-        index = self.cache_path
+        index = cast(Path, self.cache_path)  # called only with a cache (its callers check)
         shapes = np.array([im.shape for im in images], dtype=np.int64).reshape(-1, 3)  # (N, 3)
         pixels = np.concatenate([im.ravel() for im in images]) if images else np.zeros(0, np.uint8)
         written = []

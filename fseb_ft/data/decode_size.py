@@ -45,6 +45,8 @@ class ShrinkOnly:
     def __call__(self, image_size: tuple[int, int]) -> tuple[int, int]:
         """The least (width, height) of an image of ``image_size`` (width, height), upright."""
         width, height = image_size
+        crop_h: float
+        crop_w: float
         crop_h, crop_w = height, width
         if self.scale is not None:
             crop_h, crop_w = _smallest_crop(height, width, self.scale, self.ratio)

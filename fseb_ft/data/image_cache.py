@@ -43,7 +43,7 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, NamedTuple
+from typing import IO, Any, NamedTuple, cast
 
 import numpy as np
 import PIL.Image
@@ -242,9 +242,10 @@ def _rebased(data: LabeledImages, root: LabeledImages, cached: CachedImages) -> 
     """``data`` with its root replaced by ``cached``: the same subsets, labels and names."""
     if data is root:
         return cached
+    subset = cast(IndexedImages, data)  # every level above the root is a subset of it
     copy = IndexedImages.__new__(IndexedImages)
-    copy.__dict__.update(data.__dict__)
-    copy.base = _rebased(data.base, root, cached)
+    copy.__dict__.update(subset.__dict__)
+    copy.base = _rebased(subset.base, root, cached)
     copy.identity = f"{data.identity}{cached.identity.removeprefix(root.identity)}"
     return copy
 
@@ -252,8 +253,9 @@ def _rebased(data: LabeledImages, root: LabeledImages, cached: CachedImages) -> 
 def _root_indices(data: LabeledImages, root: LabeledImages, indices: np.ndarray) -> np.ndarray:
     """The root's indices of ``data``'s samples ``indices``."""
     while data is not root:
-        indices = data.indices[indices]
-        data = data.base
+        subset = cast(IndexedImages, data)  # every level above the root is a subset of it
+        indices = subset.indices[indices]
+        data = subset.base
     return indices
 
 
@@ -335,14 +337,14 @@ def _build(
     with _atomic(stem.with_suffix(".bin")) as out, bar:
         for index, (image, name, reason) in enumerate(_decoded(root, config, workers)):
             if image is None:
-                bad[index] = (name, reason)
+                bad[index] = (name, cast(str, reason))  # an image that is None has a reason
                 shapes[index] = (0, 0, root.channels)
             else:
                 out.write(np.ascontiguousarray(image).data)
                 shapes[index] = image.shape
             offsets[index + 1] = offsets[index] + (0 if image is None else image.size)
             bar.update()
-    index = {
+    arrays: dict[str, Any] = {
         "shapes": shapes,
         "offsets": offsets,
         "bad_index": np.array(list(bad), dtype=np.int64),
@@ -350,7 +352,7 @@ def _build(
         "bad_reason": np.array([reason for _, reason in bad.values()], dtype=str),
     }
     with _atomic(stem.with_suffix(".npz")) as tmp:  # last: it marks the entry complete
-        np.savez(tmp, **index)
+        np.savez(tmp, **arrays)
     return shapes, offsets, bad
 
 
@@ -383,14 +385,16 @@ def _set_job(root: LabeledImages, config: ImageCacheConfig) -> None:
 
 def _job(index: int) -> _Decoded:
     """A pool worker's :func:`_decode` of image ``index``."""
-    assert _JOB is not None, "the pool's initializer sets the job"
-    return _decode(*_JOB, index)
+    job = _JOB
+    assert job is not None, "the pool's initializer sets the job"
+    return _decode(*job, index)
 
 
 def _decode(root: LabeledImages, config: ImageCacheConfig, index: int) -> _Decoded:
     """Image ``index`` of ``root`` decoded from its encoded form (once: this is also the check
     before training) and shrunk; or why it cannot be read, in the decoder's words."""
-    name, source = root.encoded(index)
+    # Only encoded datasets are cached (decoded ones are served as they are).
+    name, source = cast(tuple[str, str | bytes], root.encoded(index))
     where = f"image {index} of {root.identity}"
     try:
         # One read, then PIL parses memory, as the screen does (and so its messages).

@@ -14,7 +14,7 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import PIL.Image
@@ -142,7 +142,9 @@ def decode_image(value: Any, where: str, min_size: MinSize | None = None) -> np.
         if data is None and path is None:
             raise ValueError(f"{where} has neither bytes nor a path")
         try:
-            with PIL.Image.open(io.BytesIO(data) if data is not None else path) as image:
+            # Without bytes, the path is set (checked above).
+            source = io.BytesIO(data) if data is not None else cast(str, path)
+            with PIL.Image.open(source) as image:
                 if min_size is not None and image.format == "JPEG":
                     image.draft(None, _stored_min_size(image, min_size))  # mode unchanged
                 image.load()  # PIL opens lazily; decode now so a truncated file fails here

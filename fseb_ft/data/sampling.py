@@ -13,7 +13,8 @@ same draws there, so the processes share out one epoch's draws, without overlap.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import cast
 
 import numpy as np
 import torch
@@ -34,7 +35,9 @@ class BalancedSampler(WeightedRandomSampler):
         from sklearn.utils.class_weight import compute_sample_weight  # only this sampler needs it
 
         weights = compute_sample_weight("balanced", labels)  # (N,): N / (K' · N_{y_n})
-        super().__init__(torch.from_numpy(weights), num_samples=len(labels), replacement=True)
+        # torch takes the weights as a tensor; its annotation says Sequence[float].
+        probabilities = cast(Sequence[float], torch.from_numpy(weights))
+        super().__init__(probabilities, num_samples=len(labels), replacement=True)
         self.seed, self.epoch = seed, 0
 
     def set_epoch(self, epoch: int) -> None:

@@ -29,6 +29,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import PIL.Image
@@ -59,9 +60,10 @@ SHOWN = 20
 PROGRESS_FROM = 2_000
 """Datasets with at least this many images show a progress bar while checked."""
 
-# (identity, length) → (index, name, reason) of its bad images: a sweep's trials, run in one
-# process, check each dataset once. An image folder's identity changes with its files.
-_CHECKED: dict[tuple[str, int], list[tuple[int, str, str]]] = {}
+# (identity, length, PIL's pixel limit) → (index, name, reason) of its bad images: a sweep's
+# trials, run in one process, check each dataset once. An image folder's identity changes with
+# its files.
+_CHECKED: dict[tuple[str, int, int | None], list[tuple[int, str, str]]] = {}
 
 
 @dataclass(frozen=True)
@@ -115,8 +117,10 @@ def check_image(source: str | bytes) -> str | None:
             if image.mode in WIDE_MODES:
                 as_uint8(np.asarray(image), "it")
     except (OSError, ValueError, SyntaxError, PIL.Image.DecompressionBombError) as err:
-        path = None if isinstance(source, bytes) else source
-        cause = unreadable_cause(err, source if path is None else None, path)
+        encoded: bytes | None
+        path: str | None
+        encoded, path = (source, None) if isinstance(source, bytes) else (None, source)
+        cause = unreadable_cause(err, encoded, path)
         return str(cause) or type(cause).__name__
     return None
 
@@ -130,7 +134,8 @@ def find_bad_images(data: LabeledImages, key: str, progress: bool = True) -> lis
         bar = progress and len(data) >= PROGRESS_FROM
         found = []
         for index in progress_bar(range(len(data)), desc=f"checking {key}", show=bar, leave=False):
-            name, source = data.encoded(index)
+            # Every image of a dataset whose first is encoded is (checked above).
+            name, source = cast(tuple[str, str | bytes], data.encoded(index))
             reason = check_image(source)
             if reason is not None:
                 found.append((index, name, reason))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import albumentations as A
 import cv2
@@ -428,7 +428,7 @@ def make_loader(
     if num_workers < 0:
         raise ValueError(f"num_workers must be non-negative, got {num_workers}")
     if num_workers == 0 and callable(getattr(dataset, "reseed", None)):
-        dataset.reseed(seed)
+        cast(Any, dataset).reseed(seed)  # a dataset of ours that has one (checked above)
     return DataLoader(
         dataset,
         batch_size=batch_size,

@@ -215,8 +215,8 @@ class _SeededPermutations(Sampler[int]):
 class _IndexedPool(torch.utils.data.Dataset):
     """``(image, pool index)`` so cached φ0 features can be looked up by index."""
 
-    def __init__(self, pool: torch.utils.data.Dataset) -> None:
-        self.pool = pool
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool  # ContextStream's: sized, indexable, with reseed (TransformedImages)
 
     def __len__(self) -> int:
         return len(self.pool)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import huggingface_hub
 import timm
@@ -112,7 +112,7 @@ def zero_classifier(model: nn.Module) -> None:
     Logits start at 0 — uniform predictions, the FS-EB prior mean — whatever the backbone's
     feature scale; the first step then moves only the head, as in BiT-style fine-tuning.
     """
-    head = model.get_classifier()
+    head = cast(Any, model).get_classifier()  # a timm model's
     params = list(head.parameters()) if isinstance(head, nn.Module) else []
     if not params:
         raise ValueError(
@@ -233,7 +233,7 @@ default_cfgs = generate_default_cfgs(
 
 
 @register_model
-def fseb_cnn(pretrained: bool = False, **kwargs: object) -> PaperCNN:
+def fseb_cnn(pretrained: bool = False, **kwargs: Any) -> PaperCNN:
     """timm entry point: ``timm.create_model("fseb_cnn", num_classes=K, in_chans=C)``.
 
     Registered when ``fseb_ft.method.models`` is imported; it has no pretrained weights.

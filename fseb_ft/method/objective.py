@@ -30,7 +30,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 from torch import Tensor, nn
@@ -40,7 +40,7 @@ from fseb_ft.method.fsvi import function_kl
 from fseb_ft.method.likelihood import likelihood_term
 from fseb_ft.method.posterior import posterior, predictive, unwrap_model
 from fseb_ft.method.regularizer import function_space_term, parameter_term
-from fseb_ft.method.variational import context_moments
+from fseb_ft.method.variational import MeanFieldGaussian, context_moments
 from fseb_ft.recipe import FSEBConfig
 from fseb_ft.recipe.schema import build
 
@@ -59,7 +59,8 @@ def timm_features(model: nn.Module, x: Tensor) -> Tensor:
     representation the classifier head reads, of dimension ``model.num_features`` (after timm's
     optional ``head_hidden_size`` pre-logits layer).
     """
-    return model.forward_head(model.forward_features(x), pre_logits=True)  # (M, D)
+    timm_model = cast(Any, model)  # timm's methods, which nn.Module does not declare
+    return timm_model.forward_head(timm_model.forward_features(x), pre_logits=True)  # (M, D)
 
 
 def _checked_config(config: FSEBConfig | None, overrides: Mapping[str, Any]) -> FSEBConfig:
@@ -144,6 +145,9 @@ class FSEBObjective(nn.Module):
         ValueError: ``num_train`` is not a positive int; ``param_anchor="init"`` with a ``prior``
             that lacks the trainable parameters' names.
     """
+
+    if TYPE_CHECKING:  # a config field as @_config_attributes reads it (the ones read here)
+        reg_scale: float
 
     def __init__(
         self,
@@ -295,20 +299,8 @@ class FSEBObjective(nn.Module):
             ``param_reg`` (``R_θ``) and ``logits`` (B, K) of the training batch.
         """
         use_fs = self.reg_scale > 0
-        if use_fs and context is None:
-            raise ValueError("reg_scale > 0 needs a context batch: pass context=x̂ (M, ...)")
-        if use_fs and (self.prior_cov_scale is None or self.prior_cov_diag is None):
-            raise ValueError(
-                "the prior covariance is not set (fseb.prior_std is resolved per run): call "
-                "set_prior_covariance(s, d), e.g. with fseb_ft.method.regularizer.resolve_prior"
-            )
-        if use_fs and context_features is None:
-            context_features = self.prior_features(context)  # (M, D)
-        if use_fs and context_features.shape[0] != context.shape[0]:
-            raise ValueError(
-                f"context_features has {context_features.shape[0]} rows for a context batch "
-                f"of {context.shape[0]}"
-            )
+        if use_fs:
+            context, context_features = self._checked_context(context, context_features)
         if self.variational is not None:
             nll, fs_reg, logits = self._fsvi_terms(x, y, context, context_features)
             loss = nll + self.reg_scale * fs_reg / self.num_train
@@ -316,7 +308,8 @@ class FSEBObjective(nn.Module):
             return {"loss": loss, "nll": nll, "fs_reg": fs_reg, "param_reg": zero, "logits": logits}
         reg_features = context_features  # (M, D)
         if use_fs and self.config.reg_points == "joint":
-            reg_features = torch.cat([self.prior_features(x), context_features])  # (B + M, D)
+            # context_features is set with R_f (_checked_context).
+            reg_features = torch.cat([self.prior_features(x), cast(Tensor, context_features)])
         if self.config.param_noise_std > 0:
             nll, fs_reg, logits = self._sampled_terms(x, y, context, reg_features, use_fs)
         else:
@@ -330,6 +323,27 @@ class FSEBObjective(nn.Module):
             "param_reg": param_reg,
             "logits": logits,
         }
+
+    def _checked_context(
+        self, context: Tensor | None, features: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        """The context batch x̂ (M, ...) and φ0's features of it (M, D), computed when not given,
+        for a step with ``R_f`` (``reg_scale > 0``), which needs both and the prior covariance."""
+        if context is None:
+            raise ValueError("reg_scale > 0 needs a context batch: pass context=x̂ (M, ...)")
+        if self.prior_cov_scale is None or self.prior_cov_diag is None:
+            raise ValueError(
+                "the prior covariance is not set (fseb.prior_std is resolved per run): call "
+                "set_prior_covariance(s, d), e.g. with fseb_ft.method.regularizer.resolve_prior"
+            )
+        if features is None:
+            features = self.prior_features(context)  # (M, D)
+        if features.shape[0] != context.shape[0]:
+            raise ValueError(
+                f"context_features has {features.shape[0]} rows for a context batch "
+                f"of {context.shape[0]}"
+            )
+        return context, features
 
     def _terms(
         self,
@@ -347,24 +361,37 @@ class FSEBObjective(nn.Module):
         ``[x; x̂]`` (B + M, D) with ``reg_points="joint"``.
         """
         joint_reg = use_fs and self.config.reg_points == "joint"
+        # With R_f (use_fs) the context, its features and s and d are set (_checked_context);
+        # the training logits are computed where they are read (want_nll, joint_reg).
+        logits: Tensor | None
+        ctx_logits: Tensor | None
         if use_fs and self.config.forward_mode == "joint":
-            logits_all = call(torch.cat([x, context], dim=0))  # (B + M, K)
+            logits_all = call(torch.cat([x, cast(Tensor, context)], dim=0))  # (B + M, K)
             logits, ctx_logits = logits_all[: x.shape[0]], logits_all[x.shape[0] :]
         else:
             logits = call(x) if want_nll or joint_reg else None  # (B, K)
-            ctx_logits = call(context) if use_fs else None  # (M, K)
+            ctx_logits = call(cast(Tensor, context)) if use_fs else None  # (M, K)
         if want_nll:
-            nll = likelihood_term(logits, y, self.class_weights, self.target_smoothing)
+            nll = likelihood_term(
+                cast(Tensor, logits), y, self.class_weights, self.target_smoothing
+            )
         else:
             nll = x.new_zeros((), dtype=torch.float32)
         if use_fs:
-            reg_logits = torch.cat([logits, ctx_logits]) if joint_reg else ctx_logits  # (·, K)
+            if joint_reg:
+                reg_logits = torch.cat(
+                    [cast(Tensor, logits), cast(Tensor, ctx_logits)]
+                )  # (B + M, K)
+            else:
+                reg_logits = cast(Tensor, ctx_logits)  # (M, K)
+            scale, diag = cast(float, self.prior_cov_scale), cast(float, self.prior_cov_diag)
             fs_reg = function_space_term(
-                reg_logits, features, self.prior_cov_scale, self.prior_cov_diag, self.config.solver
+                reg_logits, cast(Tensor, features), scale, diag, self.config.solver
             )
         else:
             fs_reg = x.new_zeros((), dtype=torch.float32)
-        return nll, fs_reg, logits
+        # None only for a draw that computes R_f alone, whose logits its caller drops.
+        return nll, fs_reg, cast(Tensor, logits)
 
     def _sampled_terms(
         self,
@@ -398,29 +425,34 @@ class FSEBObjective(nn.Module):
                 regs.append(fs_reg)
         nll = torch.stack(nlls).mean()
         fs_reg = torch.stack(regs).mean() if regs else x.new_zeros((), dtype=torch.float32)
-        return nll, fs_reg, first_logits
+        return nll, fs_reg, cast(Tensor, first_logits)  # S ≥ 1 draws gave logits
 
     def _fsvi_terms(
-        self, x: Tensor, y: Tensor, context: Tensor, features: Tensor
+        self, x: Tensor, y: Tensor, context: Tensor | None, features: Tensor | None
     ) -> tuple[Tensor, Tensor, Tensor]:
         """FS-VI: (MC mean CE over ``likelihood_samples`` draws θ ~ q, KL, first draw's logits).
 
         The likelihood draws are reparameterised (``μ + σ ε``), so gradients reach μ and ρ
         (one sample per step by default, as the FS-EB paper's I = J = 1).
         """
+        # FS-VI's q(θ) (forward calls this with one); its KL needs the context batch, its
+        # features and s and d (_checked_context: FS-VI regularises, reg_scale > 0).
+        q = cast(MeanFieldGaussian, self.variational)
         base = unwrap_model(self.model)
         means = dict(base.named_parameters())
-        nlls, first = [], None
+        nlls: list[Tensor] = []
+        first: Tensor | None = None
         for _ in range(self.config.likelihood_samples):
-            draw = self.variational.sample(means)
+            draw = q.sample(means)
             logits = functional_call(base, draw, (x,))  # (B, K)
             first = logits if first is None else first
             nlls.append(likelihood_term(logits, y, self.class_weights, self.target_smoothing))
         mean, cov = context_moments(
-            base, self.variational, context, self.config.fsvi_variance, self.feature_fn
+            base, q, cast(Tensor, context), self.config.fsvi_variance, self.feature_fn
         )  # (M, K), (K, M, M)
-        kl = function_kl(mean, cov, features, self.prior_cov_scale, self.prior_cov_diag)
-        return torch.stack(nlls).mean(), kl, first
+        scale, diag = cast(float, self.prior_cov_scale), cast(float, self.prior_cov_diag)
+        kl = function_kl(mean, cov, cast(Tensor, features), scale, diag)
+        return torch.stack(nlls).mean(), kl, cast(Tensor, first)  # likelihood_samples ≥ 1
 
     def _param_reg(self) -> Tensor:
         """``R_θ`` over the parameters that require a gradient now (a frozen one is a constant

@@ -11,6 +11,7 @@ timm's own :func:`timm.models.group_parameters` and
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any, Literal, cast
 
 from timm.models import group_parameters
 from timm.optim import param_groups_layer_decay
@@ -67,7 +68,9 @@ def head_names(model: nn.Module, key: str = "model.freeze", name: str = "") -> l
     return names
 
 
-def frozen_names(model: nn.Module, freeze: str | int, name: str = "") -> list[str]:
+def frozen_names(
+    model: nn.Module, freeze: Literal["none", "backbone"] | int, name: str = ""
+) -> list[str]:
     """The parameter names ``model.freeze`` holds fixed: none (``none``), all but the
     classifier's (``backbone``), or those of timm's first ``freeze`` coarse groups, the stem
     being the first (``2``: the stem and the first stage); the classifier is never among them.
@@ -82,7 +85,8 @@ def frozen_names(model: nn.Module, freeze: str | int, name: str = "") -> list[st
     if freeze == "backbone":
         return [n for n, _ in model.named_parameters() if n not in head]
     require_group_matcher(model, "model.freeze", name)
-    groups = group_parameters(model, model.group_matcher(coarse=True))  # ordinal → names
+    matcher = cast(Any, model).group_matcher(coarse=True)  # timm's, checked above
+    groups = group_parameters(model, matcher)  # ordinal → names
     stages = [names for _, names in sorted(groups.items()) if not head.issuperset(names)]
     if freeze >= len(stages):
         raise ModelPartsError(

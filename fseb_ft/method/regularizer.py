@@ -248,7 +248,9 @@ class _SquaredDistance(torch.autograd.Function):
 
 def _differences(params: Sequence[Tensor], anchors: list[Tensor] | None) -> list[Tensor]:
     """``θ − a`` per tensor (``θ`` itself without anchors), in one multi-tensor kernel."""
-    return list(params) if anchors is None else list(torch._foreach_sub(params, anchors))
+    if anchors is None:
+        return list(params)
+    return list(torch._foreach_sub(params, anchors))  # type: ignore[call-overload]  # any sequence
 
 
 def _quad_cholesky(F: Tensor, H: Tensor, scale: float, diag: float, jitter: float) -> Tensor:

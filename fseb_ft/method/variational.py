@@ -9,6 +9,7 @@ them with the likelihood is :class:`fseb_ft.method.objective.FSEBObjective` with
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -213,5 +214,5 @@ class MCPredictive(nn.Module):
         for draw in self.draws:
             p = torch.softmax(functional_call(self.model, draw, (x,)).float(), dim=-1)  # (B, K)
             probs = p if probs is None else probs + p
-        mean = probs / len(self.draws)  # (B, K)
+        mean = cast(Tensor, probs) / len(self.draws)  # (B, K); samples ≥ 1 draws
         return mean.clamp_min(torch.finfo(mean.dtype).tiny).log()

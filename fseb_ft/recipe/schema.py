@@ -18,7 +18,7 @@ import math
 import types
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, Union, cast, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -108,7 +108,7 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
             raise ConfigError(f"{key}={value!r}: allowed values are {list(args)}")
         return value
     if dataclasses.is_dataclass(tp):
-        return build(tp, value, key)
+        return build(cast(type, tp), value, key)  # an annotation: a class, never an instance
     if origin is tuple:
         if not isinstance(value, list | tuple):
             raise ConfigError(f"{key}={value!r}: expected a list")
@@ -278,7 +278,8 @@ def _field_table(cls: type, prefix: str) -> str:
 
 def _field_docs(cls: type) -> dict[str, str]:
     """Field name → the string literal under that field in ``cls``'s source (its docstring)."""
-    tree = ast.parse(inspect.getsource(inspect.getmodule(cls)))
+    module = cast(types.ModuleType, inspect.getmodule(cls))  # a class defined in a module file
+    tree = ast.parse(inspect.getsource(module))
     node = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls.__name__)
     docs = {}
     for stmt, after in zip(node.body, node.body[1:], strict=False):
@@ -308,7 +309,7 @@ def _unwrap(tp: Any) -> tuple[type | None, str]:
     """(dataclass inside ``tp`` or None, how one is addressed: ``""``, ``[i]`` or ``.<name>``)."""
     origin, args = get_origin(tp), get_args(tp)
     if dataclasses.is_dataclass(tp):
-        return tp, ""
+        return cast(type, tp), ""  # an annotation: a class, never an instance
     if origin in (Union, types.UnionType):
         for arg in args:
             found = _unwrap(arg)
@@ -336,7 +337,8 @@ def _type_text(tp: Any) -> str:
     if origin is dict:
         return f"mapping of name to {_type_text(args[1])}"
     if dataclasses.is_dataclass(tp):
-        return f"[{tp.__name__}](#{tp.__name__.lower()})"
+        name = cast(type, tp).__name__  # an annotation: a class, never an instance
+        return f"[{name}](#{name.lower()})"
     return {bool: "bool", int: "int", float: "float", str: "string"}.get(tp, str(tp))
 
 
@@ -347,7 +349,9 @@ def _is_required(f: dataclasses.Field) -> bool:
 def _default_text(f: dataclasses.Field) -> str:
     if _is_required(f):
         return "required"
-    value = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    # Not required: a default, or else a factory (mypy cannot tie the two MISSING checks).
+    factory = cast(Callable[[], Any], f.default_factory)
+    value = f.default if f.default is not dataclasses.MISSING else factory()
     return f"`{inline_yaml(value)}`"
 
 

@@ -11,7 +11,7 @@ what is allowed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, cast
 
 from fseb_ft.recipe.datasets import ContextConfig, DataConfig, check_cache_size
 from fseb_ft.recipe.options import (
@@ -212,19 +212,22 @@ class FSEBConfig:
         """s and d as given: both set, ≥ 0, not both 0."""
         for name in ("prior_cov_scale", "prior_cov_diag"):
             check(getattr(self, name) is not None, name, None, "null needs fseb.prior_std")
-        check(self.prior_cov_scale >= 0, "prior_cov_scale", self.prior_cov_scale, "must be ≥ 0")
-        check(self.prior_cov_diag >= 0, "prior_cov_diag", self.prior_cov_diag, "must be ≥ 0")
+        # Neither is None past the checks above, which mypy cannot follow into check().
+        scale, diag = cast(float, self.prior_cov_scale), cast(float, self.prior_cov_diag)
+        check(scale >= 0, "prior_cov_scale", scale, "must be ≥ 0")
+        check(diag >= 0, "prior_cov_diag", diag, "must be ≥ 0")
         check(
-            self.prior_cov_scale > 0 or self.prior_cov_diag > 0,
+            scale > 0 or diag > 0,
             "prior_cov_diag",
-            self.prior_cov_diag,
+            diag,
             "prior_cov_scale and prior_cov_diag cannot both be 0",
         )
 
     def _resolved_covariance(self) -> None:
         """With ``prior_std``, s and d are resolved per run: stored as ``null`` (so the saved
         recipe says so), and a recipe may not also set them (a default-valued one passes)."""
-        check(self.prior_std > 0, "prior_std", self.prior_std, "must be > 0 or null")
+        # Called with prior_std set (not None).
+        check(cast(float, self.prior_std) > 0, "prior_std", self.prior_std, "must be > 0 or null")
         for name in ("prior_cov_scale", "prior_cov_diag"):
             given = getattr(self, name)
             check(

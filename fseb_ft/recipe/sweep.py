@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, get_args, get_type_hints
+from typing import Any, cast, get_args, get_type_hints
 
 from fseb_ft.recipe.options import Pruner
 from fseb_ft.recipe.schema import ConfigError, check
@@ -36,8 +36,10 @@ class SweepParam:
             self.choices or self.low,
             "give either low and high, or choices",
         )
-        check(not ranged or self.low < self.high, "high", self.high, "must be > low")
-        check(not (ranged and self.log) or self.low > 0, "low", self.low, "must be > 0 with log")
+        # Both bounds are set where ranged, which mypy cannot follow through the variable.
+        low, high = cast(float, self.low), cast(float, self.high)
+        check(not ranged or low < high, "high", self.high, "must be > low")
+        check(not (ranged and self.log) or low > 0, "low", self.low, "must be > 0 with log")
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ recipe.
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from fseb_ft.data.holdout import hold_out
@@ -115,4 +117,5 @@ def build_splits(cfg: DataConfig, seed: int) -> Splits:
         name: load_split(f"data.ood.{name}", spec, cfg.channels, seed)
         for name, spec in cfg.ood.items()
     }
-    return Splits(train=train, val=val, test=test, ood=ood)
+    # Validation is data.val or a hold-out of data.val_fraction: the recipe's rules give one.
+    return Splits(train=train, val=cast(LabeledImages, val), test=test, ood=ood)

@@ -17,11 +17,14 @@ DIGITS_TEST_FRACTION = 0.3
 """scikit-learn's digits have no test split: a fixed stratified 30 % (seed 0) is ``test``."""
 
 
-def load_sklearn_digits(classes: Sequence[int] | None = None, channels: int = 3) -> ArrayImages:
+def load_sklearn_digits(
+    classes: Sequence[int | str] | None = None, channels: int = 3
+) -> ArrayImages:
     """scikit-learn's 8x8 digits (1,797 images), scaled from 0..16 to uint8 0..255.
 
-    ``classes`` keeps only those digits and relabels them 0..len(classes)-1 in the given order,
-    e.g. ``[0, 1, 2, 3, 4]`` in-distribution and ``[5, 6, 7, 8, 9]`` as an OOD set.
+    ``classes`` keeps only those digits (ints, or their names ``"0"``..``"9"``) and relabels them
+    0..len(classes)-1 in the given order, e.g. ``[0, 1, 2, 3, 4]`` in-distribution and
+    ``[5, 6, 7, 8, 9]`` as an OOD set.
     """
     from sklearn.datasets import load_digits
 
@@ -32,15 +35,15 @@ def load_sklearn_digits(classes: Sequence[int] | None = None, channels: int = 3)
         return ArrayImages(
             images, labels, [str(d) for d in range(10)], "sklearn.load_digits", channels
         )
-    classes = [int(c) for c in classes]
-    if not classes or len(set(classes)) != len(classes) or not set(classes) <= set(range(10)):
-        raise ValueError(f"classes must be distinct digits in 0..9, got {classes}")
-    keep = np.isin(labels, classes)  # (1797,)
+    wanted = [int(c) for c in classes]
+    if not wanted or len(set(wanted)) != len(wanted) or not set(wanted) <= set(range(10)):
+        raise ValueError(f"classes must be distinct digits in 0..9, got {wanted}")
+    keep = np.isin(labels, wanted)  # (1797,)
     remap = np.full(10, -1, dtype=np.int64)
-    remap[classes] = np.arange(len(classes))
-    identity = f"sklearn.load_digits[{','.join(map(str, classes))}]"
+    remap[wanted] = np.arange(len(wanted))
+    identity = f"sklearn.load_digits[{','.join(map(str, wanted))}]"
     return ArrayImages(
-        images[keep], remap[labels[keep]], [str(c) for c in classes], identity, channels
+        images[keep], remap[labels[keep]], [str(c) for c in wanted], identity, channels
     )
 
 

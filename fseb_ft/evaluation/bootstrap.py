@@ -136,7 +136,7 @@ def difference_intervals(
     """:func:`prediction_intervals` of ``a``'s metrics minus ``b``'s, on the same resamples of
     the same images (:func:`same_images` must hold)."""
     test = paired_difference_intervals(a.test, b.test, names, bootstrap)
-    record = bootstrap.record() | {"test": test, "ood": {}}
+    record: dict[str, Any] = bootstrap.record() | {"test": test, "ood": {}}
     for name in a.ood:
         found_a = _ood_scores(a, name, ood_scores)
         found_b = _ood_scores(b, name, ood_scores)

@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -243,7 +243,8 @@ def vim_score(fit: FeatureOodFit, features: Tensor) -> Tensor:
     if fit.residual is None or fit.weight is None or fit.bias is None or fit.alpha is None:
         raise ValueError("the `vim` score needs a fit with the classifier's weights")
     h = _features(fit, features)
-    virtual = fit.alpha * ((h - fit.origin) @ fit.residual).norm(dim=1)  # (N,)
+    origin = cast(Tensor, fit.origin)  # set with the residual space (_fit_vim)
+    virtual = fit.alpha * ((h - origin) @ fit.residual).norm(dim=1)  # (N,)
     return virtual - torch.logsumexp(h @ fit.weight.T + fit.bias, dim=1)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from accelerate import Accelerator
@@ -111,7 +111,8 @@ def predict_features(
     main = accelerator.is_main_process
     for x, y in progress_bar(loader, desc="features", show=main, leave=False):
         with accelerator.autocast():
-            h = inner.forward_head(inner.forward_features(x), pre_logits=True)  # (B, D)
+            timm_model = cast(Any, inner)  # timm's methods, which nn.Module does not declare
+            h = timm_model.forward_head(timm_model.forward_features(x), pre_logits=True)  # (B, D)
         h, y = accelerator.gather_for_metrics((h.float().flatten(1), y))
         found.append(h.cpu())
         labels.append(y.cpu())
@@ -161,7 +162,7 @@ def feature_scores(
 def _vim_classifier(network: nn.Module, required: bool) -> tuple[Tensor | None, Tensor | None]:
     """The linear classifier's weight and bias, for ViM; unless ``required``, ``(None, None)``
     for another head or one of a single feature (ViM's principal space must be smaller)."""
-    head = unwrap_model(network).get_classifier()
+    head = cast(Any, unwrap_model(network)).get_classifier()  # a timm model's
     if not required and not (isinstance(head, nn.Linear) and head.in_features > 1):
         return None, None
     head = linear_classifier(network, "eval.ood_scores: vim")
@@ -190,7 +191,7 @@ def linear_classifier(network: nn.Module, key: str) -> nn.Linear:
     Raises:
         FsebError: it is not an ``nn.Linear``.
     """
-    head = unwrap_model(network).get_classifier()
+    head = cast(Any, unwrap_model(network)).get_classifier()  # a timm model's
     if not isinstance(head, nn.Linear):
         raise FsebError(
             f"{key} needs a linear classifier (timm's get_classifier()), this model's is "

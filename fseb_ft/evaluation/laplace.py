@@ -45,7 +45,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -145,7 +145,7 @@ def fit_last_layer_laplace(
     """
     h = check_float_matrix(features, "features").double()
     head = _head(weight, bias, h.device)
-    k, d = head[1].weight.shape
+    k, d = cast(nn.Linear, head[1]).weight.shape  # _head's classifier
     check_hessian_size(hessian, d, k, bias is not None)
     n_weights = sum(p.numel() for p in head.parameters())
     if labels.shape != (h.shape[0],):
@@ -260,7 +260,7 @@ def _linear_ggn_backend() -> type:
     ``backend`` argument is laplace-torch's interface for a curvature's source, and ``diag``
     returns what its ``fit`` sums, the batch's summed cross-entropy and diagonal."""
 
-    class LinearGGN(laplace_torch().curvature.CurvlinopsGGN):
+    class LinearGGN(laplace_torch().curvature.CurvlinopsGGN):  # type: ignore[misc]  # untyped
         def diag(self, x: Tensor, y: Tensor, **kwargs: Any) -> tuple[Tensor, Tensor]:
             with torch.no_grad():
                 logits, features = self.model.forward_with_features(x)  # (B, K), (B, D)

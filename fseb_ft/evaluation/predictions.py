@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from accelerate import Accelerator
@@ -221,7 +221,8 @@ def predict_with_features(
             hook.remove()
         model.train(was_training)
     logits, labels, features = (torch.cat(parts) if parts else None for parts in found)
-    return logits, labels, features
+    # A split has images (an empty one is refused when loaded): logits and labels are set.
+    return cast(Tensor, logits), cast(Tensor, labels), features
 
 
 def predict_splits(
@@ -277,13 +278,16 @@ def predict_splits(
     laplace = None
     if cfg.laplace and head is not None and train is not None:
         val_features = None if val is None or val[2] is None else (val[2], val[1])
-        laplace = fit_laplace_logits(head, train, val_features, cfg, _maths_device(accelerator))
+        linear = cast(nn.Linear, head)  # with eval.laplace, laplace_classifier's (a Linear)
+        laplace = fit_laplace_logits(linear, train, val_features, cfg, _maths_device(accelerator))
     corrupted = corruption_subset(reported, cfg.corruption_limit, cfg.corruption_seed)
     corruptions, laplace_corruptions = predict_corruptions(
         model, corrupted, spec, cfg, accelerator, num_workers, seed, laplace
     )
     _check_corrupted(corruptions, len(corrupted), split)
-    index = None if corrupted is reported else torch.as_tensor(corrupted.indices, dtype=torch.long)
+    # A subset of the reported split when it is not the split itself.
+    subset = None if corrupted is reported else cast(IndexedImages, corrupted)
+    index = None if subset is None else torch.as_tensor(subset.indices, dtype=torch.long)
     predictions = Predictions(
         test=(torch.log_softmax(test[0], -1), test[1]),
         ood={name: torch.log_softmax(z, -1) for name, (z, _, _) in ood.items()},
@@ -322,7 +326,8 @@ def _passes_feature_scores(
         for name, (data, passed) in passes.items()
     }
     reported = by_set.pop(None)
-    return feature_scores(network, cfg.ood_scores, train, reported, by_set)
+    ood = cast(dict[str, Tensor], by_set)  # the OOD sets' names, the reported split popped
+    return feature_scores(network, cfg.ood_scores, train, reported, ood)
 
 
 def _laplace_predictions(
@@ -335,11 +340,16 @@ def _laplace_predictions(
 ) -> Predictions:
     """The "+ LLLA" predictions: ``laplace``'s logits of the features the passes recorded on
     the test split, the OOD sets and the validation split, and its ``corruptions``."""
+
+    def llla(features: Tensor | None) -> Tensor:
+        # With LLLA every pass records its classifier's input.
+        return laplace.logits(cast(Tensor, features))
+
     return predictions.with_logits(
-        laplace.logits(test[2]),
-        {name: laplace.logits(h) for name, (_, _, h) in ood.items()},
+        llla(test[2]),
+        {name: llla(h) for name, (_, _, h) in ood.items()},
         corruptions,
-        None if val is None else (laplace.logits(val[2]), val[1]),
+        None if val is None else (llla(val[2]), val[1]),
         laplace.fit.record(),
     )
 
@@ -353,7 +363,7 @@ def _recorded_classifier(model: nn.Module, network: nn.Module, cfg: EvalConfig) 
     nothing to record."""
     if cfg.laplace:
         return laplace_classifier(network, cfg)
-    head = unwrap_model(network).get_classifier()
+    head = cast(Any, unwrap_model(network)).get_classifier()  # a timm model's
     same = unwrap_model(model) is unwrap_model(network)
     if wants_feature_scores(cfg.ood_scores) and same and isinstance(head, nn.Linear):
         return head
@@ -412,7 +422,8 @@ def predict_corruptions(
         logits, _, features = predict_with_features(model, loader, accelerator, classifier)
         out.setdefault(name, {})[severity] = torch.log_softmax(logits, -1)
         if laplace is not None:
-            posthoc.setdefault(name, {})[severity] = torch.log_softmax(laplace.logits(features), -1)
+            recorded = cast(Tensor, features)  # the pass records LLLA's classifier's input
+            posthoc.setdefault(name, {})[severity] = torch.log_softmax(laplace.logits(recorded), -1)
         del data, loader
     return out, posthoc
 

@@ -57,7 +57,7 @@ def metric_statistics(log_probs: Tensor, labels: Tensor, names: Sequence[str]) -
     for suffix, score in (("", "max_prob"), ("_entropy", "neg_entropy")):
         aurc = _aurc_of(x.confidence[score].numpy(), 1.0 - correct)
         found[f"aurc{suffix}"] = aurc
-        found[f"sel_pred_auc{suffix}"] = lambda c, aurc=aurc: 1.0 - aurc(c)
+        found[f"sel_pred_auc{suffix}"] = _one_minus(aurc)
     if x.num_classes == 2:
         found["auroc_positive"] = _binary_auroc_of(x.log_probs[:, 1].double().numpy(), labels)
 
@@ -95,6 +95,11 @@ def _descending_groups(scores: np.ndarray) -> tuple[np.ndarray, int]:
     """Each value's tie group, 0 for the largest: the thresholds of the curves."""
     values, group = np.unique(-scores, return_inverse=True)
     return group.reshape(-1), len(values)
+
+
+def _one_minus(statistic: Statistic) -> Statistic:
+    """``1 − statistic``, per resample (the selective-prediction AUC of an AURC)."""
+    return lambda counts: 1.0 - statistic(counts)
 
 
 def _aurc_of(confidence: np.ndarray, errors: np.ndarray) -> Statistic:

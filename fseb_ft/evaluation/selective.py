@@ -17,6 +17,7 @@ checks are those of :mod:`fseb_ft.evaluation.metrics`.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -165,7 +166,8 @@ def abstention_threshold(
         g = int(torch.nonzero(admitted >= wanted)[0, 0])  # the first group reaching it
         threshold = groups[g]
     else:
-        fine = torch.nonzero(curve["risk"] <= max_risk + _COUNT_SLACK)  # (F, 1)
+        risk = cast(float, max_risk)  # the one given when coverage is not (checked above)
+        fine = torch.nonzero(curve["risk"] <= risk + _COUNT_SLACK)  # (F, 1)
         threshold = groups[int(fine[-1, 0])] if len(fine) else conf64.new_tensor(math.inf)
     return {"threshold": threshold, **abstention_outcome(conf64, correct, threshold)}
 

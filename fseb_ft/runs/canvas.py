@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -103,7 +103,8 @@ def _fit_canvas(fig: Figure) -> None:
     """
     for _ in range(_MAX_FIT_PASSES):
         fig.draw_without_rendering()
-        box = fig.get_tightbbox(fig.canvas.get_renderer())  # inches
+        renderer = cast(Any, fig.canvas).get_renderer()  # Agg's canvas (FigureCanvasBase has none)
+        box = fig.get_tightbbox(renderer)  # inches
         width, height = fig.get_size_inches()
         over_x = max(-box.x0, box.x1 - width, 0.0)
         over_y = max(-box.y0, box.y1 - height, 0.0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from fseb_ft.evaluation.abstention import AbstentionRule
 from fseb_ft.runs.published import LOCAL_DIR, placeholders
@@ -107,7 +107,7 @@ def certificate(abstention: AbstentionRule) -> str:
     if cert is None:
         return ""
     asked = (
-        f"at most {100 * abstention.target:.4g} % with probability at least "
+        f"at most {100 * cast(float, abstention.target):.4g} % with probability at least "
         f"{100 * cert.confidence:.4g} % over the draw of the validation split ({cert.method})"
     )
     empirical = (

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -123,7 +123,8 @@ def _evaluate_command(loaded: LoadedModel, name: str) -> str:
 def _check_weights(fit: FeatureOodFit, network: nn.Module, loaded: LoadedModel, name: str) -> None:
     """Refuse a fit whose classifier (kept for ViM) is not ``network``'s: fitted on other
     weights, since replaced."""
-    head = network.get_classifier() if hasattr(network, "get_classifier") else None
+    timm_network = cast(Any, network)  # timm's method, which nn.Module does not declare
+    head = timm_network.get_classifier() if hasattr(network, "get_classifier") else None
     if fit.weight is None or not isinstance(head, nn.Linear):
         return
     if head.weight.shape != fit.weight.shape or not torch.equal(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from fseb_ft.recipe import Recipe, SweepParam
 from fseb_ft.runs.atomic import write_text
@@ -50,7 +50,12 @@ def write_leaderboard(
     write_text(out / LEADERBOARD_MD, title + table + _winner_markdown(board["best"], recipe))
     scored = [r for r in rows if r["value"] is not None]
     if scored:
-        ranges = {k: (p.low, p.high, p.log) for k, p in space.items() if not p.choices}
+        # A parameter without choices is a range: its low and high are set.
+        ranges = {
+            k: (cast(float, p.low), cast(float, p.high), p.log)
+            for k, p in space.items()
+            if not p.choices
+        }
         sweep_plot(scored, metric, out / SWEEP_PLOT, ranges, title=title[2:].strip())
     return table
 

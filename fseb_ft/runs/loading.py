@@ -19,7 +19,7 @@ import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import timm
 import torch
@@ -316,8 +316,9 @@ def _from_timm(
     of its feature OOD scores' fit."""
     config = resolve_data_config(model=model)
     channels, height, width = config["input_size"]
-    labels = list(model.pretrained_cfg.get("label_names") or [])
-    num_classes = int(model.num_classes)
+    timm_model = cast(Any, model)  # timm's attributes, which nn.Module does not declare
+    labels = list(timm_model.pretrained_cfg.get("label_names") or [])
+    num_classes = int(timm_model.num_classes)
     labels = [str(n) for n in labels[:num_classes]]
     return LoadedModel(
         model=model.eval(),
@@ -346,14 +347,15 @@ class ImageInputs(Dataset):
         self.shape = (loaded.channels, *loaded.spec.size)
 
     def __len__(self) -> int:
-        return len(self.files) if self.files is not None else len(self.data)
+        # Files, or else a dataset (one of the two is given).
+        return len(self.files) if self.files is not None else len(cast(LabeledImages, self.data))
 
     def __getitem__(self, index: int) -> tuple[Tensor, str]:
         try:
             if self.files is not None:
                 image = read_image(self.files[index], self.channels)  # (H, W, C) uint8
             else:
-                image = self.data[index][0]  # (H, W, C) uint8
+                image = cast(LabeledImages, self.data)[index][0]  # (H, W, C) uint8
         except (OSError, ValueError) as err:
             # The decoder's own words (its wrapper repeats the file name the row already has).
             return torch.zeros(self.shape), first_line(err.__cause__ or err)
@@ -444,9 +446,10 @@ def _forward(net: nn.Module, network: nn.Module | None, x: Tensor) -> tuple[Tens
     ``forward_head(forward_features(x))``), else the network's own pass beside ``net``'s."""
     if network is None:
         return net(x), None
-    found = network.forward_features(x)
-    h = network.forward_head(found, pre_logits=True)  # (B, D)
-    return (network.forward_head(found) if net is network else net(x)), h
+    timm_network = cast(Any, network)  # timm's methods, which nn.Module does not declare
+    found = timm_network.forward_features(x)
+    h = timm_network.forward_head(found, pre_logits=True)  # (B, D)
+    return (timm_network.forward_head(found) if net is network else net(x)), h
 
 
 def validation_split(recipe: Recipe, info: RunInfo | None) -> LabeledImages:
@@ -472,7 +475,8 @@ def validation_split(recipe: Recipe, info: RunInfo | None) -> LabeledImages:
         val = load_split("data.val", cfg.val, cfg.channels, seed)
     else:
         full = load_split("data.train", cfg.train, cfg.channels, seed)
-        val = hold_outs(full, cfg, seed)[1]
+        # Without data.val the recipe's rules give a val_fraction: a hold-out.
+        val = cast(LabeledImages, hold_outs(full, cfg, seed)[1])
     val = screen({"data.val": val}, cfg.bad_images, progress=False, cache=cfg.cache)[0]["data.val"]
     recorded = ((info.data if info else None) or {}).get("val")
     if recorded is not None and recorded != val.identity:

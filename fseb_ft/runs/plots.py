@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -217,7 +217,9 @@ def entropy_histogram(
     edges = np.linspace(0.0, top, n_bins + 1)
     fig = new_figure(figsize=(6.0, 4.6))
     ax = fig.subplots()
-    sets = [(f"In-distribution (n = {p_in.shape[0]})", p_in, None)]
+    sets: list[tuple[str, Tensor, float | None]] = [
+        (f"In-distribution (n = {p_in.shape[0]})", p_in, None)
+    ]
     for name, probs in ood.items():
         p_out = as_probs(probs, f"ood[{name!r}]")
         auroc = float(ood_metrics(p_in, p_out)["entropy_auroc"])
@@ -226,8 +228,9 @@ def entropy_histogram(
         h = np.clip(M.predictive_entropy(probs).cpu().numpy(), 0.0, top)  # (N,)
         weights = np.full_like(h, 1.0 / len(h))
         color = f"C{i}"
-        ax.hist(h, bins=edges, weights=weights, color=color, alpha=0.3)
-        ax.hist(h, bins=edges, weights=weights, color=color, histtype="step", lw=1.6, label=label)
+        bins = cast(Sequence[float], edges)  # an array, which matplotlib's annotation omits
+        ax.hist(h, bins=bins, weights=weights, color=color, alpha=0.3)
+        ax.hist(h, bins=bins, weights=weights, color=color, histtype="step", lw=1.6, label=label)
     # In the legend, not beside the line, where it would meet the title or the bars.
     ax.axvline(top, color="black", ls=":", lw=1, label=f"log K = {top:.2f} (uniform prediction)")
     ax.set_xlim(0, top * 1.01)
@@ -336,7 +339,7 @@ def sweep_plot(
             if points:
                 ax.scatter(*zip(*points, strict=True), s=28, facecolors=face,
                            edgecolors=_ACC_COLOR, label=label)  # fmt: skip
-        if key in (ranges or {}):
+        if ranges is not None and key in ranges:
             low, high, log = ranges[key]
             if log:
                 ax.set_xscale("log")

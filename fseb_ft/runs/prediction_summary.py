@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from fseb_ft.evaluation.abstention import AbstentionRule
+from fseb_ft.evaluation.abstention import AbstentionRule, Certificate, ValidationOutcome
 from fseb_ft.evaluation.ood import OOD_SCORE_REGISTRY
 from fseb_ft.recipe.options import FEATURE_OOD_SCORES
 from fseb_ft.runs.conformal_sets import conformal_lines
@@ -78,13 +78,15 @@ def summary(meta: Mapping[str, Any], out: str | Path | None) -> str:
 
 def _guarantee(rule: AbstentionRule) -> str:
     """The summary's line of a certified rule: what it guarantees and the coverage it costs."""
-    cert = rule.certified
+    # A certified rule has its certificate, its target risk and its validation outcome.
+    cert = cast(Certificate, rule.certified)
+    validation = cast(ValidationOutcome, rule.validation)
     cost = (
-        f"validation coverage {_percent(rule.validation.coverage)} "
+        f"validation coverage {_percent(validation.coverage)} "
         f"(empirical rule: {_percent(cert.empirical_coverage)})"
     )
     asked = (
-        f"risk ≤ {_percent(rule.target, None)} among accepted with probability ≥ "
+        f"risk ≤ {_percent(cast(float, rule.target), None)} among accepted with probability ≥ "
         f"{_percent(cert.confidence, None)}"
     )
     if cert.risk_bound is None:
@@ -103,7 +105,7 @@ def _percent(fraction: float, digits: int | None = 1) -> str:
     return f"{100 * fraction:.4g} %" if digits is None else f"{100 * fraction:.{digits}f} %"
 
 
-def _accuracy_lines(meta: dict[str, Any]) -> list[str]:
+def _accuracy_lines(meta: Mapping[str, Any]) -> list[str]:
     """The accuracy on a labelled dataset, over the images of classes the model knows, and how
     many images had labels it does not know (left out of it)."""
     unknown = meta.get("unknown_labels") or {"images": 0, "labels": []}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from fseb_ft.data.splits import VALIDATION_SPLIT
 from fseb_ft.evaluation.conformal import COVERAGE_KEY, SET_SIZE_KEY
@@ -140,7 +140,11 @@ def corruption_markdown(results: Mapping[str, Any]) -> str:
         if found.get("corruption_summary")
     ]
     rows = [("clean", clean_reference(results) or {})]
-    rows += [(f"clean{suffix}", clean_reference(found)) for suffix, found in posthoc]
+    # A post-hoc block with corruption results has its clean row (its test block at least).
+    rows += [
+        (f"clean{suffix}", cast(Mapping[str, Any], clean_reference(found)))
+        for suffix, found in posthoc
+    ]
     for sev, metrics in summary.items():
         label = sev if sev != "all" else "all severities"
         rows.append((label, metrics))

@@ -15,7 +15,7 @@ import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor
@@ -29,6 +29,7 @@ from fseb_ft.evaluation.abstention import (
     rule_for_target,
 )
 from fseb_ft.evaluation.selective import top_class_log_odds
+from fseb_ft.recipe import Recipe
 from fseb_ft.runs.export import write_model_card
 from fseb_ft.runs.loading import (
     ImageInputs,
@@ -90,7 +91,7 @@ def choose_rule(
         if loaded.run_dir is None:
             return no_rule(temperature)
         coverage = DEFAULT_COVERAGE
-    criterion = "coverage" if coverage is not None else "max_risk"
+    criterion: Literal["coverage", "max_risk"] = "coverage" if coverage is not None else "max_risk"
     if loaded.run_dir is None:
         if threshold is None:
             raise FsebError(
@@ -107,9 +108,11 @@ def choose_rule(
         return given_rule(threshold, temperature)  # the run's validation data is not at hand
     if threshold is not None:
         return given_rule(threshold, temperature).measured(confidence, correct)
+    # No threshold here: coverage or max_risk is given (or coverage defaulted), and level comes
+    # with max_risk only.
     if level is not None:
-        return certified_rule(max_risk, level, temperature, confidence, correct)
-    target = coverage if coverage is not None else max_risk
+        return certified_rule(cast(float, max_risk), level, temperature, confidence, correct)
+    target = cast(float, coverage if coverage is not None else max_risk)
     return rule_for_target(criterion, target, temperature, confidence, correct)
 
 
@@ -140,11 +143,11 @@ def validation_logits(
     as its weights; otherwise they are predicted (the whole validation split) and cached there
     when the folder can be written to.
     """
-    run_dir = loaded.run_dir
+    run_dir = cast(Path, loaded.run_dir)  # a run's model has its folder and recipe
     cached = read_val_logits(run_dir)
     if cached is not None:
         return cached  # (N_v, K), (N_v,)
-    val = validation_split(loaded.recipe, loaded.info)
+    val = validation_split(cast(Recipe, loaded.recipe), loaded.info)
     logits, errors = logits_and_read_errors(
         loaded.model, ImageInputs(None, val, loaded), loaded, device, "validation", **loader_kw
     )

@@ -20,6 +20,7 @@ this file and ``python -m fseb_ft.<module>`` runs a module that was not imported
 
 import importlib
 import os
+from typing import Any
 
 # albumentations asks PyPI for a newer version when imported (2 s timeout); a training library
 # must not phone home, and offline it only costs time. A user's explicit setting still wins.
@@ -38,7 +39,7 @@ __all__ = sorted(_LAZY)
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     """The public names on first use, and the modules ``api`` and ``finetune`` (PEP 562).
 
     ``fseb_ft.finetune`` is the CLI module and, being callable, also the Python API:

@@ -20,9 +20,10 @@ import argparse
 import dataclasses
 import inspect
 import sys
+import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from accelerate import PartialState
 
@@ -34,6 +35,7 @@ from fseb_ft.engine.resume import RecipeMismatchError
 from fseb_ft.engine.run import run, run_with_predictions
 from fseb_ft.logs import configure_logging
 from fseb_ft.recipe import ConfigError, Recipe, load_recipe
+from fseb_ft.recipe.options import Method
 from fseb_ft.runs.atomic import DiskFullError
 from fseb_ft.runs.comparison import write_comparison
 from fseb_ft.runs.report import EvalResults
@@ -140,7 +142,7 @@ def compare(recipe: Recipe | str | Path, overrides: Sequence[str] = ()) -> dict[
     ):
         sub = dataclasses.replace(
             recipe,
-            fseb=dataclasses.replace(recipe.fseb, reg_scale=reg_scale, method=method),
+            fseb=dataclasses.replace(recipe.fseb, reg_scale=reg_scale, method=cast(Method, method)),
             output=dataclasses.replace(recipe.output, dir=str(out / slug)),
         )
         evaluated[label] = run_with_predictions(sub)
@@ -215,7 +217,7 @@ def finetune(
     return run(resolved, splits=splits, callbacks=callbacks)
 
 
-class _CallableModule(type(sys)):  # type(sys) is types.ModuleType
+class _CallableModule(types.ModuleType):
     """This module, callable: ``fseb_ft.finetune(recipe, train=..., ...)`` is the Python API.
 
     ``fseb_ft.finetune`` has to be two things at once: the CLI module that ``python -m
@@ -232,7 +234,7 @@ class _CallableModule(type(sys)):  # type(sys) is types.ModuleType
 
 
 sys.modules[__name__].__class__ = _CallableModule
-sys.modules[__name__].__signature__ = inspect.signature(finetune)
+cast(Any, sys.modules[__name__]).__signature__ = inspect.signature(finetune)  # a module's own
 
 
 if __name__ == "__main__":

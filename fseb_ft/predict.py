@@ -55,7 +55,7 @@ import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import yaml
@@ -210,8 +210,8 @@ def predict_images(
 class _Call:
     """How one :func:`predict_images` call predicts, once its defaults are resolved."""
 
-    temperature: float
-    """The temperature applied to the logits (the model's unless overridden)."""
+    temperature: float | None
+    """The temperature applied to the logits (the model's unless overridden; None: none)."""
     ood: str
     """The OOD score each row reports."""
     fit: FeatureOodFit | None
@@ -269,7 +269,7 @@ def _rows(
     rule: AbstentionRule,
     inputs: Any,
     names: Sequence[str],
-    labels: Sequence[int] | None,
+    labels: Sequence[str] | None,
     sets: ConformalCalibration | None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """The rows of the readable images (with their conformal ``sets``), and ``"name: why"`` for
@@ -287,12 +287,13 @@ def _rows(
     unreadable = [f"{names[i]}: {errors[i]}" for i in range(len(names)) if errors[i]]
     if not readable:
         raise ValueError(f"none of the {len(names)} images could be read: {unreadable[0]}")
+    fit = cast(FeatureOodFit, call.fit)  # loaded for a feature score, the one features serve
     rows = image_rows(
         [names[i] for i in readable],
         None if labels is None else [labels[i] for i in readable],
         logits[readable], call.temperature, rule.log_odds_threshold, call.ood,
         loaded.class_names, call.top_k,
-        None if features is None else feature_ood_score(call.ood, call.fit, features[readable]),
+        None if features is None else feature_ood_score(call.ood, fit, features[readable]),
     )  # fmt: skip
     if sets is not None:
         add_set_columns(rows, logits[readable], call.temperature, sets, loaded.class_names)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from accelerate import Accelerator
@@ -73,9 +73,9 @@ def evaluate_ensemble(
     Returns:
         What ``results.json`` holds, a JSON-ready dict.
     """
-    run_dirs = [Path(d) for d in run_dirs]
-    out = _ensemble_out(run_dirs, out_dir)
-    runs = [read_saved_run(d, cpu, overrides) for d in run_dirs]
+    dirs = [Path(d) for d in run_dirs]
+    out = _ensemble_out(dirs, out_dir)
+    runs = [read_saved_run(d, cpu, overrides) for d in dirs]
     _check_same_data(runs)
     # One accelerator for all members: their common precision, else full precision.
     precisions = {recipe.train.mixed_precision for _, recipe, _ in runs}
@@ -89,10 +89,10 @@ def evaluate_ensemble(
     results = EvalResults.of(ensemble, cfg, bootstrap)
     results = results.extended(
         members={label: m.results for label, m in members.items()},
-        runs=[str(d) for d in run_dirs],  # as given; compared resolved
+        runs=[str(d) for d in dirs],  # as given; compared resolved
     )
     if accelerator.is_main_process:
-        _write_ensemble(out, results, members, run_dirs)
+        _write_ensemble(out, results, members, dirs)
     return results.results
 
 
@@ -207,8 +207,9 @@ def _ensemble_val(
             "data.seed (or the same data.val) to calibrate the ensemble"
         )
         return None
-    log_probs = [torch.log_softmax(z.double(), -1) for z, _ in vals]  # (N_v, K) each
-    return _average(log_probs), vals[0][1]
+    given = cast(list[tuple[Tensor, Tensor]], vals)  # every member's (checked above)
+    log_probs = [torch.log_softmax(z.double(), -1) for z, _ in given]  # (N_v, K) each
+    return _average(log_probs), given[0][1]
 
 
 def default_ensemble_dir(run_dirs: Sequence[str | Path]) -> Path:

@@ -11,8 +11,9 @@ import copy
 import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from fseb_ft.data.images import LabeledImages
 from fseb_ft.data.sources import hold_outs
 from fseb_ft.data.splits import Splits
 from fseb_ft.data.user_datasets import as_labeled_images
@@ -73,7 +74,7 @@ def in_memory_splits(
     without ``val``, a stratified, seeded ``data.val_fraction`` of ``train`` held out, and
     without ``test`` its ``data.test_fraction`` when set
     (:func:`~fseb_ft.data.sources.hold_outs`)."""
-    wrap = {
+    wrap: dict[str, Any] = {
         "class_names": class_names,
         "channels": recipe.data.channels,
         "image_column": image_column,
@@ -86,7 +87,9 @@ def in_memory_splits(
     if test is not None:
         test_images = as_labeled_images(test, **wrap)
     ood_images = {name: as_labeled_images(data, **wrap) for name, data in (ood or {}).items()}
-    return Splits(train=train_images, val=val_images, test=test_images, ood=ood_images)
+    # Without val, the recipe's rules give a val_fraction: a hold-out.
+    val_split = cast(LabeledImages, val_images)
+    return Splits(train=train_images, val=val_split, test=test_images, ood=ood_images)
 
 
 def _raw_recipe(recipe: str | Path | Recipe | Mapping[str, Any] | None) -> dict[str, Any]:

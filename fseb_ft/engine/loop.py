@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 from accelerate import Accelerator
@@ -307,9 +308,10 @@ class Trainer:
             count += 1
             # One host sync per log interval, not per step: also where a NaN is caught.
             if count % self.config.log_every == 0 or count == len(loader):
-                bar.set_postfix(_fmt(self._means(sums, count, epoch), short=True), refresh=False)
+                shown = cast(dict[str, str], _fmt(self._means(sums, count, epoch), short=True))
+                bar.set_postfix(shown, refresh=False)
         means = {k: float(v) / max(count, 1) for k, v in sums.items()}
-        lr = self.parts.scheduler.get_last_lr()[0]
+        lr = cast(float, self.parts.scheduler.get_last_lr()[0])  # the schedule's: a float
         return {f"train_{k}": v for k, v in means.items()} | {"lr": lr}
 
     def _step(self, x: Tensor, y: Tensor, ctx_iter: _Contexts | None) -> dict[str, Tensor]:

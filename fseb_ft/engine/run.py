@@ -438,7 +438,7 @@ def _write_outputs(
             share_run(model, run_dir, recipe, trained.run_info, evaluated.results)
 
 
-def _loader_kw(recipe: Recipe) -> dict[str, int]:
+def _loader_kw(recipe: Recipe) -> dict[str, Any]:
     """The loaders' workers and seed."""
     return {"num_workers": recipe.data.num_workers, "seed": recipe.train.seed}
 

@@ -14,6 +14,7 @@ and one per training behaviour its recipe turns on: ``train.class_weights``
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import cast
 
 from torch import Tensor
 from torch.utils.data import DataLoader
@@ -68,4 +69,5 @@ def builtin_callbacks(
 def _ema(recipe: Recipe, parts: Prepared) -> WeightEMA:
     """The EMA of ``train.ema_decay``, validated on its own with ``train.ema_eval=false``."""
     train, model = recipe.train, parts.objective.model
-    return WeightEMA(model, train.ema_decay, evaluate=train.ema_eval, val_loader=parts.val_loader)
+    decay = cast(float, train.ema_decay)  # called when set (builtin_callbacks)
+    return WeightEMA(model, decay, evaluate=train.ema_eval, val_loader=parts.val_loader)

@@ -17,7 +17,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import optuna
 from accelerate import PartialState
@@ -58,7 +58,7 @@ from fseb_ft.recipe import (
     plain_tree,
     recipe_from_dict,
 )
-from fseb_ft.recipe.options import CONTEXT_KINDS
+from fseb_ft.recipe.options import CONTEXT_KINDS, ContextKind
 from fseb_ft.recipe.schema import set_key
 from fseb_ft.runs.atomic import write_text
 from fseb_ft.runs.export import export_run
@@ -160,7 +160,7 @@ def _context_kinds(context: ContextConfig) -> tuple[str, ...]:
     kinds = []
     for kind in CONTEXT_KINDS:
         try:
-            dataclasses.replace(context, kind=kind)
+            dataclasses.replace(context, kind=cast(ContextKind, kind))
         except ConfigError:
             continue
         kinds.append(kind)
@@ -282,7 +282,8 @@ def psmap_point(space: Mapping[str, SweepParam], psmap: Mapping[str, Any]) -> di
 def _suggest(trial: optuna.Trial, key: str, param: SweepParam) -> Any:
     if param.choices:
         return trial.suggest_categorical(key, list(param.choices))
-    return trial.suggest_float(key, param.low, param.high, log=param.log)
+    # Without choices a parameter is a range: its low and high are set.
+    return trial.suggest_float(key, cast(float, param.low), cast(float, param.high), log=param.log)
 
 
 def _objective(
@@ -343,7 +344,8 @@ def _objective(
 
 def _best(study: optuna.Study, value: float) -> float:
     """The best of ``value`` and the study's completed trials' values."""
-    done = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    done = [cast(float, t.value) for t in complete]  # a completed trial has its value
     pick = max if study.direction == optuna.study.StudyDirection.MAXIMIZE else min
     return pick([value, *done])
 

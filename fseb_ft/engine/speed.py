@@ -14,7 +14,7 @@ recomputation (:func:`_statistics_once`); dropout draws the same masks, as
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -103,7 +103,7 @@ def _pause_statistics(module: nn.Module, args: tuple[object, ...]) -> None:
         kept = dict(module.named_buffers(recurse=False))
         for name, buffer in kept.items():
             setattr(module, name, buffer.clone())
-        module._fseb_kept_buffers = kept
+        cast(Any, module)._fseb_kept_buffers = kept  # a plain attribute, not a submodule
 
 
 def _resume_statistics(module: nn.Module, args: tuple[object, ...], output: object) -> None:

@@ -218,7 +218,9 @@ def requeue_interrupted(study: optuna.Study) -> None:
     trials = study.get_trials(deepcopy=False)
     with experimental_ok():
         retries = [t for t in trials if SURPLUS_ATTR not in t.user_attrs]
-        retried = {n for t in retries for n in RetryHeartbeatStaleTrialCallback.retry_history(t)}
+        retried: set[int | None] = {
+            n for t in retries for n in RetryHeartbeatStaleTrialCallback.retry_history(t)
+        }
         retried |= {t.user_attrs.get(_RETRY_OF) for t in trials}  # sweeps before heartbeats
         for t in trials:
             interrupted = t.state == TrialState.FAIL and ERROR_ATTR not in t.user_attrs
@@ -257,7 +259,7 @@ def trial_rows(study: optuna.Study, metric: str, out: Path) -> list[dict[str, An
     ``dir`` is the trial's run folder in the sweep folder ``out``."""
     sign = -1.0 if higher_is_better(metric) else 1.0
     order = {"complete": 0, "pruned": 1, "diverged": 2}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for t in finished(study):
         state = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned"}.get(
             t.state, "diverged"

@@ -38,6 +38,8 @@ from fseb_ft.recipe.options import (
     OOD_SCORES,
     OUTPUT_OOD_SCORES,
     SOLVERS,
+    ContextKind,
+    Method,
 )
 from fseb_ft.recipe.reporting import EvalConfig, OutputConfig, resolve_corruptions
 from fseb_ft.recipe.schema import ConfigError, build, parent_section, plain_tree, set_key
@@ -66,11 +68,13 @@ __all__ = [
     "VAL_OOD_METRIC_SUFFIX",
     "ConfigError",
     "ContextConfig",
+    "ContextKind",
     "DataConfig",
     "DatasetSpec",
     "EvalConfig",
     "FSEBConfig",
     "ImageCacheConfig",
+    "Method",
     "MixupConfig",
     "ModelConfig",
     "OptimConfig",

@@ -120,7 +120,8 @@ def corrupt(
     x = pixels.reshape(*pixels.shape[:2], -1).astype(np.float64) / 255.0  # (H, W, C)
     generator = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
     scale = max(1.0, min(x.shape[:2]) / 32.0)  # the reference's parameters are for 32×32
-    out = fn(x, level, generator, scale)  # type: ignore[misc]  # None raised above  # (H, W, C)
+    # (H, W, C); fn is set: an unknown name raised above, which mypy cannot follow.
+    out = fn(x, level, generator, scale)  # type: ignore[misc]  # fn is not None (above)
     return np.rint(np.clip(out, 0.0, 1.0) * 255.0).astype(np.uint8).reshape(pixels.shape)
 
 

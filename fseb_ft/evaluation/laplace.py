@@ -260,7 +260,7 @@ def _linear_ggn_backend() -> type:
     ``backend`` argument is laplace-torch's interface for a curvature's source, and ``diag``
     returns what its ``fit`` sums, the batch's summed cross-entropy and diagonal."""
 
-    class LinearGGN(laplace_torch().curvature.CurvlinopsGGN):  # type: ignore[misc]  # untyped
+    class LinearGGN(laplace_torch().curvature.CurvlinopsGGN):  # type: ignore[misc]  # a run-time base
         def diag(self, x: Tensor, y: Tensor, **kwargs: Any) -> tuple[Tensor, Tensor]:
             with torch.no_grad():
                 logits, features = self.model.forward_with_features(x)  # (B, K), (B, D)

@@ -250,7 +250,7 @@ def _differences(params: Sequence[Tensor], anchors: list[Tensor] | None) -> list
     """``θ − a`` per tensor (``θ`` itself without anchors), in one multi-tensor kernel."""
     if anchors is None:
         return list(params)
-    return list(torch._foreach_sub(params, anchors))  # type: ignore[call-overload]  # any sequence
+    return list(torch._foreach_sub(params, anchors))  # type: ignore[call-overload]  # takes tuples
 
 
 def _quad_cholesky(F: Tensor, H: Tensor, scale: float, diag: float, jitter: float) -> Tensor:

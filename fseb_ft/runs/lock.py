@@ -22,7 +22,7 @@ from fseb_ft.runs.rundir import LOCK_FILE, check_output_dir
 try:
     import fcntl
 except ImportError:  # Windows
-    fcntl = None  # type: ignore[assignment]
+    fcntl = None  # type: ignore[assignment]  # no module there: run_lock checks for None
 
 __all__ = ["RunInUseError", "run_lock"]
 

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZY's
     from fseb_ft.evaluation.abstention import AbstentionRule as AbstentionRule
+    from fseb_ft.evaluation.abstention import Certificate as Certificate
+    from fseb_ft.evaluation.abstention import ValidationOutcome as ValidationOutcome
     from fseb_ft.evaluation.abstention import certified_rule as certified_rule
     from fseb_ft.evaluation.abstention import given_rule as given_rule
     from fseb_ft.evaluation.abstention import no_rule as no_rule
@@ -63,6 +65,8 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
 
 _LAZY = {
     "AbstentionRule": "fseb_ft.evaluation.abstention",
+    "Certificate": "fseb_ft.evaluation.abstention",
+    "ValidationOutcome": "fseb_ft.evaluation.abstention",
     "certified_rule": "fseb_ft.evaluation.abstention",
     "given_rule": "fseb_ft.evaluation.abstention",
     "no_rule": "fseb_ft.evaluation.abstention",

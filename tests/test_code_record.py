@@ -20,6 +20,12 @@ def git(root: Path, *args: str) -> str:
     return subprocess.run(command, check=True, capture_output=True, text=True).stdout.strip()
 
 
+@pytest.fixture(autouse=True)
+def fresh_state() -> None:
+    """git_state is read once per process; each test reads its own checkout afresh."""
+    git_state.cache_clear()
+
+
 @pytest.fixture
 def checkout(tmp_path: Path) -> Path:
     """A git checkout holding a package folder ``fseb_ft`` and a README, one commit."""
@@ -41,6 +47,14 @@ def test_clean_checkout_names_its_commit(checkout: Path) -> None:
 def test_an_edited_package_file_is_dirty(checkout: Path) -> None:
     (checkout / "fseb_ft" / "loss.py").write_text("SCALE = 2\n")
     assert git_state(checkout / "fseb_ft")["dirty"] is True
+
+
+def test_the_state_is_that_of_the_first_read_in_a_process(checkout: Path) -> None:
+    """A later commit does not change the code the process already imported."""
+    first = git_state(checkout / "fseb_ft")
+    (checkout / "fseb_ft" / "loss.py").write_text("SCALE = 2\n")
+    git(checkout, "commit", "-qam", "second")
+    assert git_state(checkout / "fseb_ft") == first
 
 
 def test_untracked_files_and_edits_outside_the_code_are_not_dirty(checkout: Path) -> None:

@@ -7,6 +7,7 @@ which behaviour fingerprint, ``benchmarks/fingerprint.json``) made each of its r
 
 from __future__ import annotations
 
+import functools
 import subprocess
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -31,12 +32,14 @@ TRACKED = ("fseb_ft", "recipes", "benchmarks", "pyproject.toml")
 """The checkout's paths whose uncommitted edits make a run's code differ from its commit."""
 
 
+@functools.cache
 def git_state(package_dir: Path) -> dict[str, Any] | None:
     """``{"commit": sha, "dirty": bool}`` of the git checkout holding ``package_dir``.
 
     ``dirty`` is true when a tracked file under :data:`TRACKED` differs from the commit
     (untracked files are not code the run imported). ``None`` outside a checkout (an installed
-    wheel) or without git.
+    wheel) or without git. Read once per process: the code a process imported stays the same
+    when the checkout moves on, so a later run of the process records the state of its first.
     """
     root = package_dir.parent
 

@@ -14,6 +14,10 @@ branch; run again inside the branch to name the commit in it):
 1. binary search for the first commit whose metrics differ from GOOD's;
 2. from that commit on, again, until the metrics are BAD's: every commit that changed them.
 
+The data the driver extracts from ``../shared`` (``--cache``) is extracted once and shared by
+every commit: ``cifar_folder`` and ``cifar_disk``, which build it, are unchanged since before
+2026-11-22 (``git log -L``); a range where they change needs one cache per commit.
+
 Each tested commit's metrics are cached in ``WORK/results/SHA-KEY.json``, so a second search over
 an overlapping range reruns nothing. A commit whose run fails is passed over, as
 ``git bisect skip`` does, and named beside a change found next to it (the change may be its).
@@ -78,6 +82,9 @@ def run_commit(sha: str, args: argparse.Namespace, key: str) -> Result | None:
     if not shared.exists():
         shared.symlink_to(REPO.parent / "shared")
     shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    args.cache.mkdir(parents=True, exist_ok=True)
+    (out / "cache").symlink_to(args.cache.resolve())
     command = [
         sys.executable, "-m", "benchmarks.paper_cifar10", "--protocol", args.protocol,
         "--epochs", str(args.epochs), "--seeds", str(args.seed),
@@ -161,7 +168,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--override", action="append", default=[], help="extra recipe override")
     parser.add_argument("--work", type=Path, default=Path("/tmp/fseb-bisect"))
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=None,
+        help="the drivers' extracted data (default WORK/cache), shared by every commit",
+    )
     args = parser.parse_args()
+    args.cache = args.cache or args.work / "cache"
     setting = [args.protocol, args.methods, args.train_images, args.epochs, args.seed]
     setting.append(args.override)
     key = hashlib.sha256(json.dumps(setting).encode()).hexdigest()[:10]

@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> dict[str, list[float | None]]:
     print(f"\n{text}\nwall time: {minutes:.1f} min", flush=True)
     deltas = headline(per_seed)
     if args.doc:
-        write_section(args.doc, text, MARKERS)
+        write_section(args.doc, text, MARKERS, runs=[args.out / "runs"])
     print(json.dumps(deltas))
     return deltas
 

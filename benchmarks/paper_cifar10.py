@@ -390,7 +390,9 @@ def main() -> None:
     print(body)
     if args.curve:
         learning_curves(curves, "NLL", args.curve, title=f"CIFAR-10, {section}")
-    write_section(args.results, body, (f"<!-- {section}:begin -->", f"<!-- {section}:end -->"))
+    runs = [args.out / folder]
+    write_section(args.results, body, (f"<!-- {section}:begin -->", f"<!-- {section}:end -->"),
+                  runs=runs)  # fmt: skip
     if args.corruptions:
         shift = (
             f"CIFAR-10 test, a stratified {args.corruption_limit:,}-image subset under "
@@ -403,7 +405,7 @@ def main() -> None:
         )
         print(shift)
         write_section(args.results, shift, ("<!-- cifar10-shift:begin -->",
-                                            "<!-- cifar10-shift:end -->"))  # fmt: skip
+                                            "<!-- cifar10-shift:end -->"), runs=runs)  # fmt: skip
     out_json = args.out / folder / "results.json"
     out_json.write_text(json.dumps(all_results, indent=1))
 

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks import paper_rows
+from benchmarks.provenance import made_by, run_codes, stamp
 from benchmarks.seeds import cell
 from fseb_ft.engine.run import run
 from fseb_ft.recipe import load_recipe
@@ -271,9 +272,13 @@ def training_record(run_dir: Path) -> dict:
     return json.loads((run_dir / "run.json").read_text())["training"]
 
 
-def write_section(path: Path, body: str, markers: tuple[str, str] = MARKERS) -> None:
-    """Replace one marked section of ``docs/results.md`` (or append it)."""
+def write_section(
+    path: Path, body: str, markers: tuple[str, str] = MARKERS, *, runs: Sequence[Path]
+) -> None:
+    """Replace one marked section of ``docs/results.md`` (or append it), stamped with the code
+    that made the run folders in or under ``runs`` (:mod:`benchmarks.provenance`)."""
     text = path.read_text() if path.exists() else "# Results\n"
+    body = body.rstrip("\n") + "\n\n" + stamp(made_by(run_codes(runs)))
     block = f"{markers[0]}\n{body}{markers[1]}"
     if markers[0] in text:
         head, rest = text.split(markers[0], 1)
@@ -350,10 +355,12 @@ def main() -> None:
         chosen = {k: v for k, v in chosen.items() if k in args.methods}
     all_results: dict[str, list[dict]] = {}
     curves: dict[str, list[list[float]]] = {}
+    run_dirs: list[Path] = []
     for name, overrides in chosen.items():
         slug = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
         for seed in args.seeds:
             out = args.out / slug / f"seed{seed}"
+            run_dirs.append(out)
             recipe = load_recipe(
                 RECIPE,
                 [*overrides, f"train.epochs={args.epochs}", f"train.seed={seed}",
@@ -373,9 +380,8 @@ def main() -> None:
     if args.curve:
         learning_curves(curves, "NLL", args.curve, title=f"FashionMNIST, {args.section}")
     print(body)
-    write_section(
-        args.results, body, (f"<!-- {args.section}:begin -->", f"<!-- {args.section}:end -->")
-    )
+    markers = (f"<!-- {args.section}:begin -->", f"<!-- {args.section}:end -->")
+    write_section(args.results, body, markers, runs=run_dirs)
     if args.corruptions:
         shift = (
             f"FashionMNIST test under {', '.join(args.corruptions)} corruptions (CIFAR-10-C "
@@ -386,7 +392,7 @@ def main() -> None:
             + corruption_table(all_results, args.severities)
         )
         print(shift)
-        write_section(args.results, shift, SHIFT_MARKERS)
+        write_section(args.results, shift, SHIFT_MARKERS, runs=run_dirs)
     (args.out / "results.json").write_text(json.dumps(all_results, indent=1))
 
 

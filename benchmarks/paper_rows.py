@@ -453,6 +453,10 @@ def our_step_ratios(page: str) -> dict[str, float]:
     return {}
 
 
+GENERATED = ("paper-claims", "paper-runtimes")
+"""The sections :func:`write_page` renders from the paper's numbers alone (no run of ours)."""
+
+
 def _markers(name: str) -> tuple[str, str]:
     return f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
 
@@ -479,7 +483,7 @@ def write_page(path: Path) -> list[str]:
         if body is not None:
             page = _replace(page, name, extend(body, pairing))
             written.append(name)
-    generated = {
+    generated = {  # the names of GENERATED
         "paper-claims": claims_section,
         "paper-runtimes": lambda: runtimes_section(our_step_ratios(page)),
     }

@@ -254,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         + laplace_priors(args.out, args.seeds)
     )
     print(body)
-    write_section(args.results, body, MARKERS)
+    write_section(args.results, body, MARKERS, runs=[args.out])
 
 
 if __name__ == "__main__":

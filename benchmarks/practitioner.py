@@ -209,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                f"--seeds {' '.join(map(str, args.seeds))} --jobs {args.jobs}`")  # fmt: skip
     body = f"Winners ({command}):\n\n{winners(args.out)}\n{table(args.out, args.seeds)}"
     print(body)
-    write_section(args.results, body, MARKERS)
+    write_section(args.results, body, MARKERS, runs=[args.out])
 
 
 if __name__ == "__main__":

@@ -13,7 +13,9 @@
    over those of the winner's run.
 
 Steps already done (a finished sweep, a seed's ``results.json``) are not run again, so
-``--tables-only`` prints the table from what is on disk.
+``--tables-only`` prints the table from what is on disk. The table is printed with the stamp of
+the code that made its runs (:mod:`benchmarks.provenance`); ``--section NAME`` also writes both
+into that marked section of ``--results``.
 """
 
 from __future__ import annotations
@@ -27,9 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import paper_rows
+from benchmarks.paper_fmnist import write_section
+from benchmarks.provenance import made_by, run_codes, stamp
 from benchmarks.seeds import cell
 from fseb_ft.runs.rundir import RUN_INFO_FILE, TRAINER_STATE, latest_checkpoint
 
+REPO = Path(__file__).resolve().parents[1]
 ARMS = ("psmap", "fseb")
 LABELS = {"psmap": "PS-MAP", "fseb": "FS-EB"}
 # (column title, key in a results block, OOD set or None, scale); "{ood}" is the OOD set's title.
@@ -164,11 +169,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=None,
         help="add the paper's rows for this pairing (fmnist-tuned for recipes/fmnist.yaml)",
     )
+    parser.add_argument(
+        "--section",
+        default=None,
+        help="also write the table into this marked section of --results (e.g. fmnist-tuned)",
+    )
+    parser.add_argument("--results", type=Path, default=REPO / "docs" / "results.md")
     args = parser.parse_intermixed_args(argv)
     if not args.tables_only:
         run_all(args.recipe, args.trials, args.seeds, args.out, args.overrides)
-    print(table(args.out, args.seeds, args.paper))
+    body = table(args.out, args.seeds, args.paper)
+    print(body + "\n" + stamp(made_by(run_codes([args.out]))))
     print(json.dumps(sweep_cost(args.out)))
+    if args.section:
+        markers = (f"<!-- {args.section}:begin -->", f"<!-- {args.section}:end -->")
+        write_section(args.results, body, markers, runs=[args.out])
 
 
 if __name__ == "__main__":

@@ -56,6 +56,7 @@ from fseb_ft.method.models import create_model, input_spec, planned_input_size
 from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.recipe import ConfigError, Recipe, dump_recipe
 from fseb_ft.runs.atomic import cleaned_on_failure, publish, remove_orphans, write_text
+from fseb_ft.runs.code_record import code_record
 from fseb_ft.runs.feature_fit import write_feature_fit
 from fseb_ft.runs.lock import run_lock
 from fseb_ft.runs.report import EvalResults, write_results
@@ -329,6 +330,7 @@ def _record_start(
         prior=prior,
         bad_images=data.dropped or None,
         class_weights=None if data.class_weights is None else data.class_weights.tolist(),
+        code=code_record(),
     )
     files = data_files(recipe.data)
     check_same_data(recipe.train, run_dir, run_info, files)

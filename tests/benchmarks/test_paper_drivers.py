@@ -120,11 +120,14 @@ def test_write_section_replaces_only_its_marked_block(tmp_path: Path) -> None:
     path = tmp_path / "results.md"
     path.write_text("# Results\n\nintro\n")
     markers = ("<!-- x:begin -->", "<!-- x:end -->")
-    paper_fmnist.write_section(path, "first\n", markers)
-    paper_fmnist.write_section(path, "second\n", markers)
+    paper_fmnist.write_section(path, "first\n", markers, runs=[])
+    paper_fmnist.write_section(path, "second\n", markers, runs=[])
     text = path.read_text()
-    assert text == "# Results\n\nintro\n\n<!-- x:begin -->\nsecond\n<!-- x:end -->\n"
-    paper_fmnist.write_section(path, "other\n", ("<!-- y:begin -->", "<!-- y:end -->"))
+    head, block = text.split("<!-- x:begin -->\n")
+    assert head == "# Results\n\nintro\n\n"
+    assert block.startswith("second\n\n<!-- made-by: ") and block.endswith("<!-- x:end -->\n")
+    assert "first" not in text
+    paper_fmnist.write_section(path, "other\n", ("<!-- y:begin -->", "<!-- y:end -->"), runs=[])
     assert "second" in path.read_text() and "other" in path.read_text()
 
 

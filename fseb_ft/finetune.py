@@ -34,6 +34,7 @@ from fseb_ft.engine.loop import NonFiniteLossError
 from fseb_ft.engine.resume import RecipeMismatchError
 from fseb_ft.engine.run import run, run_with_predictions
 from fseb_ft.logs import configure_logging
+from fseb_ft.method.methods import find_method
 from fseb_ft.recipe import ConfigError, Recipe, load_recipe
 from fseb_ft.recipe.options import Method
 from fseb_ft.runs.atomic import DiskFullError
@@ -121,7 +122,8 @@ def compare(recipe: Recipe | str | Path, overrides: Sequence[str] = ()) -> dict[
     The two runs differ only in ``fseb.reg_scale`` (0 for PS-MAP): same data, seed, backbone,
     optimiser and schedule — one loop, two configurations. ``recipe`` is a :class:`Recipe` or a
     YAML file (read with ``overrides``); its runs go to ``output.dir``/psmap and /fseb (/fsvi
-    with ``fseb.method=fsvi``, whose PS-MAP run also has ``method=fseb``).
+    with ``fseb.method=fsvi``, /l2sp with ``l2sp``: the method's name; the PS-MAP run has
+    ``method=fseb``), labelled by the method's title.
 
     Raises:
         ConfigError: the recipe's ``fseb.reg_scale`` is 0, so it has no FS-EB setting.
@@ -136,9 +138,10 @@ def compare(recipe: Recipe | str | Path, overrides: Sequence[str] = ()) -> dict[
     out = Path(recipe.output.dir)
     check_output_dir(out)
     evaluated: dict[str, EvalResults] = {}
+    title = find_method(recipe.fseb.method).title(recipe.fseb)
     for label, slug, reg_scale, method in (
         ("PS-MAP", "psmap", 0.0, "fseb"),
-        (recipe.fseb.method_name, recipe.fseb.method, recipe.fseb.reg_scale, recipe.fseb.method),
+        (title, recipe.fseb.method, recipe.fseb.reg_scale, recipe.fseb.method),
     ):
         sub = dataclasses.replace(
             recipe,
@@ -148,8 +151,7 @@ def compare(recipe: Recipe | str | Path, overrides: Sequence[str] = ()) -> dict[
         evaluated[label] = run_with_predictions(sub)
     results = {label: e.results for label, e in evaluated.items()}
     if PartialState().is_main_process:
-        title = f"{recipe.model.name}: PS-MAP vs {recipe.fseb.method_name}"
-        table = write_comparison(out, evaluated, title)
+        table = write_comparison(out, evaluated, f"{recipe.model.name}: PS-MAP vs {title}")
         seconds = {k: round(v["training"]["seconds"], 1) for k, v in results.items()}
         print(f"\n{table}\ntraining seconds: {seconds}; written to {out}")
     return results

@@ -5,9 +5,9 @@ floating-point entry of its ``state_dict`` (parameters and buffers: BatchNorm's 
 statistics are averaged too; its integer batch count is copied) moves, after each optimiser step
 ``t``, to ``e_t = d · e_{t−1} + (1 − d) · θ_t`` with ``d = train.ema_decay`` (no warm-up; timm's
 first update, ``t = 1``, copies ``θ_1``). It averages the network only: not φ0, the objective's
-frozen copy, nor FS-VI's σ, which is the trained one whatever the network's weights
-(docs/method.md, "EMA"). The average is checkpointed through Accelerate beside the model, so a
-resumed run continues it exactly.
+frozen copy, nor the method's own state (FS-VI's σ), which is the trained one whatever the
+network's weights (docs/method.md, "EMA"). The average is checkpointed through Accelerate beside
+the model, so a resumed run continues it exactly.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 from fseb_ft.engine.callbacks import Callback, TrainerView, Validation
 from fseb_ft.evaluation.metrics import classification_metrics
 from fseb_ft.evaluation.predictions import predict_logits
-from fseb_ft.method.posterior import predictive, unwrap_model
+from fseb_ft.method.parts import unwrap_model
 
 __all__ = ["WeightEMA"]
 
@@ -70,10 +70,8 @@ class WeightEMA(Callback):
     def on_validation_end(self, trainer: TrainerView, validation: Validation) -> None:
         if self.evaluate:
             return
-        objective = trainer.objective
-        predictor = predictive(
-            self.ema.module, objective.variational, objective.config, trainer.config.seed
-        )
+        # The method's predictor around the average (FS-VI: its draws around the average's μ).
+        predictor = trainer.objective.predictor(trainer.config.seed, network=self.ema.module)
         assert self.val_loader is not None  # checked in __init__
         logits, labels = predict_logits(predictor, self.val_loader, trainer.accelerator)
         found = classification_metrics(torch.log_softmax(logits, dim=-1), labels)

@@ -29,11 +29,12 @@ def build_optimizer(
     """SGD-momentum or AdamW; no decoupled decay because the parameter prior ``R_θ`` decays.
 
     With ``optim.layer_decay``, ``model``'s parameters (``name``: its ``model.name``, for the
-    error) are in timm's layer-decay groups, each at its scaled ``lr``, and FS-VI's ``rho`` (by
-    the name of the parameter each belongs to; all of them must be among ``params``) in their
-    parameters' groups (:func:`fseb_ft.method.parts.layer_decay_groups`); the schedule scales
-    every group alike. Frozen parameters are in the optimiser too: they get no gradient, so it
-    leaves them (and their momentum) alone until they are unfrozen.
+    error) are in timm's layer-decay groups, each at its scaled ``lr``, and the method's own
+    parameters ``rho`` (FS-VI's ρ; by the name of the parameter each belongs to; all of them must
+    be among ``params``) in their parameters' groups
+    (:func:`fseb_ft.method.parts.layer_decay_groups`); the schedule scales every group alike.
+    Frozen parameters are in the optimiser too: they get no gradient, so it leaves them (and
+    their momentum) alone until they are unfrozen.
     """
     groups: list[nn.Parameter] | list[dict[str, object]] = params
     if cfg.layer_decay is not None:

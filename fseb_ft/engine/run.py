@@ -52,6 +52,7 @@ from fseb_ft.evaluation.features import laplace_classifier
 from fseb_ft.evaluation.predictions import eval_loader, predict_splits
 from fseb_ft.method.context import context_sets, context_stream, resolve_prior_on_pool
 from fseb_ft.method.likelihood import class_weights
+from fseb_ft.method.methods import find_method
 from fseb_ft.method.models import create_model, input_spec, planned_input_size
 from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.recipe import ConfigError, Recipe, dump_recipe
@@ -206,8 +207,8 @@ def _data(recipe: Recipe, splits: Splits, accelerator: Accelerator) -> RunData:
     with accelerator.main_process_first():  # the main process builds the cache, the others read it
         screened, others, dropped = screen_splits(
             splits,
-            # PS-MAP draws no context.
-            context_sets(recipe.context, channels, seed) if not recipe.fseb.is_ps_map else [],
+            # A method without context points (PS-MAP, L2-SP) draws none.
+            context_sets(recipe.context, channels, seed) if _uses_context(recipe) else [],
             recipe.data.bad_images,
             accelerator.is_main_process,
             cache=cache,
@@ -268,9 +269,9 @@ def _model_and_objective(
     _check_processes(objective, accelerator)
     apply_speed_keys(objective, recipe.model, recipe.train)
     params = objective.trainable_parameters()
-    q = objective.variational  # FS-VI's ρ join their parameters' layer-decay groups
-    rho = None if q is None else dict(zip(q.names, q.rho, strict=True))
-    optimizer = build_optimizer(recipe.optim, params, model, recipe.model.name, rho)
+    # The method's own parameters (FS-VI's ρ) join their network parameters' layer-decay groups.
+    extra = objective.algorithm.extra_parameters()
+    optimizer = build_optimizer(recipe.optim, params, model, recipe.model.name, extra)
     model, optimizer, train_loader, val_loader = accelerator.prepare(
         model, optimizer, train_loader, val_loader
     )
@@ -286,10 +287,10 @@ def _model_and_objective(
 def _context(
     recipe: Recipe, data: RunData, spec: InputSpec, parts: Prepared
 ) -> tuple[Prepared, dict[str, float] | None]:
-    """FS-EB's context stream (PS-MAP draws none) in ``parts``, and the prior resolved on its
-    pool from ``fseb.prior_std`` (``None``: the recipe gives s and d)."""
+    """The method's context stream (PS-MAP and L2-SP draw none) in ``parts``, and the prior
+    resolved on its pool from ``fseb.prior_std`` (``None``: the recipe gives s and d)."""
     context = None
-    if not recipe.fseb.is_ps_map:
+    if _uses_context(recipe):
         context = context_stream(
             recipe.context,
             recipe.train.seed,
@@ -373,8 +374,9 @@ def _load_best(parts: Prepared, run_dir: Path) -> None:
     """The best epoch's weights, and the method's state saved beside them, into the model."""
     parts.accelerator.wait_for_everyone()
     load_model(parts.accelerator.unwrap_model(parts.objective.model), str(run_dir / MODEL_WEIGHTS))
-    if parts.objective.method_state():
-        parts.objective.load_method_state(read_method_state(run_dir))
+    name = parts.objective.method_state_file
+    if name is not None:
+        parts.objective.load_method_state(read_method_state(run_dir, name))
 
 
 def _evaluate(recipe: Recipe, splits: Splits, spec: InputSpec, parts: Prepared) -> EvalResults:
@@ -445,6 +447,11 @@ def _loader_kw(recipe: Recipe) -> dict[str, Any]:
     return {"num_workers": recipe.data.num_workers, "seed": recipe.train.seed}
 
 
+def _uses_context(recipe: Recipe) -> bool:
+    """Whether the recipe's method draws context points (FS-EB with ``reg_scale > 0``, FS-VI)."""
+    return find_method(recipe.fseb.method).uses_context(recipe.fseb)
+
+
 def _check_processes(objective: FSEBObjective, accelerator: Accelerator) -> None:
     """Stop a method that trains in one process only (its ``single_process_reason``) launched
     on several."""
@@ -469,7 +476,9 @@ def _warn(accelerator: Accelerator, messages: list[str]) -> list[str]:
 def _save_best(model: nn.Module, objective: FSEBObjective, run_dir: Path) -> None:
     """The best weights, and the method's state beside them (:meth:`FSEBObjective.method_state`)."""
     _save_weights(model, run_dir / MODEL_WEIGHTS)
-    write_method_state(run_dir, objective.method_state(), objective.method_state_name)
+    name = objective.method_state_file
+    if name is not None:
+        write_method_state(run_dir, objective.method_state(), name, objective.method_state_name)
 
 
 def _save_weights(model: nn.Module, path: Path) -> None:

@@ -49,6 +49,7 @@ from fseb_ft.engine.trials import (
     trial_folder,
     trial_rows,
 )
+from fseb_ft.method.methods import find_method
 from fseb_ft.recipe import (
     ConfigError,
     ContextConfig,
@@ -246,7 +247,7 @@ def compare_sweeps(
             fseb=dataclasses.replace(recipe.fseb, method="fseb", reg_scale=0.0),
             sweep=dataclasses.replace(recipe.sweep, space=psmap_space),
         ),
-        recipe.fseb.method_name: recipe,  # FS-EB, or FS-VI for fseb.method=fsvi
+        find_method(recipe.fseb.method).title(recipe.fseb): recipe,  # FS-EB, FS-VI, L2-SP
     }
     boards: dict[str, dict[str, Any]] = {}
     for label, arm in arms.items():

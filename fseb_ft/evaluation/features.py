@@ -30,7 +30,7 @@ from fseb_ft.evaluation.laplace import (
     laplace_torch,
 )
 from fseb_ft.logs import progress_bar
-from fseb_ft.method.posterior import unwrap_model
+from fseb_ft.method.parts import unwrap_model
 from fseb_ft.recipe import EvalConfig
 
 __all__ = [

@@ -32,7 +32,7 @@ from fseb_ft.evaluation.features import (
 )
 from fseb_ft.evaluation.groups import Groups, reported_groups
 from fseb_ft.logs import progress_bar
-from fseb_ft.method.posterior import unwrap_model
+from fseb_ft.method.parts import unwrap_model
 from fseb_ft.recipe import EvalConfig
 
 __all__ = [

@@ -1,19 +1,11 @@
-"""The FS-EB training objective: a trainable model, its frozen starting copy φ0, named loss terms.
+"""The training objective: a trainable model, its frozen starting copy φ0, named loss terms.
 
-Loss (docs/method.md, "The idea"; the negative of Rudner et al. 2023, eq. 8, divided by N_train)::
-
-    loss = mean_CE(f(x; θ), y) + (reg_scale · R_f + R_θ) / N_train
-
-with ``R_f = ½ Σ_k f_kᵀ Kc⁻¹ f_k`` at the context points (``reg_points="joint"``: at the training
-and context points) and ``R_θ = ‖θ − θ_anchor‖² / (2σ_p²)``.
-``reg_scale = 0`` is PS-MAP (plain weight decay ``1 / (prior_var · N_train)``): one objective, two
-configurations. ``method="fsvi"`` is FS-VI (Rudner et al., NeurIPS 2022) under the same prior::
-
-    loss = mean_CE(f(x; μ + σ ε), y) + reg_scale · KL(q(f(x̂)) ‖ N(0, Kc)) / N_train
-
-with a mean-field Gaussian ``q(θ) = N(μ, diag(σ²))`` and the KL of
-:func:`fseb_ft.method.fsvi.function_kl`
-(docs/method.md, "FS-VI").
+The loss is the method's (``fseb.method``, one module each in :mod:`fseb_ft.method.methods`):
+FS-EB (docs/method.md, "The idea"; the negative of Rudner et al. 2023, eq. 8, divided by
+N_train), PS-MAP as its ``reg_scale = 0``, FS-VI, L2-SP. The objective holds what they share:
+φ0, the class weights, the prior covariance ``Kc``'s s and d, the context batch's checks; its
+method (:attr:`FSEBObjective.algorithm`) computes each step's terms, keeps its state beside the
+weights and builds the predictor.
 
 Multi-process training: each process regularises its own context batch, so the prior is
 block-diagonal across processes, and gradient averaging turns ``R_f`` into its mean over
@@ -29,27 +21,21 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call
 
-from fseb_ft.method.fsvi import function_kl
-from fseb_ft.method.likelihood import likelihood_term
-from fseb_ft.method.posterior import posterior, predictive, unwrap_model
-from fseb_ft.method.regularizer import function_space_term, parameter_term
-from fseb_ft.method.variational import MeanFieldGaussian, context_moments
+from fseb_ft.method.methods.registry import TERMS, FeatureFn
+from fseb_ft.method.parts import unwrap_model
+from fseb_ft.method.posterior import posterior
 from fseb_ft.recipe import FSEBConfig
 from fseb_ft.recipe.schema import build
 
 __all__ = ["FSEBObjective", "FeatureFn", "timm_features"]
 
 _Class = TypeVar("_Class", bound=type)
-
-FeatureFn = Callable[[nn.Module, Tensor], Tensor]
-"""``feature_fn(prior_model, x) -> (M, D)`` penultimate features of φ0 at ``x``."""
 
 
 def timm_features(model: nn.Module, x: Tensor) -> Tensor:
@@ -112,8 +98,8 @@ def _config_attributes(cls: _Class) -> _Class:
 
 @_config_attributes
 class FSEBObjective(nn.Module):
-    """FS-EB (or, with ``reg_scale = 0``, PS-MAP; with ``method="fsvi"``, FS-VI) loss for a
-    classifier.
+    """The loss of a recipe's method (``fseb.method``: FS-EB, or PS-MAP with ``reg_scale = 0``;
+    FS-VI; L2-SP) for a classifier.
 
     Holds the trainable ``model`` and a frozen copy of it at its starting point, ``prior`` (φ0):
     eval mode forever (BatchNorm running statistics, no dropout), ``requires_grad = False``, and
@@ -142,8 +128,8 @@ class FSEBObjective(nn.Module):
         ConfigError: a hyper-parameter breaks a rule of ``FSEBConfig``.
         TypeError: an unknown keyword; or no ``feature_fn`` for a model without timm's
             ``forward_features`` / ``forward_head``.
-        ValueError: ``num_train`` is not a positive int; ``param_anchor="init"`` with a ``prior``
-            that lacks the trainable parameters' names.
+        ValueError: ``num_train`` is not a positive int; a ``prior`` the method cannot use
+            (``param_anchor="init"``, L2-SP: one that lacks the trainable parameters' names).
     """
 
     if TYPE_CHECKING:  # a config field as @_config_attributes reads it (the ones read here)
@@ -171,10 +157,11 @@ class FSEBObjective(nn.Module):
         self.class_weights: Tensor | None = None  # set by set_class_weights
         self.target_smoothing = 0.0  # set by set_class_weights
         base = unwrap_model(model)
-        self.variational = posterior(base, self.config)
+        # The method (objective.method is the config's name of it, as every field's).
+        self.algorithm = posterior(base, self.config)
         self.feature_fn = feature_fn or _timm_feature_fn(base)
         self.prior = _frozen(copy.deepcopy(base) if prior is None else prior)
-        _check_anchors(base, self.prior, self.config.param_anchor)
+        self.algorithm.check_prior(base, self.prior)
 
     @classmethod
     def from_config(
@@ -229,45 +216,51 @@ class FSEBObjective(nn.Module):
         return self
 
     def trainable_parameters(self) -> list[nn.Parameter]:
-        """The parameters an optimiser should update (never φ0's): θ, and FS-VI's ρ."""
-        rho = list(self.variational.parameters()) if self.variational is not None else []
-        return self.model_parameters() + rho
+        """The parameters an optimiser should update (never φ0's): θ, and the method's own
+        (FS-VI's ρ)."""
+        return self.model_parameters() + list(self.algorithm.parameters())
 
     def model_parameters(self) -> list[nn.Parameter]:
         """The network's trainable parameters θ (FS-VI: the mean μ), which ``R_θ`` sees."""
         return [p for p in self.model.parameters() if p.requires_grad]
 
-    def predictor(self, seed: int = 0) -> nn.Module:
-        """The model to predict with (:func:`fseb_ft.method.posterior.predictive`): the network
-        itself, or FS-VI's Monte-Carlo predictive (``fsvi_predict_samples`` draws seeded by
-        ``seed``) whose outputs are the log-probabilities of the averaged prediction."""
-        return predictive(self.model, self.variational, self.config, seed)
+    def predictor(self, seed: int = 0, network: nn.Module | None = None) -> nn.Module:
+        """The model to predict with (the method's
+        :meth:`~fseb_ft.method.methods.registry.TrainingMethod.predictor`) around ``network``
+        (default: the trained model; an EMA gives its average): the network itself, or FS-VI's
+        Monte-Carlo predictive (``fsvi_predict_samples`` draws seeded by ``seed``) whose outputs
+        are the log-probabilities of the averaged prediction."""
+        return self.algorithm.predictor(self.model if network is None else network, seed)
 
     def method_state(self) -> dict[str, Tensor]:
         """The tensors the method keeps beside the network's weights, to save with them: FS-VI's
-        σ by parameter name (μ is the weights); none for FS-EB and PS-MAP."""
-        return {} if self.variational is None else self.variational.stds()
+        σ by parameter name (μ is the weights); none for FS-EB, PS-MAP and L2-SP."""
+        return self.algorithm.state()
 
     def load_method_state(self, state: Mapping[str, Tensor]) -> None:
-        """Set what :meth:`method_state` saved (FS-VI's σ); nothing to set for FS-EB, PS-MAP."""
-        if self.variational is not None:
-            self.variational.load_stds(state)
+        """Set what :meth:`method_state` saved (FS-VI's σ); nothing to set for a MAP method."""
+        self.algorithm.load_state(state)
 
     def checkpointed_modules(self) -> list[nn.Module]:
         """Trainable modules outside the prepared network that a training checkpoint must hold
-        to resume exactly (FS-VI's ρ); none for FS-EB and PS-MAP."""
-        return [] if self.variational is None else [self.variational]
+        to resume exactly (FS-VI's ρ); none for a MAP method."""
+        return self.algorithm.checkpointed_modules()
 
     @property
     def method_state_name(self) -> str:
         """What :meth:`method_state` holds, as an error writing it names it."""
-        return "the method's state" if self.variational is None else self.variational.STATE_NAME
+        return self.algorithm.state_name
+
+    @property
+    def method_state_file(self) -> str | None:
+        """The file of :meth:`method_state` in the run's model folder (``None``: no state)."""
+        return self.algorithm.state_file
 
     @property
     def single_process_reason(self) -> str | None:
         """Why this method trains in one process only (FS-VI: σ is not synchronised across
         processes), or ``None`` when it may train on several."""
-        return None if self.variational is None else self.variational.SINGLE_PROCESS_REASON
+        return self.algorithm.single_process_reason
 
     @torch.no_grad()
     def prior_features(self, context: Tensor) -> Tensor:
@@ -288,47 +281,30 @@ class FSEBObjective(nn.Module):
             y: integer labels (B,), or soft targets (B, K) whose rows sum to one (label
                 smoothing, mixup: :class:`~fseb_ft.engine.soft_targets.SoftTargets`); only
                 the likelihood reads them, ``R_f`` and ``R_θ`` never do.
-            context: context inputs x̂ (M, ...); required when ``reg_scale > 0``.
+            context: context inputs x̂ (M, ...); required when the method draws context points
+                (FS-EB with ``reg_scale > 0``, FS-VI).
             context_features: precomputed ``h(x̂; φ0)`` (M, D) — e.g. cached once for a fixed,
                 un-augmented context pool; computed from ``prior`` when omitted. With
                 ``reg_points="joint"`` the training batch's features are computed here, each step.
 
         Returns:
             ``loss`` (to minimise), ``nll`` (mean cross-entropy, class-weighted when
-            :attr:`class_weights` are set), ``fs_reg`` (``R_f``, unscaled),
-            ``param_reg`` (``R_θ``) and ``logits`` (B, K) of the training batch.
+            :attr:`class_weights` are set), ``fs_reg`` (``R_f``, unscaled; FS-VI's KL),
+            ``param_reg`` (``R_θ``), each 0 for a method without it, the method's other terms,
+            and ``logits`` (B, K) of the training batch.
         """
-        use_fs = self.reg_scale > 0
-        if use_fs:
+        if self.algorithm.uses_context(self.config):
             context, context_features = self._checked_context(context, context_features)
-        if self.variational is not None:
-            nll, fs_reg, logits = self._fsvi_terms(x, y, context, context_features)
-            loss = nll + self.reg_scale * fs_reg / self.num_train
-            zero = x.new_zeros((), dtype=torch.float32)
-            return {"loss": loss, "nll": nll, "fs_reg": fs_reg, "param_reg": zero, "logits": logits}
-        reg_features = context_features  # (M, D)
-        if use_fs and self.config.reg_points == "joint":
-            # context_features is set with R_f (_checked_context).
-            reg_features = torch.cat([self.prior_features(x), cast(Tensor, context_features)])
-        if self.config.param_noise_std > 0:
-            nll, fs_reg, logits = self._sampled_terms(x, y, context, reg_features, use_fs)
-        else:
-            nll, fs_reg, logits = self._terms(self.model, x, y, context, reg_features, use_fs)
-        param_reg = self._param_reg()
-        loss = nll + (self.reg_scale * fs_reg + param_reg) / self.num_train
-        return {
-            "loss": loss,
-            "nll": nll,
-            "fs_reg": fs_reg,
-            "param_reg": param_reg,
-            "logits": logits,
-        }
+        terms = self.algorithm.terms(self, x, y, context, context_features)
+        zero = x.new_zeros((), dtype=torch.float32)  # a term the method does not have
+        return {**dict.fromkeys(TERMS, zero), **terms}
 
     def _checked_context(
         self, context: Tensor | None, features: Tensor | None
     ) -> tuple[Tensor, Tensor]:
         """The context batch x̂ (M, ...) and φ0's features of it (M, D), computed when not given,
-        for a step with ``R_f`` (``reg_scale > 0``), which needs both and the prior covariance."""
+        for a step of a method that draws them (FS-EB's ``R_f``, ``reg_scale > 0``), which needs
+        both and the prior covariance."""
         if context is None:
             raise ValueError("reg_scale > 0 needs a context batch: pass context=x̂ (M, ...)")
         if self.prior_cov_scale is None or self.prior_cov_diag is None:
@@ -345,126 +321,6 @@ class FSEBObjective(nn.Module):
             )
         return context, features
 
-    def _terms(
-        self,
-        call: Callable[[Tensor], Tensor],
-        x: Tensor,
-        y: Tensor,
-        context: Tensor | None,
-        features: Tensor | None,
-        use_fs: bool,
-        want_nll: bool = True,
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """(mean CE, R_f, train logits) for one draw of the parameters, computed by ``call``.
-
-        ``features`` are φ0's features of the points ``R_f`` is evaluated at: x̂ (M, D), or
-        ``[x; x̂]`` (B + M, D) with ``reg_points="joint"``.
-        """
-        joint_reg = use_fs and self.config.reg_points == "joint"
-        # With R_f (use_fs) the context, its features and s and d are set (_checked_context);
-        # the training logits are computed where they are read (want_nll, joint_reg).
-        logits: Tensor | None
-        ctx_logits: Tensor | None
-        if use_fs and self.config.forward_mode == "joint":
-            logits_all = call(torch.cat([x, cast(Tensor, context)], dim=0))  # (B + M, K)
-            logits, ctx_logits = logits_all[: x.shape[0]], logits_all[x.shape[0] :]
-        else:
-            logits = call(x) if want_nll or joint_reg else None  # (B, K)
-            ctx_logits = call(cast(Tensor, context)) if use_fs else None  # (M, K)
-        if want_nll:
-            nll = likelihood_term(
-                cast(Tensor, logits), y, self.class_weights, self.target_smoothing
-            )
-        else:
-            nll = x.new_zeros((), dtype=torch.float32)
-        if use_fs:
-            if joint_reg:
-                reg_logits = torch.cat(
-                    [cast(Tensor, logits), cast(Tensor, ctx_logits)]
-                )  # (B + M, K)
-            else:
-                reg_logits = cast(Tensor, ctx_logits)  # (M, K)
-            scale, diag = cast(float, self.prior_cov_scale), cast(float, self.prior_cov_diag)
-            fs_reg = function_space_term(
-                reg_logits, cast(Tensor, features), scale, diag, self.config.solver
-            )
-        else:
-            fs_reg = x.new_zeros((), dtype=torch.float32)
-        # None only for a draw that computes R_f alone, whose logits its caller drops.
-        return nll, fs_reg, cast(Tensor, logits)
-
-    def _sampled_terms(
-        self,
-        x: Tensor,
-        y: Tensor,
-        context: Tensor | None,
-        features: Tensor | None,
-        use_fs: bool,
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """Monte-Carlo EB-VI terms: S likelihood and J regulariser draws of ``θ + σ ε``."""
-        named = dict(self.model.named_parameters())
-        S, J = self.config.likelihood_samples, self.config.reg_samples
-        nlls, regs, first_logits = [], [], None
-        for i in range(max(S, J) if use_fs else S):
-            # Reparameterised draw: gradients reach θ through θ + σ ε.
-            params = {
-                n: p + self.config.param_noise_std * torch.randn_like(p) if p.requires_grad else p
-                for n, p in named.items()
-            }
-
-            def call(inp: Tensor, params: dict[str, Tensor] = params) -> Tensor:
-                return functional_call(self.model, params, (inp,))
-
-            nll, fs_reg, logits = self._terms(
-                call, x, y, context, features, use_fs and i < J, want_nll=i < S
-            )
-            if i < S:
-                nlls.append(nll)
-                first_logits = logits if first_logits is None else first_logits
-            if use_fs and i < J:
-                regs.append(fs_reg)
-        nll = torch.stack(nlls).mean()
-        fs_reg = torch.stack(regs).mean() if regs else x.new_zeros((), dtype=torch.float32)
-        return nll, fs_reg, cast(Tensor, first_logits)  # S ≥ 1 draws gave logits
-
-    def _fsvi_terms(
-        self, x: Tensor, y: Tensor, context: Tensor | None, features: Tensor | None
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """FS-VI: (MC mean CE over ``likelihood_samples`` draws θ ~ q, KL, first draw's logits).
-
-        The likelihood draws are reparameterised (``μ + σ ε``), so gradients reach μ and ρ
-        (one sample per step by default, as the FS-EB paper's I = J = 1).
-        """
-        # FS-VI's q(θ) (forward calls this with one); its KL needs the context batch, its
-        # features and s and d (_checked_context: FS-VI regularises, reg_scale > 0).
-        q = cast(MeanFieldGaussian, self.variational)
-        base = unwrap_model(self.model)
-        means = dict(base.named_parameters())
-        nlls: list[Tensor] = []
-        first: Tensor | None = None
-        for _ in range(self.config.likelihood_samples):
-            draw = q.sample(means)
-            logits = functional_call(base, draw, (x,))  # (B, K)
-            first = logits if first is None else first
-            nlls.append(likelihood_term(logits, y, self.class_weights, self.target_smoothing))
-        mean, cov = context_moments(
-            base, q, cast(Tensor, context), self.config.fsvi_variance, self.feature_fn
-        )  # (M, K), (K, M, M)
-        scale, diag = cast(float, self.prior_cov_scale), cast(float, self.prior_cov_diag)
-        kl = function_kl(mean, cov, cast(Tensor, features), scale, diag)
-        return torch.stack(nlls).mean(), kl, cast(Tensor, first)  # likelihood_samples ≥ 1
-
-    def _param_reg(self) -> Tensor:
-        """``R_θ`` over the parameters that require a gradient now (a frozen one is a constant
-        of the loss), each anchored at φ0's of its name (``param_anchor="init"``)."""
-        params = self.model_parameters()
-        if self.config.param_anchor == "zero":
-            return parameter_term(params, self.config.prior_var)
-        prior_params = dict(self.prior.named_parameters())
-        names = [n for n, p in unwrap_model(self.model).named_parameters() if p.requires_grad]
-        anchors = [prior_params[n] for n in names]
-        return parameter_term(params, self.config.prior_var, anchors)
-
 
 def _timm_feature_fn(model: nn.Module) -> FeatureFn:
     """:func:`timm_features`, once ``model`` is known to have timm's feature interface."""
@@ -480,20 +336,3 @@ def _frozen(prior: nn.Module) -> nn.Module:
     """φ0 as the objective keeps it: no gradients, eval mode."""
     prior.requires_grad_(False)
     return prior.eval()
-
-
-def _check_anchors(model: nn.Module, prior: nn.Module, anchor: str) -> None:
-    """Check that φ0 has the trainable parameters' names, at which ``R_θ`` anchors them
-    (``param_anchor="init"``).
-
-    Raises:
-        ValueError: ``anchor="init"`` and φ0 lacks some of these names.
-    """
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
-    prior_names = {n for n, _ in prior.named_parameters()}
-    missing = [n for n in names if n not in prior_names]
-    if anchor == "init" and missing:
-        raise ValueError(
-            f"param_anchor='init' needs φ0 to have the trainable parameters' names; "
-            f"missing in the prior: {missing[:5]}"
-        )

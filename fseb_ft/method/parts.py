@@ -1,6 +1,6 @@
 """A timm model's parts, as timm groups them: the classifier, the first k stages to freeze
 (``model.freeze``), and the per-parameter learning-rate scales of layer decay
-(``optim.layer_decay``).
+(``optim.layer_decay``); and the network inside its wrappers (:func:`unwrap_model`).
 
 timm's ``group_matcher`` names the parts: ``coarse=True`` gives the stem and the stages in order
 (the classifier last), ``coarse=False`` the blocks that layer decay counts. Both come through
@@ -25,7 +25,17 @@ __all__ = [
     "head_names",
     "layer_decay_groups",
     "require_group_matcher",
+    "unwrap_model",
 ]
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The user's module inside DDP / ``torch.compile`` / Accelerate wrappers."""
+    while True:
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner
 
 
 class ModelPartsError(FsebError, ValueError):

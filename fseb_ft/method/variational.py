@@ -2,7 +2,7 @@
 the logits at the context points (``torch.func``), and Monte-Carlo predictions.
 
 The maths (the KL, the covariance formulas) is :mod:`fseb_ft.method.fsvi`; the loss that combines
-them with the likelihood is :class:`fseb_ft.method.objective.FSEBObjective` with ``method="fsvi"``
+them with the likelihood is the FS-VI method's, :class:`fseb_ft.method.methods.fsvi.FSVI`
 (docs/method.md, "FS-VI").
 """
 
@@ -40,13 +40,6 @@ class MeanFieldGaussian(nn.Module):
         params: name → parameter of the network, for every parameter of V.
         init_std: σ at the start, the same for every parameter (> 0).
     """
-
-    STATE_NAME = "FS-VI's standard deviations"
-    """What :meth:`stds` are, as an error writing them names them."""
-    SINGLE_PROCESS_REASON = (
-        "fseb.method=fsvi runs in one process: its σ is not synchronised across processes"
-    )
-    """Why training with q cannot use several processes: ρ lies outside the wrapped network."""
 
     def __init__(self, params: Mapping[str, Tensor], init_std: float) -> None:
         super().__init__()

@@ -23,9 +23,10 @@ ContextKind = Literal["train", "dataset", "mixture"]
 CONTEXT_KINDS: tuple[str, ...] = get_args(ContextKind)
 """Where context points come from (``context.kind``)."""
 
-Method = Literal["fseb", "fsvi"]
+Method = Literal["fseb", "fsvi", "l2sp"]
 METHODS: tuple[str, ...] = get_args(Method)
-"""The objective (``fseb.method``): FS-EB (PS-MAP at ``reg_scale = 0``) or FS-VI."""
+"""The objective (``fseb.method``): FS-EB (PS-MAP at ``reg_scale = 0``), FS-VI or L2-SP; one
+registered method each (``fseb_ft.method.methods``)."""
 
 VarianceScope = Literal["head", "all"]
 VARIANCE_SCOPES: tuple[str, ...] = get_args(VarianceScope)

@@ -104,8 +104,8 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class FSEBConfig:
-    """The FS-EB objective and its priors; ``reg_scale = 0`` is the PS-MAP baseline;
-    ``method: fsvi`` is FS-VI under the same function-space prior."""
+    """The objective and its priors: FS-EB, whose ``reg_scale = 0`` is the PS-MAP baseline;
+    ``method: fsvi`` is FS-VI under the same function-space prior; ``method: l2sp`` is L2-SP."""
 
     reg_scale: float = 1.0
     """Weight of the function-space term R_f; 0 gives PS-MAP (plain weight decay)."""
@@ -134,7 +134,8 @@ class FSEBConfig:
     and the context batch together, [x; x̂] (B + M points; Kc from φ0's features of both), as the
     authors' FashionMNIST and ResNet-18 configs do (``--reg_points joint``)."""
     param_anchor: ParamAnchor = "zero"
-    """Centre of the parameter prior: zero (the paper) or the starting weights (L2-SP)."""
+    """Centre of the parameter prior: zero (the paper) or the starting weights, the classifier's
+    too (``method: l2sp`` is L2-SP proper, its new classifier decaying towards zero)."""
     param_noise_std: float = 0.0
     """σ of the EB-VI form θ + σε; 0 is EB-MAP (the paper's σ² = 1e-20 is numerically MAP)."""
     likelihood_samples: int = 1
@@ -150,7 +151,9 @@ class FSEBConfig:
     q(θ) trained on the Monte-Carlo likelihood (``likelihood_samples`` draws per step) minus
     ``reg_scale`` × the KL from q's linearised logits at the context points to the same prior
     N(0, Kc); no parameter prior (``prior_var`` unused); predictions average
-    ``fsvi_predict_samples`` draws. The ``fsvi_*`` keys apply to it only."""
+    ``fsvi_predict_samples`` draws. The ``fsvi_*`` keys apply to it only. ``l2sp``: L2-SP (Li
+    et al., ICML 2018), weight decay ``1 / (prior_var · N_train)`` towards the starting weights
+    (the new classifier's towards zero); it reads ``prior_var`` alone, no context points."""
     fsvi_variance: VarianceScope = "head"
     """FS-VI: the parameters with a variance σ² (the others are point estimates): ``head``, the
     linear classifier (covariance in closed form from the features, about FS-EB's cost); ``all``,
@@ -168,13 +171,6 @@ class FSEBConfig:
     def is_ps_map(self) -> bool:
         """The PS-MAP baseline: ``reg_scale = 0``, no function-space term and no context."""
         return self.reg_scale == 0
-
-    @property
-    def method_name(self) -> str:
-        """``PS-MAP``, ``FS-EB`` or ``FS-VI``: the name tables and model cards use."""
-        if self.method == "fsvi":
-            return "FS-VI"
-        return "PS-MAP" if self.is_ps_map else "FS-EB"
 
     def __post_init__(self) -> None:
         check(self.reg_scale >= 0, "reg_scale", self.reg_scale, "must be ≥ 0 (0 is PS-MAP)")

@@ -38,6 +38,7 @@ from torch import nn
 
 from fseb_ft.data.inputs import EVAL_RESIZE
 from fseb_ft.evaluation.abstention import AbstentionRule
+from fseb_ft.method.methods import find_method
 from fseb_ft.recipe import Recipe
 from fseb_ft.runs.atomic import cleaned_on_failure, publish, write_text
 from fseb_ft.runs.feature_fit import feature_scores_in
@@ -277,13 +278,15 @@ def _folder_meta(
     input, selection, results, temperature, abstention), as published: no local path."""
     from fseb_ft import __version__
 
+    method = find_method(recipe.fseb.method)
+    uses_context = method.uses_context(recipe.fseb)
     meta = {
         "fseb_ft_version": __version__,
-        "method": recipe.fseb.method_name,
+        "method": method.title(recipe.fseb),
         "fseb": dataclasses.asdict(recipe.fseb),
         "context": run_info.context,
         "prior": run_info.prior,
-        "context_config": None if recipe.fseb.is_ps_map else dataclasses.asdict(recipe.context),
+        "context_config": dataclasses.asdict(recipe.context) if uses_context else None,
         "data": run_info.data,
         "source_model": dict(source),
         "num_classes": run_info.num_classes,

@@ -41,7 +41,7 @@ from fseb_ft.errors import FsebError, first_line
 from fseb_ft.evaluation.abstention import AbstentionRule
 from fseb_ft.logs import progress_bar
 from fseb_ft.method.models import create_model
-from fseb_ft.method.posterior import posterior, predictive
+from fseb_ft.method.posterior import posterior
 from fseb_ft.recipe import DataConfig, DatasetSpec, Recipe
 from fseb_ft.recipe.datasets import IN_MEMORY
 from fseb_ft.recipe.options import OUTPUT_OOD_SCORES
@@ -226,22 +226,22 @@ def load_run_model(run_dir: Path, recipe: Recipe, info: RunInfo) -> nn.Module:
 
 
 def run_predictor(run_dir: Path, recipe: Recipe, model: nn.Module) -> nn.Module:
-    """What the run predicts with: ``model`` (its best weights) itself, or for FS-VI the
-    Monte-Carlo predictive of q(θ) = N(μ, diag(σ²)), μ = ``model``'s weights and σ the state
-    saved beside them (:func:`~fseb_ft.runs.rundir.read_method_state`), with the run's
-    ``fsvi_predict_samples`` draws seeded by ``train.seed``: built by
-    :func:`fseb_ft.method.posterior.predictive` as training built the predictor it scored the
-    test split with, draw for draw.
+    """What the run predicts with: its method's predictor around ``model`` (its best weights),
+    built by :func:`fseb_ft.method.posterior.posterior` with the method's state saved beside
+    them (:func:`~fseb_ft.runs.rundir.read_method_state`) and seeded by ``train.seed``, as
+    training built the predictor it scored the test split with, draw for draw: ``model``
+    itself for a MAP method; for FS-VI the Monte-Carlo predictive of q(θ) = N(μ, diag(σ²)),
+    μ = ``model``'s weights and σ the saved state, with ``fsvi_predict_samples`` draws.
 
     ``model`` may already be on its device (the draws are made where its parameters are).
 
     Raises:
-        FileNotFoundError: an FS-VI run without its saved σ.
+        FileNotFoundError: a method with state (FS-VI) whose saved state is missing.
     """
-    q = posterior(model, recipe.fseb)
-    if q is not None:
-        q.load_stds(read_method_state(run_dir))
-    return predictive(model, q, recipe.fseb, recipe.train.seed)
+    method = posterior(model, recipe.fseb)
+    if method.state_file is not None:
+        method.load_state(read_method_state(run_dir, method.state_file))
+    return method.predictor(model, recipe.train.seed)
 
 
 def _load_folder(folder: Path) -> LoadedModel:

@@ -18,6 +18,7 @@ import yaml
 from fseb_ft.data.splits import TEST_SPLIT, VALIDATION_SPLIT
 from fseb_ft.evaluation.abstention import AbstentionRule
 from fseb_ft.evaluation.metrics import METRIC_REGISTRY
+from fseb_ft.method.methods import find_method
 from fseb_ft.recipe import Recipe, dump_recipe
 from fseb_ft.runs.card_usage import predict_section, usage_section
 from fseb_ft.runs.model_index import card_data, local_name
@@ -92,7 +93,7 @@ def model_card(
             a placeholder: the card is published).
         abstention: the threshold ``fseb-ft predict --keep`` stored (``abstention.json``).
     """
-    method = recipe.fseb.method_name
+    method = find_method(recipe.fseb.method).title(recipe.fseb)
     title = method_title(recipe)
     name = repo_id.split("/")[-1] if repo_id else title
     datasets = sorted({s.path for s in _data_specs(recipe) if s.source == "hub"})
@@ -115,7 +116,7 @@ def model_card(
             "set `output.license` (or the card's `license:`) before sharing.\n"
         )
     parts.append(_provenance(recipe, run_info, source, method))
-    parts.append(_method_section(recipe, run_info, method))
+    parts.append(_method_section(recipe, run_info))
     parts.append(_results_section(recipe, run_info, results, title, baseline))
     if plots:
         split = results_split(results)
@@ -213,8 +214,8 @@ def _hardware(run_info: RunInfo) -> str:
     )
 
 
-def _method_section(recipe: Recipe, run_info: RunInfo, method: str) -> str:
-    f = recipe.fseb
+def _method_section(recipe: Recipe, run_info: RunInfo) -> str:
+    """The method: what FS-EB and PS-MAP are, then the method's own paragraph on this model."""
     text = (
         "## Method\n\n"
         "**FS-EB** (function-space empirical Bayes; Rudner, Kapoor, Qiu & Wilson, ICML 2023) adds "
@@ -224,48 +225,8 @@ def _method_section(recipe: Recipe, run_info: RunInfo, method: str) -> str:
         "**PS-MAP** is the same training loop with that function-space term switched off "
         "(`fseb.reg_scale=0`): only a Gaussian prior on the parameters, i.e. weight decay.\n\n"
     )
-    if method == "FS-VI":
-        text += (
-            "**FS-VI** (function-space variational inference; Rudner, Chen, Teh & Gal, NeurIPS "
-            "2022) learns a Gaussian over the parameters whose linearised logits at the context "
-            "images are pulled towards the same prior by a KL divergence.\n\n"
-            f"This model: FS-VI with reg_scale={f.reg_scale:g}, variance on the "
-            f"`{f.fsvi_variance}` parameters (`fseb.fsvi_variance`). "
-            "**The exported weights "
-            "(`model.safetensors`) are the variational mean μ**, so `timm.create_model` gives the "
-            "deterministic network at μ; the reported results average the predictions of "
-            f"{f.fsvi_predict_samples} draws θ ~ N(μ, diag(σ²)), with σ per parameter in "
-            "`variational.safetensors` (keyed by parameter name).\n"
-        )
-    elif method == "FS-EB":
-        ctx = run_info.context or {}
-        fingerprint = str(ctx.get("fingerprint", ""))[:12]
-        given = {"prior_cov_scale": f.prior_cov_scale, "prior_cov_diag": f.prior_cov_diag}
-        prior = run_info.prior or given
-        text += (
-            f"This model: FS-EB with reg_scale={f.reg_scale:g}, prior_var={f.prior_var:g}, "
-            f"prior_cov_scale={prior['prior_cov_scale']:g}, "
-            f"prior_cov_diag={prior['prior_cov_diag']:g}{_resolved(run_info.prior)}; "
-            f"context set: `{recipe.context.kind}` "
-            f"({'perturbed' if recipe.context.perturb else 'unperturbed'}), pool of "
-            f"{recipe.context.pool_size} images, batches of {recipe.context.batch_size}"
-            + (f" (fingerprint `{fingerprint}…`)" if fingerprint else "")
-            + ". Full provenance in `fseb.json`.\n"
-        )
-    else:
-        text += f"This model: PS-MAP with prior_var={f.prior_var:g}.\n"
-    return text
-
-
-def _resolved(prior: Mapping[str, Any] | None) -> str:
-    """Where s and d came from when ``fseb.prior_std`` set them (empty when the recipe did)."""
-    if prior is None:
-        return ""
-    return (
-        f" (resolved from prior_std={prior['prior_std']:g}, "
-        f"prior_feature_share={prior['feature_share']:g} at m = mean ‖h(x̂; φ0)‖² = "
-        f"{prior['mean_sq_norm']:.4g} over the context pool)"
-    )
+    method = find_method(recipe.fseb.method)
+    return text + method.card_text(recipe, run_info.prior, run_info.context)
 
 
 def _results_section(

@@ -11,7 +11,8 @@ A run directory (``output.dir``) holds::
     *.png                           PLOTS, CONFUSION_PLOT, CORRUPTION_PLOT
     checkpoints/epoch-NNNN/         CHECKPOINTS: the last complete epoch, with TRAINER_STATE
     model/model.safetensors         MODEL_WEIGHTS: the best weights (MODEL_DIR: the Hub folder)
-    model/variational.safetensors   VARIATIONAL_WEIGHTS: FS-VI's σ at the best epoch
+    model/<method's file>           method_state_file: the method's state at the best epoch
+                                    (its ``state_file``: FS-VI's σ in variational.safetensors)
     model/feature_ood.safetensors   FEATURE_OOD_FIT: the feature OOD scores' fit on the training
                                     split, kept by an evaluation that computed them
     model/training_recipe.yaml      MODEL_RECIPE: the recipe as published, local paths as
@@ -74,13 +75,13 @@ __all__ = [
     "RUN_PLOTS",
     "TRAINER_STATE",
     "VAL_LOGITS",
-    "VARIATIONAL_WEIGHTS",
     "RunInfo",
     "check_output_dir",
     "checkpoint_name",
     "clear_run",
     "epochs_done",
     "latest_checkpoint",
+    "method_state_file",
     "read_abstention",
     "read_class_names",
     "read_json",
@@ -115,9 +116,6 @@ MODEL_DIR = "model"
 """The model folder inside a run directory: timm's Hub format, with card (``fseb_ft.push``)."""
 MODEL_WEIGHTS = Path(MODEL_DIR) / "model.safetensors"
 """Where a run directory keeps its best (validation-selected) weights."""
-VARIATIONAL_WEIGHTS = Path(MODEL_DIR) / "variational.safetensors"
-"""FS-VI: σ of each variance-carrying parameter (keyed by its name) at the best epoch; with the
-mean μ in ``MODEL_WEIGHTS`` it is the variational distribution q(θ) = N(μ, diag(σ²))."""
 FEATURE_OOD_FIT = Path(MODEL_DIR) / "feature_ood.safetensors"
 """The fit of the feature OOD scores (``eval.ood_scores``: ``mahalanobis``, …) on the training
 split's penultimate features of the best weights, written by the evaluation that computed them
@@ -315,25 +313,32 @@ def write_val_logits(run_dir: Path, logits: Tensor, labels: Tensor) -> None:
     )
 
 
+def method_state_file(name: str) -> Path:
+    """Where a run keeps its method's state beside the best weights: ``model/<name>``, ``name``
+    the method's ``state_file`` (the model folder publishes it with the weights)."""
+    return Path(MODEL_DIR) / name
+
+
 def write_method_state(
-    run_dir: Path, state: Mapping[str, Tensor], what: str = "the method's state"
+    run_dir: Path, state: Mapping[str, Tensor], name: str, what: str = "the method's state"
 ) -> None:
     """Keep the tensors the method saves beside the best weights (by name) in
-    :data:`VARIATIONAL_WEIGHTS`, atomically; nothing for a method without any (``state`` empty).
-    ``what`` names them in an error (the objective's ``method_state_name``)."""
+    :func:`method_state_file` ``(name)``, atomically; nothing for a method without any
+    (``state`` empty). ``what`` names them in an error (the objective's ``method_state_name``)."""
     if state:
-        write_tensors(run_dir / VARIATIONAL_WEIGHTS, state, what)
+        write_tensors(run_dir / method_state_file(name), state, what)
 
 
-def read_method_state(run_dir: Path) -> dict[str, Tensor]:
-    """What :func:`write_method_state` kept beside the run's best weights.
+def read_method_state(run_dir: Path, name: str) -> dict[str, Tensor]:
+    """What :func:`write_method_state` kept beside the run's best weights in ``name``.
 
     Raises:
-        FileNotFoundError: the run has no :data:`VARIATIONAL_WEIGHTS`.
+        FileNotFoundError: the run has no :func:`method_state_file` ``(name)``.
     """
-    path = run_dir / VARIATIONAL_WEIGHTS
+    path = run_dir / method_state_file(name)
     if not path.is_file():
-        raise FileNotFoundError(NOT_A_RUN.format(run_dir=run_dir, missing=VARIATIONAL_WEIGHTS))
+        missing = method_state_file(name)
+        raise FileNotFoundError(NOT_A_RUN.format(run_dir=run_dir, missing=missing))
     return load_file(str(path))
 
 

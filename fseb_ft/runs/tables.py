@@ -17,6 +17,7 @@ from fseb_ft.data.splits import VALIDATION_SPLIT
 from fseb_ft.evaluation.conformal import COVERAGE_KEY, SET_SIZE_KEY
 from fseb_ft.evaluation.metrics import METRIC_REGISTRY, Metric
 from fseb_ft.evaluation.ood import OOD_SCORE_REGISTRY
+from fseb_ft.method.methods import find_method
 from fseb_ft.recipe import Recipe
 from fseb_ft.runs.posthoc import posthoc_blocks
 from fseb_ft.runs.published import model_label
@@ -423,11 +424,13 @@ def _with_posthoc_rows(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Ma
 
 
 def method_title(recipe: Recipe) -> str:
-    """ "FS-EB · model", "PS-MAP · model" or "FS-VI · model" for tables and titles.
+    """The method's title and the model ("FS-EB · model", "PS-MAP · model", "FS-VI · model",
+    …) for tables and titles.
 
     A ``local-dir:`` model shows as its folder's name: titles are drawn into the published plots.
     """
-    return f"{recipe.fseb.method_name} · {model_label(recipe.model.name)}"
+    title = find_method(recipe.fseb.method).title(recipe.fseb)
+    return f"{title} · {model_label(recipe.model.name)}"
 
 
 def _num(value: float | None, scale: float) -> str:

@@ -25,6 +25,7 @@ from fseb_ft.engine.loop import Trainer
 from fseb_ft.engine.search import compare_sweeps, default_space, psmap_point, search_space, sweep
 from fseb_ft.engine.trials import PRUNERS, experimental_ok, open_storage, open_study
 from fseb_ft.finetune import resolve_recipe
+from fseb_ft.method.methods import find_method
 from fseb_ft.recipe import (
     ConfigError,
     Recipe,
@@ -411,7 +412,8 @@ def test_compare_names_an_fsvi_recipes_arm_fsvi(
     swept = []
 
     def fake_sweep(arm: Recipe, trials: int, storage: object, name: str, first: object) -> dict:
-        swept.append((arm.fseb.method_name, Path(arm.output.dir).name, name, first))
+        title = find_method(arm.fseb.method).title(arm.fseb)
+        swept.append((title, Path(arm.output.dir).name, name, first))
         Path(arm.output.dir).mkdir(parents=True)
         params = {"optim.lr": 0.01}
         return {"best": {"value": 0.5, "number": 0, "params": params, "results": None}}

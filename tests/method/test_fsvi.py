@@ -147,7 +147,7 @@ def test_objective_fsvi_terms_and_gradients() -> None:
     context = torch.randn(M, D_IN, dtype=torch.float64)
     terms = obj(x, y, context)
     H = obj.prior_features(context)
-    mean, cov = context_moments(net, obj.variational, context, "all", obj.feature_fn)
+    mean, cov = context_moments(net, obj.algorithm.q, context, "all", obj.feature_fn)
     torch.testing.assert_close(terms["fs_reg"], function_kl(mean, cov, H, S, DIAG))
     assert float(terms["param_reg"]) == 0.0
     torch.testing.assert_close(terms["loss"], terms["nll"] + terms["fs_reg"] / 50)
@@ -179,11 +179,13 @@ def test_training_and_a_saved_run_predict_with_the_same_draws(tmp_path: Path) ->
         fsvi_predict_samples=4, prior_cov_scale=S, prior_cov_diag=DIAG,
     )  # fmt: skip
     with torch.no_grad():  # σ that differ per parameter, as after training
-        for rho in obj.variational.rho:
+        for rho in obj.algorithm.q.rho:
             rho.add_(torch.randn_like(rho) * 1e-4)
     (tmp_path / MODEL_DIR).mkdir()
-    write_method_state(tmp_path, obj.method_state())
-    obj.load_method_state(read_method_state(tmp_path))  # as training reloads the best σ
+    state_file = obj.method_state_file
+    assert state_file == "variational.safetensors"  # the name old FS-VI runs have
+    write_method_state(tmp_path, obj.method_state(), state_file)
+    obj.load_method_state(read_method_state(tmp_path, state_file))  # as training reloads σ
     digits = DataConfig(train=DatasetSpec(source="sklearn_digits"))
     recipe = Recipe(data=digits, fseb=obj.config, train=TrainConfig(seed=7))
     saved = run_predictor(tmp_path, recipe, copy.deepcopy(net))
@@ -234,7 +236,7 @@ def test_fsvi_run_trains_evaluates_and_exports_the_mean(tmp_path) -> None:
     from fseb_ft.finetune import run
     from fseb_ft.recipe import recipe_from_dict
     from fseb_ft.runs.loading import load_run_model
-    from fseb_ft.runs.rundir import MODEL_WEIGHTS, VARIATIONAL_WEIGHTS, read_run
+    from fseb_ft.runs.rundir import MODEL_WEIGHTS, read_run
 
     digits = {"source": "sklearn_digits", "limit": 120}
     recipe = recipe_from_dict(
@@ -259,7 +261,7 @@ def test_fsvi_run_trains_evaluates_and_exports_the_mean(tmp_path) -> None:
     assert 0 <= results["test"]["accuracy"] <= 1 and results["training"]["steps"] > 0
     assert results["training"]["history"][0]["train_fs_reg"] > 0
     run_dir = tmp_path / "run"
-    stds = load_file(str(run_dir / VARIATIONAL_WEIGHTS))
+    stds = load_file(str(run_dir / MODEL_DIR / "variational.safetensors"))
     assert set(stds) == {"head.weight", "head.bias"} and all((s > 0).all() for s in stds.values())
     card = (run_dir / "model" / "README.md").read_text()
     assert "FS-VI" in card and "variational mean μ" in card
@@ -297,7 +299,7 @@ def _sigma_after_sgd(steps: int) -> tuple[float, float]:
     context = torch.randn(M, D_IN, dtype=torch.float64)
 
     def mean_std() -> float:
-        stds = obj.variational.stds().values()
+        stds = obj.algorithm.q.stds().values()
         return float(torch.cat([s.detach().flatten() for s in stds]).mean())
 
     before = mean_std()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from fseb_ft.engine.loop import _trackers
+from fseb_ft.method.methods import find_method
 from fseb_ft.recipe import (
     ConfigError,
     DatasetSpec,
@@ -118,7 +119,7 @@ def test_the_method_is_named_once_from_reg_scale_and_method(
     overrides: list[str], name: str, ps_map: bool
 ) -> None:
     fseb = recipe_from_dict(apply_overrides(MINIMAL, overrides)).fseb
-    assert (fseb.method_name, fseb.is_ps_map) == (name, ps_map)
+    assert (find_method(fseb.method).title(fseb), fseb.is_ps_map) == (name, ps_map)
 
 
 def test_no_tracker_by_default_so_a_run_logs_nothing_about_one(

@@ -13,12 +13,13 @@ import pytest
 import torch
 
 from fseb_ft.data.inputs import InputSpec
+from fseb_ft.method.methods.fsvi import FSVI
 from fseb_ft.runs import rundir
 from fseb_ft.runs.rundir import (
     MODEL_DIR,
     RUN_INFO_FILE,
-    VARIATIONAL_WEIGHTS,
     RunInfo,
+    method_state_file,
     read_method_state,
     read_run,
     write_method_state,
@@ -68,14 +69,16 @@ def test_read_run_names_the_missing_file(tmp_path: Path) -> None:
 
 def test_the_method_state_is_written_only_when_there_is_one_and_reads_back(tmp_path: Path) -> None:
     (tmp_path / MODEL_DIR).mkdir()
-    write_method_state(tmp_path, {})  # FS-EB, PS-MAP: nothing beside the weights
+    name = FSVI.state_file  # the method names its file
+    assert name is not None and method_state_file(name) == Path(MODEL_DIR) / name
+    write_method_state(tmp_path, {}, name)  # no state: nothing beside the weights
     assert list((tmp_path / MODEL_DIR).iterdir()) == []
-    with pytest.raises(FileNotFoundError, match=rf"not a finished run: {VARIATIONAL_WEIGHTS}"):
-        read_method_state(tmp_path)
+    with pytest.raises(FileNotFoundError, match=rf"not a finished run: {MODEL_DIR}/{name}"):
+        read_method_state(tmp_path, name)
     state = {"head.weight": torch.rand(3, 5), "head.bias": torch.rand(3)}
-    write_method_state(tmp_path, state)
-    assert (tmp_path / VARIATIONAL_WEIGHTS).is_file()  # the name old FS-VI runs have
-    back = read_method_state(tmp_path)
+    write_method_state(tmp_path, state, name)
+    assert (tmp_path / MODEL_DIR / "variational.safetensors").is_file()  # old FS-VI runs' name
+    back = read_method_state(tmp_path, name)
     assert back.keys() == state.keys()
     assert all(torch.equal(back[name], value) for name, value in state.items())
 

@@ -169,8 +169,9 @@ class FSEBConfig:
 
     @property
     def is_ps_map(self) -> bool:
-        """The PS-MAP baseline: ``reg_scale = 0``, no function-space term and no context."""
-        return self.reg_scale == 0
+        """The PS-MAP baseline: FS-EB at ``reg_scale = 0``, no function-space term and no
+        context (``--compare``'s other arm; L2-SP, which ignores ``reg_scale``, is never it)."""
+        return self.method == "fseb" and self.reg_scale == 0
 
     def __post_init__(self) -> None:
         check(self.reg_scale >= 0, "reg_scale", self.reg_scale, "must be ≥ 0 (0 is PS-MAP)")

@@ -80,6 +80,13 @@ def test_l2sp_titles_its_runs_and_needs_a_classifier() -> None:
     )
     assert find_method("l2sp") is L2SP and L2SP.title(recipe.fseb) == "L2-SP"
     assert not L2SP.uses_context(recipe.fseb)
+    unused = recipe_from_dict(  # reg_scale is not L2-SP's: 0 does not make it PS-MAP
+        {
+            "data": {"train": {"source": "sklearn_digits"}},
+            "fseb": {"method": "l2sp", "reg_scale": 0},
+        }
+    )
+    assert not unused.fseb.is_ps_map and L2SP.title(unused.fseb) == "L2-SP"
     assert "This model: L2-SP with prior_var=1." in L2SP.card_text(recipe, None, None)
     linear = torch.nn.Linear(6, 3)  # no get_classifier(): no head to decay towards zero
     with pytest.raises(ModelPartsError, match=r"^fseb.method=l2sp needs the model's classifier"):

@@ -10,7 +10,7 @@ import torch
 import yaml
 from torch import Tensor, nn
 
-import fseb_ft.method.objective as objective_module
+import fseb_ft.method.methods.fseb as fseb_method
 from fseb_ft.finetune import run
 from fseb_ft.method.context import mean_sq_feature_norm
 from fseb_ft.method.objective import FSEBObjective
@@ -115,13 +115,13 @@ def test_a_run_with_prior_std_resolves_logs_and_uses_scale_and_diag(
     recipe["fseb"].update(prior_std=0.7, prior_feature_share=0.25)
     del recipe["data"]["ood"]
     used: list[tuple[float, float]] = []
-    term = objective_module.function_space_term
+    term = fseb_method.function_space_term
 
     def spy(logits: Tensor, features: Tensor, scale: float, diag: float, solver: str) -> Tensor:
         used.append((scale, diag))
         return term(logits, features, scale, diag, solver)
 
-    monkeypatch.setattr(objective_module, "function_space_term", spy)
+    monkeypatch.setattr(fseb_method, "function_space_term", spy)
     run(recipe_from_dict(recipe))
 
     out = tmp_path / "run"

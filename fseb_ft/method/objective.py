@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from fseb_ft.method.methods.registry import TERMS, FeatureFn
 from fseb_ft.method.parts import unwrap_model
 from fseb_ft.method.posterior import posterior
-from fseb_ft.recipe import FSEBConfig
+from fseb_ft.recipe import FSEBConfig, FSVIConfig
 from fseb_ft.recipe.schema import build
 
 __all__ = ["FSEBObjective", "FeatureFn", "timm_features"]
@@ -68,7 +68,11 @@ def _checked_config(config: FSEBConfig | None, overrides: Mapping[str, Any]) -> 
             f"are FSEBConfig's fields: {fields}"
         )
     given = dataclasses.asdict(config or FSEBConfig())
-    return build(FSEBConfig, {**given, **overrides})
+    # A sub-section (fsvi) may be given as its dataclass or as a mapping, as in a recipe.
+    plain = {
+        k: dataclasses.asdict(v) if isinstance(v, FSVIConfig) else v for k, v in overrides.items()
+    }
+    return build(FSEBConfig, {**given, **plain})
 
 
 def _config_attribute(name: str) -> property:
@@ -228,7 +232,7 @@ class FSEBObjective(nn.Module):
         """The model to predict with (the method's
         :meth:`~fseb_ft.method.methods.registry.TrainingMethod.predictor`) around ``network``
         (default: the trained model; an EMA gives its average): the network itself, or FS-VI's
-        Monte-Carlo predictive (``fsvi_predict_samples`` draws seeded by ``seed``) whose outputs
+        Monte-Carlo predictive (``fsvi.predict_samples`` draws seeded by ``seed``) whose outputs
         are the log-probabilities of the averaged prediction."""
         return self.algorithm.predictor(self.model if network is None else network, seed)
 

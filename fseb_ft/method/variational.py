@@ -169,9 +169,9 @@ def _linear_head(model: nn.Module) -> nn.Linear:
     head = get() if callable(get) else None
     if not isinstance(head, nn.Linear) or head.bias is None:
         raise ValueError(
-            f"fseb.fsvi_variance=head needs a linear classifier with a bias from "
+            f"fseb.fsvi.variance=head needs a linear classifier with a bias from "
             f"get_classifier() (timm); {type(model).__name__} has {type(head).__name__}: use "
-            "fseb.fsvi_variance=all"
+            "fseb.fsvi.variance=all"
         )
     return head
 

@@ -46,6 +46,7 @@ from fseb_ft.recipe.schema import ConfigError, build, parent_section, plain_tree
 from fseb_ft.recipe.sections import (
     VAL_OOD_METRIC_SUFFIX,
     FSEBConfig,
+    FSVIConfig,
     ModelConfig,
     Recipe,
     val_ood_metric,
@@ -73,6 +74,7 @@ __all__ = [
     "DatasetSpec",
     "EvalConfig",
     "FSEBConfig",
+    "FSVIConfig",
     "ImageCacheConfig",
     "Method",
     "MixupConfig",

@@ -30,7 +30,7 @@ registered method each (``fseb_ft.method.methods``)."""
 
 VarianceScope = Literal["head", "all"]
 VARIANCE_SCOPES: tuple[str, ...] = get_args(VarianceScope)
-"""Which parameters carry FS-VI's variance (``fseb.fsvi_variance``): the linear classifier, or
+"""Which parameters carry FS-VI's variance (``fseb.fsvi.variance``): the linear classifier, or
 every trainable parameter."""
 
 Solver = Literal["auto", "cholesky", "woodbury"]

@@ -5,7 +5,8 @@ nested mapping into a tree of frozen dataclasses (unknown keys, wrong types and 
 values raise :class:`ConfigError` naming the dotted key, the value and what is allowed), and
 :func:`reference_markdown` renders one table per dataclass from the string literal written under
 each field. A dataclass may declare ``RENAMED_KEYS = {"old": "new"}``: the old key is still
-accepted, with a :class:`RenamedKeyWarning`.
+accepted, with a :class:`RenamedKeyWarning`; a dotted ``"section.new"`` moves it into a
+sub-section.
 """
 
 from __future__ import annotations
@@ -153,25 +154,27 @@ def _coerce_scalar(tp: Any, value: Any, key: str) -> Any:
 
 
 def _renamed(cls: type, raw: Mapping[str, Any], path: str) -> Mapping[str, Any]:
-    """``raw`` with the old names of ``cls.RENAMED_KEYS`` replaced by the new ones, warning once."""
+    """``raw`` with the old names of ``cls.RENAMED_KEYS`` replaced by the new ones (a dotted new
+    name moves the key into a sub-section), in one warning for the section."""
     renamed: Mapping[str, str] = getattr(cls, "RENAMED_KEYS", {})
     if not any(old in raw for old in renamed):
         return raw
-    out = dict(raw)
+    out = copy.deepcopy(dict(raw))  # the caller's nested sections stay as given
+    moved = []
     for old, new in renamed.items():
         if old not in out:
             continue
-        if new in out:
+        parts = new.split(".")
+        node = parent_section(out, parts)
+        if parts[-1] in node:
             raise ConfigError(
                 f"{_join(path, old)} and {_join(path, new)} are the same key (renamed); give "
                 f"only {_join(path, new)}"
             )
-        warnings.warn(
-            f"{_join(path, old)} is renamed {_join(path, new)}; the old name still works",
-            RenamedKeyWarning,
-            stacklevel=3,
-        )
-        out[new] = out.pop(old)
+        node[parts[-1]] = out.pop(old)
+        moved.append(f"{_join(path, old)} is renamed {_join(path, new)}")
+    names = "the old name still works" if len(moved) == 1 else "the old names still work"
+    warnings.warn(f"{', '.join(moved)}; {names}", RenamedKeyWarning, stacklevel=3)
     return out
 
 

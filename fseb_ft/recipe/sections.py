@@ -10,6 +10,7 @@ what is allowed.
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass, field
 from typing import Literal, cast
 
@@ -33,6 +34,7 @@ from fseb_ft.recipe.training import OptimConfig, TrainConfig
 __all__ = [
     "VAL_OOD_METRIC_SUFFIX",
     "FSEBConfig",
+    "FSVIConfig",
     "ModelConfig",
     "Recipe",
     "val_ood_metric",
@@ -103,9 +105,40 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class FSVIConfig:
+    """FS-VI's own keys (``fseb.method: fsvi``), unused by the other methods."""
+
+    variance: VarianceScope = "head"
+    """The parameters with a variance σ² (the others are point estimates): ``head``, the linear
+    classifier (covariance in closed form from the features, about FS-EB's cost); ``all``,
+    every trainable parameter (exact per-point Jacobians: O(M² · P · K) per step, for small
+    networks; the FashionMNIST CNN takes tens of seconds a step on a CPU, docs/method.md), and
+    not with ``model.freeze`` or ``train.linear_probe_epochs`` (the σ of a frozen parameter
+    would still train and perturb it)."""
+    init_std: float = 1e-3
+    """σ of every variance-carrying parameter at the start; σ = τ softplus(ρ / τ), τ = 1e-4, so
+    SGD moves σ itself (docs/method.md, "FS-VI")."""
+    predict_samples: int = 10
+    """Parameter draws averaged (as probabilities) for validation and test predictions."""
+
+    def __post_init__(self) -> None:
+        check(self.init_std > 0, "init_std", self.init_std, "must be > 0")
+        check(self.predict_samples >= 1, "predict_samples", self.predict_samples, "must be ≥ 1")
+
+
+@dataclass(frozen=True)
 class FSEBConfig:
     """The objective and its priors: FS-EB, whose ``reg_scale = 0`` is the PS-MAP baseline;
     ``method: fsvi`` is FS-VI under the same function-space prior; ``method: l2sp`` is L2-SP."""
+
+    # FS-VI's keys moved into their sub-section (``fseb.fsvi``); old recipes still load.
+    RENAMED_KEYS = types.MappingProxyType(
+        {
+            "fsvi_variance": "fsvi.variance",
+            "fsvi_init_std": "fsvi.init_std",
+            "fsvi_predict_samples": "fsvi.predict_samples",
+        }
+    )
 
     reg_scale: float = 1.0
     """Weight of the function-space term R_f; 0 gives PS-MAP (plain weight decay)."""
@@ -151,21 +184,11 @@ class FSEBConfig:
     q(θ) trained on the Monte-Carlo likelihood (``likelihood_samples`` draws per step) minus
     ``reg_scale`` × the KL from q's linearised logits at the context points to the same prior
     N(0, Kc); no parameter prior (``prior_var`` unused); predictions average
-    ``fsvi_predict_samples`` draws. The ``fsvi_*`` keys apply to it only. ``l2sp``: L2-SP (Li
+    ``fsvi.predict_samples`` draws. The ``fsvi`` keys apply to it only. ``l2sp``: L2-SP (Li
     et al., ICML 2018), weight decay ``1 / (prior_var · N_train)`` towards the starting weights
     (the new classifier's towards zero); it reads ``prior_var`` alone, no context points."""
-    fsvi_variance: VarianceScope = "head"
-    """FS-VI: the parameters with a variance σ² (the others are point estimates): ``head``, the
-    linear classifier (covariance in closed form from the features, about FS-EB's cost); ``all``,
-    every trainable parameter (exact per-point Jacobians: O(M² · P · K) per step, for small
-    networks; the FashionMNIST CNN takes tens of seconds a step on a CPU, docs/method.md), and
-    not with ``model.freeze`` or ``train.linear_probe_epochs`` (the σ of a frozen parameter
-    would still train and perturb it)."""
-    fsvi_init_std: float = 1e-3
-    """FS-VI: σ of every variance-carrying parameter at the start; σ = τ softplus(ρ / τ),
-    τ = 1e-4, so SGD moves σ itself (docs/method.md, "FS-VI")."""
-    fsvi_predict_samples: int = 10
-    """FS-VI: parameter draws averaged (as probabilities) for validation and test predictions."""
+    fsvi: FSVIConfig = field(default_factory=FSVIConfig)
+    """FS-VI's keys."""
 
     @property
     def is_ps_map(self) -> bool:
@@ -187,9 +210,8 @@ class FSEBConfig:
             "must be in [0, 1]",
         )
         check(self.param_noise_std >= 0, "param_noise_std", self.param_noise_std, "must be ≥ 0")
-        for name in ("likelihood_samples", "reg_samples", "fsvi_predict_samples"):
+        for name in ("likelihood_samples", "reg_samples"):
             check(getattr(self, name) >= 1, name, getattr(self, name), "must be ≥ 1")
-        check(self.fsvi_init_std > 0, "fsvi_init_std", self.fsvi_init_std, "must be > 0")
         if self.method == "fsvi":
             check(self.reg_scale > 0, "reg_scale", self.reg_scale, "must be > 0 with method fsvi")
             check(
@@ -289,13 +311,13 @@ class Recipe:
             self.train.linear_probe_epochs,
             "must be 0 with model.freeze=backbone, which trains the classifier alone throughout",
         )
-        fsvi_all = self.fseb.method == "fsvi" and self.fseb.fsvi_variance == "all"
+        fsvi_all = self.fseb.method == "fsvi" and self.fseb.fsvi.variance == "all"
         check(
             not fsvi_all or (self.model.freeze == "none" and self.train.linear_probe_epochs == 0),
-            "fseb.fsvi_variance",
-            self.fseb.fsvi_variance,
+            "fseb.fsvi.variance",
+            self.fseb.fsvi.variance,
             "needs model.freeze=none and train.linear_probe_epochs=0 (the σ of a frozen "
-            "parameter would still train and perturb it); use fseb.fsvi_variance=head",
+            "parameter would still train and perturb it); use fseb.fsvi.variance=head",
         )
         check(
             not self.eval.laplace or self.fseb.method != "fsvi",

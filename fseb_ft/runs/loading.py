@@ -231,7 +231,7 @@ def run_predictor(run_dir: Path, recipe: Recipe, model: nn.Module) -> nn.Module:
     them (:func:`~fseb_ft.runs.rundir.read_method_state`) and seeded by ``train.seed``, as
     training built the predictor it scored the test split with, draw for draw: ``model``
     itself for a MAP method; for FS-VI the Monte-Carlo predictive of q(θ) = N(μ, diag(σ²)),
-    μ = ``model``'s weights and σ the saved state, with ``fsvi_predict_samples`` draws.
+    μ = ``model``'s weights and σ the saved state, with ``fsvi.predict_samples`` draws.
 
     ``model`` may already be on its device (the draws are made where its parameters are).
 

@@ -126,15 +126,15 @@ def test_parameter_prior_anchors_each_trainable_parameter_at_its_own_start() -> 
             r"linear_probe_epochs=1: must be 0 with model.freeze=backbone",
         ),
         (
-            {"fseb": {"method": "fsvi", "fsvi_variance": "all"}, "model": {"freeze": 1}},
-            r"^fseb.fsvi_variance='all': needs model.freeze=none and train.linear_probe_epochs=0",
+            {"fseb": {"method": "fsvi", "fsvi": {"variance": "all"}}, "model": {"freeze": 1}},
+            r"^fseb.fsvi.variance='all': needs model.freeze=none and train.linear_probe_epochs=0",
         ),
         (
             {
-                "fseb": {"method": "fsvi", "fsvi_variance": "all"},
+                "fseb": {"method": "fsvi", "fsvi": {"variance": "all"}},
                 "train": {"epochs": 2, "linear_probe_epochs": 1},
             },
-            r"^fseb.fsvi_variance='all': needs model.freeze=none",
+            r"^fseb.fsvi.variance='all': needs model.freeze=none",
         ),
     ],
 )

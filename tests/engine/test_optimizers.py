@@ -54,7 +54,7 @@ def test_off_is_one_group_and_each_fsvi_rho_learns_at_its_parameters_rate() -> N
     plain = build_optimizer(OptimConfig(lr=0.1), list(model.parameters()), model, "x")
     assert len(plain.param_groups) == 1 and plain.param_groups[0]["lr"] == 0.1
 
-    objective = FSEBObjective(model, 10, method="fsvi", fsvi_variance="all")
+    objective = FSEBObjective(model, 10, method="fsvi", fsvi={"variance": "all"})
     q = objective.algorithm.q
     rho = dict(zip(q.names, q.rho, strict=True))
     params = objective.trainable_parameters()

@@ -139,7 +139,7 @@ def test_objective_fsvi_terms_and_gradients() -> None:
     torch.manual_seed(0)
     net = _tiny_net()
     obj = FSEBObjective(
-        net, num_train=50, method="fsvi", fsvi_variance="all", fsvi_init_std=0.05,
+        net, num_train=50, method="fsvi", fsvi={"variance": "all", "init_std": 0.05},
         prior_cov_scale=S, prior_cov_diag=DIAG,
     )  # fmt: skip
     x = torch.randn(8, D_IN, dtype=torch.float64)
@@ -175,8 +175,9 @@ def test_training_and_a_saved_run_predict_with_the_same_draws(tmp_path: Path) ->
     torch.manual_seed(0)
     net = _tiny_net()
     obj = FSEBObjective(
-        net, num_train=50, method="fsvi", fsvi_variance="all", fsvi_init_std=0.2,
-        fsvi_predict_samples=4, prior_cov_scale=S, prior_cov_diag=DIAG,
+        net, num_train=50, method="fsvi",
+        fsvi={"variance": "all", "init_std": 0.2, "predict_samples": 4},
+        prior_cov_scale=S, prior_cov_diag=DIAG,
     )  # fmt: skip
     with torch.no_grad():  # σ that differ per parameter, as after training
         for rho in obj.algorithm.q.rho:
@@ -251,7 +252,7 @@ def test_fsvi_run_trains_evaluates_and_exports_the_mean(tmp_path) -> None:
             "context": {"pool_size": 64, "batch_size": 16},
             # σ large enough that the MC predictive and μ alone score differently.
             "fseb": {"method": "fsvi", "prior_cov_scale": 0.01, "prior_cov_diag": 1.0,
-                     "fsvi_predict_samples": 3, "fsvi_init_std": 0.3},
+                     "fsvi": {"predict_samples": 3, "init_std": 0.3}},
             "optim": {"lr": 0.05},
             "train": {"epochs": 1, "trackers": []},
             "output": {"dir": str(tmp_path / "run")},
@@ -290,7 +291,7 @@ def _sigma_after_sgd(steps: int) -> tuple[float, float]:
     torch.manual_seed(0)
     net = _tiny_net()
     obj = FSEBObjective(
-        net, num_train=2000, method="fsvi", fsvi_variance="head", fsvi_init_std=1e-3,
+        net, num_train=2000, method="fsvi", fsvi={"variance": "head", "init_std": 1e-3},
         prior_cov_scale=S, prior_cov_diag=DIAG,
     )  # fmt: skip
     opt = torch.optim.SGD(obj.trainable_parameters(), lr=0.05, momentum=0.9)

@@ -11,7 +11,7 @@ import torch.nn.functional as nnf
 from torch import nn
 
 from fseb_ft.method.objective import FSEBObjective, timm_features
-from fseb_ft.recipe import ConfigError, FSEBConfig
+from fseb_ft.recipe import ConfigError, FSEBConfig, FSVIConfig
 from tests.helpers import TinyNet
 
 N_TRAIN = 500
@@ -271,14 +271,14 @@ def test_every_hyper_parameter_reads_as_an_attribute_and_is_the_configs() -> Non
         reg_points="joint",
         param_anchor="init",
         solver="woodbury",
-        fsvi_predict_samples=3,
+        fsvi=FSVIConfig(predict_samples=3),
     )
     objective = FSEBObjective(_net(), N_TRAIN, cfg, prior_cov_diag=3.0)
     for field in dataclasses.fields(FSEBConfig):
         assert getattr(objective, field.name) == getattr(objective.config, field.name), field.name
     assert (objective.solver, objective.prior_var, objective.prior_cov_diag) == ("woodbury", 2, 3)
-    fsvi = FSEBObjective(_net(), N_TRAIN, method="fsvi", fsvi_variance="all")
-    assert (fsvi.method, fsvi.fsvi_variance, fsvi.fsvi_init_std) == ("fsvi", "all", 1e-3)
+    fsvi = FSEBObjective(_net(), N_TRAIN, method="fsvi", fsvi={"variance": "all"})
+    assert (fsvi.method, fsvi.fsvi.variance, fsvi.fsvi.init_std) == ("fsvi", "all", 1e-3)
 
     # A hyper-parameter is fixed: setting one says so (the loss reads the config); s and d of Kc
     # are the objective's own, resolved per run.
@@ -294,8 +294,8 @@ def test_every_hyper_parameter_reads_as_an_attribute_and_is_the_configs() -> Non
     ("kwargs", "message"),
     [
         ({"solver": "lu"}, r"solver='lu': allowed values are \['auto', 'cholesky', 'woodbury'\]"),
-        ({"fsvi_init_std": 0.0}, r"fsvi_init_std=0.0: must be > 0"),
-        ({"fsvi_predict_samples": 0}, r"fsvi_predict_samples=0: must be ≥ 1"),
+        ({"fsvi": {"init_std": 0.0}}, r"fsvi.init_std=0.0: must be > 0"),
+        ({"fsvi": {"predict_samples": 0}}, r"fsvi.predict_samples=0: must be ≥ 1"),
         ({"likelihood_samples": 1.5}, r"likelihood_samples=1.5: expected an integer"),
         ({"prior_cov_scale": 0.0, "prior_cov_diag": 0.0}, "cannot both be 0"),
         ({"method": "fsvi", "reg_scale": 0.0}, r"reg_scale=0.0: must be > 0 with method fsvi"),

@@ -98,6 +98,27 @@ def test_yaml_no_is_the_string_no_where_allowed_and_precision_defaults_to_accele
         load_recipe(RECIPES[0], ["train.cpu=maybe"])
 
 
+def test_fsvis_old_flat_keys_load_into_its_sub_section_with_one_notice() -> None:
+    old = {"method": "fsvi", "fsvi_variance": "all", "fsvi_init_std": 0.01, "reg_scale": 2.0}
+    with pytest.warns(RenamedKeyWarning) as caught:
+        fseb = recipe_from_dict({**MINIMAL, "fseb": old}).fseb
+    assert len(caught) == 1 and str(caught[0].message) == (
+        "fseb.fsvi_variance is renamed fseb.fsvi.variance, fseb.fsvi_init_std is renamed "
+        "fseb.fsvi.init_std; the old names still work"
+    )
+    assert (fseb.fsvi.variance, fseb.fsvi.init_std, fseb.fsvi.predict_samples) == ("all", 0.01, 10)
+    assert "fsvi_" not in dump_recipe(recipe_from_dict({**MINIMAL, "fseb": {"method": "fsvi"}}))
+    with pytest.raises(
+        ConfigError, match=r"fseb.fsvi_init_std and fseb.fsvi.init_std are the same"
+    ):
+        recipe_from_dict({**MINIMAL, "fseb": {"fsvi_init_std": 0.1, "fsvi": {"init_std": 0.2}}})
+    with (
+        pytest.warns(RenamedKeyWarning),
+        pytest.raises(ConfigError, match=r"^fseb.fsvi.init_std=0"),
+    ):
+        recipe_from_dict(apply_overrides(MINIMAL, ["fseb.fsvi_init_std=0"]))  # an old override
+
+
 def test_renamed_context_key_still_works_with_a_warning_and_never_twice() -> None:
     with pytest.warns(RenamedKeyWarning, match=r"context.corrupt is renamed context.perturb"):
         recipe = recipe_from_dict({**MINIMAL, "context": {"corrupt": False}})

@@ -5,7 +5,7 @@
 with a mean-field Gaussian ``q(θ) = N(μ, diag(σ²))`` (:mod:`fseb_ft.method.variational`) and
 the KL of :func:`fseb_ft.method.fsvi.function_kl` (docs/method.md, "FS-VI"). μ is the network's
 weights; the method keeps ρ (σ), saves σ beside the weights and predicts with the Monte-Carlo
-average of ``fsvi_predict_samples`` draws seeded by the run's seed.
+average of ``fsvi.predict_samples`` draws seeded by the run's seed.
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ __all__ = ["FSVI"]
 
 @register_method("fsvi")
 class FSVI(TrainingMethod):
-    """FS-VI: q(θ) over the ``fseb.fsvi_variance`` parameters, every σ at ``fsvi_init_std``.
+    """FS-VI: q(θ) over the ``fseb.fsvi.variance`` parameters, every σ at ``fsvi.init_std``.
 
     Raises:
-        ValueError: ``fsvi_variance="head"`` and the model has no linear ``get_classifier()``.
+        ValueError: ``fsvi.variance="head"`` and the model has no linear ``get_classifier()``.
     """
 
     state_file = "variational.safetensors"
@@ -51,8 +51,8 @@ class FSVI(TrainingMethod):
 
     def __init__(self, model: nn.Module, config: FSEBConfig) -> None:
         super().__init__(model, config)
-        params = variance_parameters(unwrap_model(model), config.fsvi_variance)
-        self.q = MeanFieldGaussian(params, config.fsvi_init_std)
+        params = variance_parameters(unwrap_model(model), config.fsvi.variance)
+        self.q = MeanFieldGaussian(params, config.fsvi.init_std)
 
     @classmethod
     def title(cls, config: FSEBConfig) -> str:
@@ -75,11 +75,11 @@ class FSVI(TrainingMethod):
             "2022) learns a Gaussian over the parameters whose linearised logits at the context "
             "images are pulled towards the same prior by a KL divergence.\n\n"
             f"This model: FS-VI with reg_scale={f.reg_scale:g}, variance on the "
-            f"`{f.fsvi_variance}` parameters (`fseb.fsvi_variance`). "
+            f"`{f.fsvi.variance}` parameters (`fseb.fsvi.variance`). "
             "**The exported weights "
             "(`model.safetensors`) are the variational mean μ**, so `timm.create_model` gives the "
             "deterministic network at μ; the reported results average the predictions of "
-            f"{f.fsvi_predict_samples} draws θ ~ N(μ, diag(σ²)), with σ per parameter in "
+            f"{f.fsvi.predict_samples} draws θ ~ N(μ, diag(σ²)), with σ per parameter in "
             f"`{cls.state_file}` (keyed by parameter name).\n"
         )
 
@@ -108,7 +108,7 @@ class FSVI(TrainingMethod):
             nlls.append(likelihood_term(logits, y, weights, smoothing))
         # The KL needs the context batch, its features and s and d (checked: uses_context).
         mean, cov = context_moments(
-            base, self.q, cast(Tensor, context), cfg.fsvi_variance, objective.feature_fn
+            base, self.q, cast(Tensor, context), cfg.fsvi.variance, objective.feature_fn
         )  # (M, K), (K, M, M)
         scale = cast(float, objective.prior_cov_scale)
         diag = cast(float, objective.prior_cov_diag)
@@ -133,5 +133,5 @@ class FSVI(TrainingMethod):
         """The :class:`~fseb_ft.method.variational.MCPredictive` of q around ``network``'s
         weights, whose outputs are the log-probabilities of the averaged prediction; the draws
         are made where its parameters are."""
-        samples = self.config.fsvi_predict_samples
+        samples = self.config.fsvi.predict_samples
         return MCPredictive(unwrap_model(network), self.q, samples, seed)

@@ -2,10 +2,10 @@
 
 The loss is the method's (``fseb.method``, one module each in :mod:`fseb_ft.method.methods`):
 FS-EB (docs/method.md, "The idea"; the negative of Rudner et al. 2023, eq. 8, divided by
-N_train), PS-MAP as its ``reg_scale = 0``, FS-VI, L2-SP. The objective holds what they share:
-φ0, the class weights, the prior covariance ``Kc``'s s and d, the context batch's checks; its
-method (:attr:`FSEBObjective.algorithm`) computes each step's terms, keeps its state beside the
-weights and builds the predictor.
+N_train), PS-MAP as its ``reg_scale = 0``, FS-VI, L2-SP, Feature-SP. The objective holds what
+they share: φ0, the class weights, the prior covariance ``Kc``'s s and d, the context batch's
+checks; its method (:attr:`FSEBObjective.algorithm`) computes each step's terms, keeps its state
+beside the weights and builds the predictor.
 
 Multi-process training: each process regularises its own context batch, so the prior is
 block-diagonal across processes, and gradient averaging turns ``R_f`` into its mean over
@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from fseb_ft.method.methods.registry import TERMS, FeatureFn
 from fseb_ft.method.parts import unwrap_model
 from fseb_ft.method.posterior import posterior
-from fseb_ft.recipe import FSEBConfig, FSVIConfig
+from fseb_ft.recipe import FeatureConfig, FSEBConfig, FSVIConfig
 from fseb_ft.recipe.schema import build
 
 __all__ = ["FSEBObjective", "FeatureFn", "timm_features"]
@@ -68,9 +68,10 @@ def _checked_config(config: FSEBConfig | None, overrides: Mapping[str, Any]) -> 
             f"are FSEBConfig's fields: {fields}"
         )
     given = dataclasses.asdict(config or FSEBConfig())
-    # A sub-section (fsvi) may be given as its dataclass or as a mapping, as in a recipe.
+    # A sub-section (fsvi, feature) may be given as its dataclass or as a mapping, as in a recipe.
     plain = {
-        k: dataclasses.asdict(v) if isinstance(v, FSVIConfig) else v for k, v in overrides.items()
+        k: dataclasses.asdict(v) if isinstance(v, FSVIConfig | FeatureConfig) else v
+        for k, v in overrides.items()
     }
     return build(FSEBConfig, {**given, **plain})
 
@@ -103,7 +104,7 @@ def _config_attributes(cls: _Class) -> _Class:
 @_config_attributes
 class FSEBObjective(nn.Module):
     """The loss of a recipe's method (``fseb.method``: FS-EB, or PS-MAP with ``reg_scale = 0``;
-    FS-VI; L2-SP) for a classifier.
+    FS-VI; L2-SP; Feature-SP) for a classifier.
 
     Holds the trainable ``model`` and a frozen copy of it at its starting point, ``prior`` (φ0):
     eval mode forever (BatchNorm running statistics, no dropout), ``requires_grad = False``, and
@@ -238,7 +239,8 @@ class FSEBObjective(nn.Module):
 
     def method_state(self) -> dict[str, Tensor]:
         """The tensors the method keeps beside the network's weights, to save with them: FS-VI's
-        σ by parameter name (μ is the weights); none for FS-EB, PS-MAP and L2-SP."""
+        σ by parameter name (μ is the weights); none for a MAP method (FS-EB, PS-MAP, L2-SP,
+        Feature-SP)."""
         return self.algorithm.state()
 
     def load_method_state(self, state: Mapping[str, Tensor]) -> None:
@@ -286,7 +288,7 @@ class FSEBObjective(nn.Module):
                 smoothing, mixup: :class:`~fseb_ft.engine.soft_targets.SoftTargets`); only
                 the likelihood reads them, ``R_f`` and ``R_θ`` never do.
             context: context inputs x̂ (M, ...); required when the method draws context points
-                (FS-EB with ``reg_scale > 0``, FS-VI).
+                (FS-EB with ``reg_scale > 0``, FS-VI, Feature-SP at ``feature.points="joint"``).
             context_features: precomputed ``h(x̂; φ0)`` (M, D) — e.g. cached once for a fixed,
                 un-augmented context pool; computed from ``prior`` when omitted. With
                 ``reg_points="joint"`` the training batch's features are computed here, each step.
@@ -310,7 +312,10 @@ class FSEBObjective(nn.Module):
         for a step of a method that draws them (FS-EB's ``R_f``, ``reg_scale > 0``), which needs
         both and the prior covariance."""
         if context is None:
-            raise ValueError("reg_scale > 0 needs a context batch: pass context=x̂ (M, ...)")
+            raise ValueError(
+                f"fseb.method={self.config.method!r} with these settings draws "
+                "context points: pass context=x̂ (M, ...)"
+            )
         if self.prior_cov_scale is None or self.prior_cov_diag is None:
             raise ValueError(
                 "the prior covariance is not set (fseb.prior_std is resolved per run): call "

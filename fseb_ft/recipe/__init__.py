@@ -45,6 +45,7 @@ from fseb_ft.recipe.reporting import EvalConfig, OutputConfig, resolve_corruptio
 from fseb_ft.recipe.schema import ConfigError, build, parent_section, plain_tree, set_key
 from fseb_ft.recipe.sections import (
     VAL_OOD_METRIC_SUFFIX,
+    FeatureConfig,
     FSEBConfig,
     FSVIConfig,
     ModelConfig,
@@ -75,6 +76,7 @@ __all__ = [
     "EvalConfig",
     "FSEBConfig",
     "FSVIConfig",
+    "FeatureConfig",
     "ImageCacheConfig",
     "Method",
     "MixupConfig",

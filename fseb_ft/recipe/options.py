@@ -23,15 +23,20 @@ ContextKind = Literal["train", "dataset", "mixture"]
 CONTEXT_KINDS: tuple[str, ...] = get_args(ContextKind)
 """Where context points come from (``context.kind``)."""
 
-Method = Literal["fseb", "fsvi", "l2sp"]
+Method = Literal["fseb", "fsvi", "l2sp", "feature"]
 METHODS: tuple[str, ...] = get_args(Method)
-"""The objective (``fseb.method``): FS-EB (PS-MAP at ``reg_scale = 0``), FS-VI or L2-SP; one
-registered method each (``fseb_ft.method.methods``)."""
+"""The objective (``fseb.method``): FS-EB (PS-MAP at ``reg_scale = 0``), FS-VI, L2-SP or
+Feature-SP; one registered method each (``fseb_ft.method.methods``)."""
 
 VarianceScope = Literal["head", "all"]
 VARIANCE_SCOPES: tuple[str, ...] = get_args(VarianceScope)
 """Which parameters carry FS-VI's variance (``fseb.fsvi.variance``): the linear classifier, or
 every trainable parameter."""
+
+FeaturePoints = Literal["train", "joint"]
+FEATURE_POINTS: tuple[str, ...] = get_args(FeaturePoints)
+"""Where Feature-SP holds the features at φ0's (``fseb.feature.points``): the training batch,
+or the training and context batches together."""
 
 Solver = Literal["auto", "cholesky", "woodbury"]
 SOLVERS: tuple[str, ...] = get_args(Solver)

@@ -18,6 +18,7 @@ from fseb_ft.recipe.datasets import ContextConfig, DataConfig, check_cache_size
 from fseb_ft.recipe.options import (
     BINARY_TASK_METRICS,
     SELECT_METRICS,
+    FeaturePoints,
     ForwardMode,
     HeadInit,
     Method,
@@ -35,6 +36,7 @@ __all__ = [
     "VAL_OOD_METRIC_SUFFIX",
     "FSEBConfig",
     "FSVIConfig",
+    "FeatureConfig",
     "ModelConfig",
     "Recipe",
     "val_ood_metric",
@@ -127,9 +129,20 @@ class FSVIConfig:
 
 
 @dataclass(frozen=True)
+class FeatureConfig:
+    """Feature-SP's own keys (``fseb.method: feature``), unused by the other methods."""
+
+    points: FeaturePoints = "train"
+    """Where the penultimate features are held at φ0's: the training batch x (``train``, B
+    points), or the training and context batches together, [x; x̂] (``joint``, B + M points;
+    draws context points as FS-EB does, ``context`` section)."""
+
+
+@dataclass(frozen=True)
 class FSEBConfig:
     """The objective and its priors: FS-EB, whose ``reg_scale = 0`` is the PS-MAP baseline;
-    ``method: fsvi`` is FS-VI under the same function-space prior; ``method: l2sp`` is L2-SP."""
+    ``method: fsvi`` is FS-VI under the same function-space prior; ``method: l2sp`` is L2-SP;
+    ``method: feature`` is Feature-SP, feature-space regularisation towards φ0."""
 
     # FS-VI's keys moved into their sub-section (``fseb.fsvi``); old recipes still load.
     RENAMED_KEYS = types.MappingProxyType(
@@ -141,7 +154,8 @@ class FSEBConfig:
     )
 
     reg_scale: float = 1.0
-    """Weight of the function-space term R_f; 0 gives PS-MAP (plain weight decay)."""
+    """Weight of the function-space term R_f (Feature-SP: of its feature term); 0 gives PS-MAP
+    (plain weight decay)."""
     prior_var: float = 1.0
     """Parameter prior variance σ_p²; weight decay 1 / (σ_p² N_train)."""
     prior_cov_scale: float | None = 1e-5
@@ -186,9 +200,15 @@ class FSEBConfig:
     N(0, Kc); no parameter prior (``prior_var`` unused); predictions average
     ``fsvi.predict_samples`` draws. The ``fsvi`` keys apply to it only. ``l2sp``: L2-SP (Li
     et al., ICML 2018), weight decay ``1 / (prior_var · N_train)`` towards the starting weights
-    (the new classifier's towards zero); it reads ``prior_var`` alone, no context points."""
+    (the new classifier's towards zero); it reads ``prior_var`` alone, no context points.
+    ``feature``: Feature-SP (after DELTA, Li et al., ICLR 2019, without its attention), the
+    squared distance of the penultimate features from φ0's at the ``feature.points``, weighted
+    by ``reg_scale / N_train``, with PS-MAP's parameter prior (``prior_var``,
+    ``param_anchor``); no prior covariance (s, d and ``prior_std`` unused)."""
     fsvi: FSVIConfig = field(default_factory=FSVIConfig)
     """FS-VI's keys."""
+    feature: FeatureConfig = field(default_factory=FeatureConfig)
+    """Feature-SP's keys."""
 
     @property
     def is_ps_map(self) -> bool:
@@ -226,6 +246,23 @@ class FSEBConfig:
                 self.reg_points,
                 "must be 'context' with method fsvi (the KL is at the context points)",
             )
+        if self.method == "feature":
+            self._check_feature()
+
+    def _check_feature(self) -> None:
+        """Feature-SP's settings: a feature term (0 is PS-MAP) and no sampled form."""
+        check(
+            self.reg_scale > 0,
+            "reg_scale",
+            self.reg_scale,
+            "must be > 0 with method feature (0 is PS-MAP: method fseb)",
+        )
+        check(
+            self.param_noise_std == 0,
+            "param_noise_std",
+            self.param_noise_std,
+            "must be 0 with method feature (it has no sampled form)",
+        )
 
     def _check_covariance(self) -> None:
         """s and d as given: both set, ≥ 0, not both 0."""

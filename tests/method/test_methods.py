@@ -30,7 +30,9 @@ def test_an_unknown_method_fails_in_one_line_and_a_name_registers_once() -> None
         recipe_from_dict(
             {"data": {"train": {"source": "sklearn_digits"}}, "fseb": {"method": "nope"}}
         )
-    with pytest.raises(ValueError, match=r"^fseb.method='nope': allowed values are \['fseb'"):
+    with pytest.raises(
+        ValueError, match=r"^fseb.method='nope': allowed values are \['feature', 'fseb'"
+    ):
         find_method("nope")
     with pytest.raises(ValueError, match=r"method 'l2sp' is registered twice"):
         register_method("l2sp")(TrainingMethod)

@@ -1,6 +1,7 @@
 """WiSE-FT (``eval.wise_ft``) in a tiny run, end to end: its results block and "+ WiSE" rows,
 its weights beside the fine-tuned ones (loadable into timm's model of the folder),
-``fseb-ft evaluate`` turning it off; and the recipe's checks of its keys."""
+``fseb-ft evaluate`` computing it again from the pretrained weights and turning it off; and the
+recipe's checks of its keys."""
 
 from __future__ import annotations
 
@@ -60,6 +61,14 @@ def test_wise_rows_weights_and_evaluate(folders: dict[str, Path], tmp_path: Path
     assert all(torch.equal(wise[k], fine_tuned[k]) for k in wise if k.startswith("head."))
     load_model(model, str(out / "model" / "wise_ft.safetensors"))
     assert (block["alpha"] == 1.0) == all(torch.equal(wise[k], fine_tuned[k]) for k in wise)
+
+    # Re-evaluated, φ0 is created again from model.name: the same choice on the same images.
+    (out / "model" / "wise_ft.safetensors").unlink()
+    cli.main(["evaluate", str(out), "--cpu"])
+    again = json.loads((out / "results.json").read_text())["wise_ft"]
+    assert again["alpha"] == block["alpha"]
+    assert again["val_nll"] == pytest.approx(block["val_nll"], rel=1e-9)
+    assert (out / "model" / "wise_ft.safetensors").is_file()
 
     cli.main(["evaluate", str(out), "--cpu", "eval.wise_ft=false"])
     assert "wise_ft" not in json.loads((out / "results.json").read_text())

@@ -21,6 +21,8 @@ from fseb_ft.data.screening import screen_splits
 from fseb_ft.data.sources import build_splits
 from fseb_ft.evaluation.bootstrap import Bootstrap
 from fseb_ft.evaluation.predictions import Predictions, predict_splits
+from fseb_ft.evaluation.wise import with_wise
+from fseb_ft.method.models import create_model
 from fseb_ft.recipe import Recipe
 from fseb_ft.runs.atomic import is_not_writable
 from fseb_ft.runs.export import is_exported, write_model_card
@@ -37,6 +39,7 @@ from fseb_ft.runs.rundir import (
     epochs_done,
     read_json,
     read_run,
+    write_wise_weights,
 )
 from fseb_ft.runs.tables import method_title
 
@@ -113,6 +116,7 @@ def _rewrite_results(run_dir: Path, results: EvalResults, title: str) -> None:
         write_results(run_dir, results.results, title, results.predictions)
         if results.predictions.feature_fit is not None:
             write_feature_fit(run_dir, results.predictions.feature_fit)
+        write_wise_weights(run_dir, results.predictions.wise_weights)
         if is_exported(run_dir):
             write_model_card(run_dir)
     except OSError as err:
@@ -162,5 +166,10 @@ def predict_run(run: SavedRun, accelerator: Accelerator) -> Predictions:
     predictions = predict_splits(
         predictor, splits, info.input, recipe.eval, accelerator, **loader_kw, network=model
     )
+    if recipe.eval.wise_ft:  # the pretrained weights model.name names, as the run started from
+        start = create_model(recipe.model, info.num_classes, in_chans=recipe.data.channels)
+        predictions = with_wise(
+            predictions, start, model, splits, info.input, recipe.eval, accelerator, **loader_kw
+        )
     accelerator.free_memory(model)
     return predictions

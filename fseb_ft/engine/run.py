@@ -50,6 +50,7 @@ from fseb_ft.engine.speed import apply_speed_keys
 from fseb_ft.evaluation.bootstrap import Bootstrap
 from fseb_ft.evaluation.features import laplace_classifier
 from fseb_ft.evaluation.predictions import eval_loader, predict_splits
+from fseb_ft.evaluation.wise import with_wise
 from fseb_ft.method.context import context_sets, context_stream, resolve_prior_on_pool
 from fseb_ft.method.likelihood import class_weights
 from fseb_ft.method.methods import find_method
@@ -71,6 +72,7 @@ from fseb_ft.runs.rundir import (
     read_method_state,
     write_json,
     write_method_state,
+    write_wise_weights,
 )
 from fseb_ft.runs.tables import method_title
 from fseb_ft.runs.upload import share_run
@@ -393,6 +395,12 @@ def _evaluate(recipe: Recipe, splits: Splits, spec: InputSpec, parts: Prepared) 
         **_loader_kw(recipe),
         network=parts.objective.model,
     )
+    if recipe.eval.wise_ft:  # towards φ0, the frozen start the objective keeps
+        objective = parts.objective
+        predictions = with_wise(
+            predictions, objective.prior, objective.model, splits, spec, recipe.eval,
+            parts.accelerator, **_loader_kw(recipe),
+        )  # fmt: skip
     return EvalResults.of(predictions, recipe.eval, Bootstrap.of(recipe))
 
 
@@ -436,6 +444,7 @@ def _write_outputs(
             write_results(run_dir, evaluated.results, title, evaluated.predictions)
             if evaluated.predictions.feature_fit is not None:  # before the folder's fseb.json
                 write_feature_fit(run_dir, evaluated.predictions.feature_fit)
+            write_wise_weights(run_dir, evaluated.predictions.wise_weights)  # before its push
             # RUN_DIR/model/ (timm's Hub format + card), pushed if output.push_to_hub; a disk
             # error there is logged with its retry command, not raised: the results are written.
             model = accelerator.unwrap_model(trained.parts.objective.model)

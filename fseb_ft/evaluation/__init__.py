@@ -1,5 +1,5 @@
-"""The evaluation layer: metrics, OOD scores, temperature scaling, abstention thresholds and the
-predictions they are computed from. Imports only the method, data and recipe layers.
+"""The evaluation layer: metrics, OOD scores, temperature scaling, WiSE-FT, abstention thresholds
+and the predictions they are computed from. Imports only the method, data and recipe layers.
 
 Its public names, those the other folders and the commands import, are ``__all__``; each is
 imported from its module on first use (PEP 562), so importing one module of the folder loads no
@@ -62,6 +62,7 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
     from fseb_ft.evaluation.temperature import fit_temperature as fit_temperature
     from fseb_ft.evaluation.temperature import temperature_identified as temperature_identified
     from fseb_ft.evaluation.temperature import temperature_warnings as temperature_warnings
+    from fseb_ft.evaluation.wise import with_wise as with_wise
 
 _LAZY = {
     "AbstentionRule": "fseb_ft.evaluation.abstention",
@@ -114,6 +115,7 @@ _LAZY = {
     "fit_temperature": "fseb_ft.evaluation.temperature",
     "temperature_identified": "fseb_ft.evaluation.temperature",
     "temperature_warnings": "fseb_ft.evaluation.temperature",
+    "with_wise": "fseb_ft.evaluation.wise",
 }
 __all__ = sorted(_LAZY)
 

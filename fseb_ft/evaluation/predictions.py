@@ -94,8 +94,14 @@ class Predictions:
     ``None`` when it is off, and for an ensemble."""
     fit: dict[str, Any] = dataclasses.field(default_factory=dict)
     """What ``results.json`` records of the post-hoc fit these predictions come from, before
-    their metrics (LLLA's :meth:`~fseb_ft.evaluation.laplace.LaplaceFit.record`); empty for the
-    network's own."""
+    their metrics (LLLA's :meth:`~fseb_ft.evaluation.laplace.LaplaceFit.record`, WiSE-FT's
+    ``alpha``); empty for the network's own."""
+    wise: Predictions | None = None
+    """The "+ WiSE" predictions (``eval.wise_ft``): those of the network interpolated with its
+    starting weights (:func:`~fseb_ft.evaluation.wise.predict_wise`), its ``α`` in ``fit``;
+    ``None`` when it is off, and for an ensemble."""
+    wise_weights: dict[str, Tensor] | None = None
+    """The state dict behind ``wise``, which the run keeps beside its fine-tuned weights."""
 
     def with_logits(
         self,
@@ -119,6 +125,8 @@ class Predictions:
             ood_logits=ood_logits,
             val=val,
             laplace=None,
+            wise=None,
+            wise_weights=None,
             fit=fit,
         )
 
@@ -155,6 +163,8 @@ class Predictions:
             ood_logits=ood_logits,
             val=None if self.val is None else (self.val[0] / temperature, self.val[1]),
             laplace=None,
+            wise=None,
+            wise_weights=None,
             fit={},
         )
 

@@ -127,6 +127,22 @@ class EvalConfig:
     split's Laplace marginal likelihood; no validation image used), ``validation`` (the value
     of a grid of 100 in ``[1e-4, 1e4]`` whose probit predictive has the lowest validation
     NLL)."""
+    wise_ft: bool = False
+    """Also evaluate WiSE-FT (Wortsman et al. 2022): the network whose backbone weights are
+    ``(1 − α) θ_start + α θ_fine-tuned``, ``θ_start`` the pretrained weights the run started
+    from (φ0), its classifier the fine-tuned one; ``α`` the value of ``wise_ft_alphas`` with the
+    lowest validation NLL; strictly between 0 and 1 its BatchNorm statistics re-estimated on the
+    training images. Reported as a row "<method> + WiSE" and as ``wise_ft`` in
+    ``results.json`` (with ``alpha`` and each ``α``'s validation NLL); its weights are kept as
+    ``model/wise_ft.safetensors`` beside the fine-tuned ``model.safetensors``, in the same
+    layout (docs/method.md, "WiSE-FT"). FS-VI interpolates its mean network. Needs
+    ``model.pretrained: true``; an ensemble reports none."""
+    wise_ft_alphas: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+    """The grid of WiSE-FT's mixing weight ``α`` (1: the fine-tuned network, 0: the starting
+    backbone with the fine-tuned classifier), each in [0, 1]; each costs one pass over the
+    training images (the BatchNorm statistics) and one over the validation images. The
+    default holds the paper's ``α`` = 0.5 and both end points, so validation can also keep the
+    fine-tuned network."""
     conformal: float | None = None
     """Also report split-conformal prediction sets for this target coverage ``C`` in (0, 1):
     calibrated on the validation split (predicted for it), their empirical coverage on the test
@@ -163,6 +179,13 @@ class EvalConfig:
             self.conformal,
             "must be a target coverage in (0, 1), e.g. 0.9, or null",
         )
+        check(
+            len(self.wise_ft_alphas) > 0 and all(0 <= a <= 1 for a in self.wise_ft_alphas),
+            "wise_ft_alphas",
+            self.wise_ft_alphas,
+            "must be a non-empty list of mixing weights in [0, 1]",
+        )
+        object.__setattr__(self, "wise_ft_alphas", tuple(sorted(set(self.wise_ft_alphas))))
         check(len(self.ood_scores) > 0, "ood_scores", self.ood_scores, "must name ≥ 1 score")
         object.__setattr__(self, "ood_scores", tuple(dict.fromkeys(self.ood_scores)))
         object.__setattr__(self, "metrics", tuple(dict.fromkeys(self.metrics)))

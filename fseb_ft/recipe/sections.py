@@ -363,6 +363,13 @@ class Recipe:
             "needs a MAP network (FS-EB or PS-MAP): fseb.method=fsvi has its own posterior "
             "q(θ), and a Laplace approximation around its mean is another method",
         )
+        check(
+            not self.eval.wise_ft or self.model.pretrained,
+            "eval.wise_ft",
+            self.eval.wise_ft,
+            "needs model.pretrained=true: WiSE-FT interpolates towards the pretrained weights, "
+            "and a random initialisation is no model to return to",
+        )
         size = self.model.input_size
         check_cache_size(self.data.cache, None if size is None else (size, size), self.model.name)
         self._check_binary_metrics()

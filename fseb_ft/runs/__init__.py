@@ -83,6 +83,7 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
     from fseb_ft.runs.rundir import runs_in as runs_in
     from fseb_ft.runs.rundir import write_json as write_json
     from fseb_ft.runs.rundir import write_method_state as write_method_state
+    from fseb_ft.runs.rundir import write_wise_weights as write_wise_weights
     from fseb_ft.runs.tables import corruption_markdown as corruption_markdown
     from fseb_ft.runs.tables import groups_markdown as groups_markdown
     from fseb_ft.runs.tables import markdown_table as markdown_table
@@ -169,6 +170,7 @@ _LAZY = {
     "runs_in": "fseb_ft.runs.rundir",
     "write_json": "fseb_ft.runs.rundir",
     "write_method_state": "fseb_ft.runs.rundir",
+    "write_wise_weights": "fseb_ft.runs.rundir",
     "corruption_markdown": "fseb_ft.runs.tables",
     "groups_markdown": "fseb_ft.runs.tables",
     "markdown_table": "fseb_ft.runs.tables",

@@ -22,7 +22,7 @@ from fseb_ft.method.methods import find_method
 from fseb_ft.recipe import Recipe, dump_recipe
 from fseb_ft.runs.card_usage import predict_section, usage_section
 from fseb_ft.runs.model_index import card_data, local_name
-from fseb_ft.runs.posthoc import LAPLACE, TEMPERATURE
+from fseb_ft.runs.posthoc import LAPLACE, TEMPERATURE, WISE
 from fseb_ft.runs.published import LOCAL_DIR, PLACEHOLDER, model_label, placeholders, scrub
 from fseb_ft.runs.rundir import (
     CONFUSION_PLOT,
@@ -267,6 +267,8 @@ def _results_section(
         )
     if results.get(LAPLACE.key):
         notes.append(_laplace_note(results[LAPLACE.key]))
+    if results.get(WISE.key):
+        notes.append(_wise_note(results[WISE.key]))
     sel = selection(recipe, results)
     if sel.get("best_epoch") is not None:
         notes.append(
@@ -293,6 +295,19 @@ def _laplace_note(found: Mapping[str, Any]) -> str:
         f"precision {found['prior_precision']:.4g} by {_prior_method(found['prior_method'])}, "
         "probit predictive). Evaluation only: this folder does not carry the posterior, and "
         "`fseb-ft predict` uses the network's own (or temperature-scaled) probabilities."
+    )
+
+
+def _wise_note(found: Mapping[str, Any]) -> str:
+    """What the "+ WiSE" rows are, and where their weights are."""
+    return (
+        f'Rows "{WISE.suffix.strip()}": WiSE-FT, the backbone\'s weights interpolated as '
+        f"(1 − α) θ_pretrained + α θ_fine-tuned with α = {found['alpha']:g}, chosen on the "
+        "validation split by NLL, the classifier the fine-tuned one, BatchNorm statistics "
+        "re-estimated on the training images when 0 < α < 1. Its weights are "
+        "`wise_ft.safetensors` in this folder, in the layout of `model.safetensors`: load the "
+        "model as below, then "
+        '`safetensors.torch.load_model(model, "wise_ft.safetensors")`.'
     )
 
 

@@ -1,8 +1,9 @@
 """The post-hoc blocks of a run's results, written once: each post-hoc method evaluated on the
-trained network (temperature scaling, the last-layer Laplace) has its key in ``results.json``,
-the suffix of its table rows and the suffix of its model-index metric names. Tables, the model
-card, its model-index, the model folder's ``fseb.json`` and ``--compare`` read this list, so a
-new post-hoc method is one line here (and its results block, :mod:`fseb_ft.runs.report`).
+trained network (temperature scaling, the last-layer Laplace, WiSE-FT) has its key in
+``results.json``, the suffix of its table rows and the suffix of its model-index metric names.
+Tables, the model card, its model-index, the model folder's ``fseb.json`` and ``--compare`` read
+this list, so a new post-hoc method is one line here (and its results block,
+:mod:`fseb_ft.runs.report`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,14 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LAPLACE", "POSTHOC_BLOCKS", "TEMPERATURE", "PostHocBlock", "posthoc_blocks"]
+__all__ = [
+    "LAPLACE",
+    "POSTHOC_BLOCKS",
+    "TEMPERATURE",
+    "WISE",
+    "PostHocBlock",
+    "posthoc_blocks",
+]
 
 
 @dataclass(frozen=True)
@@ -31,7 +39,9 @@ TEMPERATURE = PostHocBlock("temperature_scaled", " + TS", ", temperature-scaled"
 """Temperature scaling (``eval.temperature_scaling``)."""
 LAPLACE = PostHocBlock("laplace", " + LLLA", ", last-layer Laplace")
 """The last-layer Laplace approximation (``eval.laplace``)."""
-POSTHOC_BLOCKS = (TEMPERATURE, LAPLACE)
+WISE = PostHocBlock("wise_ft", " + WiSE", ", WiSE-FT")
+"""WiSE-FT, the weights interpolated with the starting ones (``eval.wise_ft``)."""
+POSTHOC_BLOCKS = (TEMPERATURE, LAPLACE, WISE)
 """Every post-hoc block, in the order of their rows."""
 
 

@@ -24,7 +24,7 @@ from fseb_ft.evaluation.ood import ood_metrics
 from fseb_ft.evaluation.temperature import fit_temperature, temperature_identified
 from fseb_ft.recipe import EvalConfig
 from fseb_ft.runs.atomic import write_text
-from fseb_ft.runs.posthoc import LAPLACE, TEMPERATURE
+from fseb_ft.runs.posthoc import LAPLACE, TEMPERATURE, WISE
 from fseb_ft.runs.rundir import (
     COMPARISON_PLOTS,
     CONFUSION_PLOT,
@@ -77,9 +77,9 @@ class EvalResults:
 
     results: dict[str, Any]
     """JSON-ready: ``split``, ``test``, ``ood``, ``corruptions``, ``groups``,
-    ``temperature_scaled``, ``laplace``, ``intervals`` (:func:`eval_results`), then what the
-    evaluation's maker adds with :meth:`extended` (``training``; an ensemble's ``members`` and
-    ``runs``)."""
+    ``temperature_scaled``, ``laplace``, ``wise_ft``, ``intervals`` (:func:`eval_results`), then
+    what the evaluation's maker adds with :meth:`extended` (``training``; an ensemble's
+    ``members`` and ``runs``)."""
     predictions: Predictions = dataclasses.field(repr=False)
     """The test (or validation), OOD and corruption predictions behind ``results``."""
 
@@ -348,7 +348,9 @@ def eval_results(
     With ``temperature_scaling`` (``eval.temperature_scaling``), predictions with validation
     logits also get ``temperature_scaled`` (:func:`temperature_scaled_results`); predictions
     with "+ LLLA" ones (``eval.laplace``) get ``laplace``: the fit's record (``hessian``,
-    ``prior_method``, ``prior_precision``), then their metrics as here. Predictions with groups
+    ``prior_method``, ``prior_precision``), then their metrics as here; predictions with "+ WiSE"
+    ones (``eval.wise_ft``) get ``wise_ft``: the chosen ``alpha``, the grid ``alphas`` and each
+    one's ``val_nll``, then their metrics. Predictions with groups
     (``eval.group_by``) get ``groups`` (:func:`group_results`), with ``bootstrap`` resamples
     ``intervals`` (:func:`~fseb_ft.evaluation.bootstrap.prediction_intervals`, after the
     others), and with ``conformal`` and validation logits the coverage and mean size of its
@@ -367,6 +369,10 @@ def eval_results(
         laplace = predictions.laplace
         found = _metrics(laplace, ood_scores, task_metrics, bootstrap, conformal)
         results[LAPLACE.key] = laplace.fit | found
+    if predictions.wise is not None:
+        wise = predictions.wise
+        found = _metrics(wise, ood_scores, task_metrics, bootstrap, conformal)
+        results[WISE.key] = wise.fit | found
     if intervals is not None:
         results["intervals"] = intervals
     return results

@@ -15,6 +15,8 @@ A run directory (``output.dir``) holds::
                                     (its ``state_file``: FS-VI's σ in variational.safetensors)
     model/feature_ood.safetensors   FEATURE_OOD_FIT: the feature OOD scores' fit on the training
                                     split, kept by an evaluation that computed them
+    model/wise_ft.safetensors       WISE_WEIGHTS: the WiSE-FT network of ``eval.wise_ft``, in
+                                    the layout of the best weights (:func:`write_wise_weights`)
     model/training_recipe.yaml      MODEL_RECIPE: the recipe as published, local paths as
                                     placeholders (``fseb_ft.runs.published``)
     abstention.json                 ABSTENTION_FILE: the threshold `fseb-ft predict --keep`
@@ -75,6 +77,7 @@ __all__ = [
     "RUN_PLOTS",
     "TRAINER_STATE",
     "VAL_LOGITS",
+    "WISE_WEIGHTS",
     "RunInfo",
     "check_output_dir",
     "checkpoint_name",
@@ -94,6 +97,7 @@ __all__ = [
     "write_method_state",
     "write_tensors",
     "write_val_logits",
+    "write_wise_weights",
 ]
 
 RECIPE_FILE = "recipe.yaml"
@@ -121,6 +125,10 @@ FEATURE_OOD_FIT = Path(MODEL_DIR) / "feature_ood.safetensors"
 split's penultimate features of the best weights, written by the evaluation that computed them
 (``fseb_ft.runs.feature_fit``), so that ``fseb-ft predict`` scores new images with it. In the
 model folder: exported and pushed with it."""
+WISE_WEIGHTS = Path(MODEL_DIR) / "wise_ft.safetensors"
+"""WiSE-FT's interpolated network (``eval.wise_ft``), a state dict in the layout of
+``MODEL_WEIGHTS``, written by the evaluation that chose its ``α``; in the model folder, exported
+and pushed with it, while ``MODEL_WEIGHTS`` stays the fine-tuned network."""
 MODEL_RECIPE = Path(MODEL_DIR) / "training_recipe.yaml"
 """The recipe the model card says to reproduce with, its local paths as placeholders. Not
 ``recipe.yaml``: that name makes a folder a run, and a model folder is not one."""
@@ -311,6 +319,17 @@ def write_val_logits(run_dir: Path, logits: Tensor, labels: Tensor) -> None:
     write_tensors(
         run_dir / VAL_LOGITS, {"logits": logits, "labels": labels}, "the validation logits"
     )
+
+
+def write_wise_weights(run_dir: Path, state: Mapping[str, Tensor] | None) -> None:
+    """Keep WiSE-FT's network (``state``) as :data:`WISE_WEIGHTS`, atomically; ``None`` (an
+    evaluation without ``eval.wise_ft``) removes an earlier one, whose ``α`` the rewritten
+    results no longer record."""
+    path = run_dir / WISE_WEIGHTS
+    if state is None:
+        remove(path)
+    else:
+        write_tensors(path, state, "the WiSE-FT weights")
 
 
 def method_state_file(name: str) -> Path:

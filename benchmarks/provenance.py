@@ -7,7 +7,7 @@ each one committed (``benchmarks/fingerprint.json`` at that commit) into one HTM
 ``python -m benchmarks.stale`` reads, and one line a reader sees::
 
     <!-- made-by: {"date": "2026-11-27", "commits": ["9e7a226"], "dirty": false, ...} -->
-    Made by the code of commit `9e7a226` (2026-11-27), behaviour fingerprint `1f0c6a2e`.
+    Made by the code of commit `9e7a226` (2026-11-27; kernels: AVX512), behaviour fingerprint …
 
 A table made before runs recorded their code carries the same comment, written by hand: no
 ``commits``, ``"recorded_in"`` the commit that added the table, ``"fingerprint": null`` and a
@@ -72,7 +72,9 @@ def run_codes(folders: Iterable[Path]) -> list[dict[str, Any] | None]:
 
 def made_by(codes: Iterable[dict[str, Any] | None], repo: Path = REPO) -> dict[str, Any]:
     """The stamp's record: today's date, the runs' commits (short, oldest listed first as
-    found), whether any ran with uncommitted edits, and their common fingerprint's part hashes
+    found), whether any ran with uncommitted edits, the kernels they ran on (the GPU, or torch's
+    CPU vector instructions: a float32 run repeats to the digit only on the same ones), and
+    their common fingerprint's part hashes
     (``None`` when a run has no code record, a commit has no fingerprint, or the commits'
     fingerprints differ: ``"mixed": true`` then)."""
     codes = list(codes)
@@ -86,11 +88,18 @@ def made_by(codes: Iterable[dict[str, Any] | None], repo: Path = REPO) -> dict[s
         "commits": commits,
         "dirty": any(g is not None and g["dirty"] for g in gits),
         "runs": len(codes),
+        "kernels": sorted({_kernels(code) for code in codes if code is not None} - {None}),
         "fingerprint": unique[0] if len(unique) == 1 and len(known) == len(codes) else None,
     }
     if len(unique) > 1:
         record["mixed"] = True
     return record
+
+
+def _kernels(code: Mapping[str, Any]) -> str | None:
+    """The run's device kernels: the GPU's name, else torch's CPU vector instructions."""
+    machine = code.get("machine") or {}
+    return machine.get("gpu") or machine.get("cpu_capability")
 
 
 def stamp(record: Mapping[str, Any]) -> str:
@@ -106,7 +115,8 @@ def stamp(record: Mapping[str, Any]) -> str:
     else:
         which = "no behaviour fingerprint (its runs predate it or did not record their code)"
     if commits:
-        made = f"the code of {label} {commits}{edits} ({record['date']})"
+        kernels = ", ".join(record.get("kernels") or []) or "unrecorded"
+        made = f"the code of {label} {commits}{edits} ({record['date']}; kernels: {kernels})"
     else:  # a table from before runs recorded their code
         made = f"the code of {record['date']} (added in commit `{record.get('recorded_in')}`)"
     return f"{MARK}{json.dumps(dict(record), sort_keys=True)} -->\nMade by {made}, {which}.\n"

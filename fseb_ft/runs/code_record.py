@@ -8,12 +8,13 @@ which behaviour fingerprint, ``benchmarks/fingerprint.json``) made each of its r
 from __future__ import annotations
 
 import functools
+import platform
 import subprocess
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RESULT_LIBRARIES", "code_record", "git_state"]
+__all__ = ["RESULT_LIBRARIES", "code_record", "git_state", "machine_record"]
 
 RESULT_LIBRARIES = (
     "torch",
@@ -66,12 +67,43 @@ def _installed(name: str) -> str | None:
 
 
 def code_record() -> dict[str, Any]:
-    """The ``code`` entry of ``run.json``: ``fseb_ft`` (version), ``git`` (:func:`git_state`)
-    and ``libraries`` (installed versions of :data:`RESULT_LIBRARIES`)."""
+    """The ``code`` entry of ``run.json``: ``fseb_ft`` (version), ``git`` (:func:`git_state`),
+    ``libraries`` (installed versions of :data:`RESULT_LIBRARIES`) and ``machine``
+    (:func:`machine_record`)."""
     from fseb_ft import __version__
 
     return {
         "fseb_ft": __version__,
         "git": git_state(Path(__file__).resolve().parents[1]),
         "libraries": {name: _installed(name) for name in RESULT_LIBRARIES},
+        "machine": machine_record(),
+    }
+
+
+def _cpu_model() -> str:
+    """The CPU's model name (Linux's ``/proc/cpuinfo``), else what ``platform`` says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_record() -> dict[str, Any]:
+    """Where a run ran, as far as it moves the numbers: the CPU, the vector instructions torch's
+    kernels use (``cpu_capability``: AVX512, AVX2, …), torch's thread count and the GPU.
+
+    A float32 training run repeats to the last digit only on the same kernels: on one thread
+    with the same seed, the CIFAR-10 protocol's accuracy moved by a point between torch's AVX-512
+    and AVX2 kernels (docs/results.md, "Reproducing a number").
+    """
+    import torch
+
+    return {
+        "cpu": _cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
     }

@@ -214,10 +214,11 @@ class RunInfo:
     """The per-class weights of the training likelihood (``train.class_weights``), in label
     order, scaled to mean 1 over the training images; ``None``: unweighted."""
     code: dict[str, Any] | None = None
-    """The code that ran (:func:`fseb_ft.runs.code_record.code_record`): fseb_ft's version, its
-    git commit and whether tracked files differed from it (``git`` is ``null`` outside a
-    checkout), and the versions of the libraries that shape results; those of the last start
-    when a run resumed; ``None`` in runs from before it."""
+    """The code that ran and where (:func:`fseb_ft.runs.code_record.code_record`): fseb_ft's
+    version, its git commit and whether tracked files differed from it (``git`` is ``null``
+    outside a checkout), the versions of the libraries that shape results, and the machine (CPU,
+    torch's vector instructions, threads, GPU); those of the last start when a run resumed;
+    ``None`` in runs from before it."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``run.json`` mapping (``training`` only once set, ``prior`` only when resolved)."""

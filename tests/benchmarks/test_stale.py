@@ -44,16 +44,20 @@ def repo(tmp_path: Path) -> Path:
     return root
 
 
-def code(commit: str, dirty: bool = False) -> dict:
-    return {"fseb_ft": "0.1.0", "git": {"commit": commit, "dirty": dirty}, "libraries": {}}
+def code(commit: str, dirty: bool = False, kernels: str = "AVX2") -> dict:
+    machine = {"cpu": "x", "cpu_capability": kernels, "threads": 1, "gpu": None}
+    git_state = {"commit": commit, "dirty": dirty}
+    return {"fseb_ft": "0.1.0", "git": git_state, "libraries": {}, "machine": machine}
 
 
 @needs_git
 def test_runs_of_commits_with_one_fingerprint_share_it(repo: Path) -> None:
     first = commit_fingerprint(repo, PARTS)
     second = commit_fingerprint(repo, PARTS)  # a refactor: same behaviour
-    record = made_by([code(first), code(second), code(second)], repo)
+    record = made_by([code(first), code(second, kernels="AVX512"), code(second)], repo)
     assert record["commits"] == [first[:7], second[:7]]
+    assert record["kernels"] == ["AVX2", "AVX512"]
+    assert "kernels: AVX2, AVX512)" in stamp(record)
     assert record["fingerprint"] == PARTS and record["runs"] == 3 and not record["dirty"]
     assert "mixed" not in record
 
@@ -78,10 +82,11 @@ def test_a_run_without_code_or_a_commit_before_the_fingerprint_has_none(repo: Pa
 
 def test_stamp_round_trips_and_names_the_commit_and_fingerprint() -> None:
     record = {"date": "2026-11-27", "commits": ["abc1234"], "dirty": False, "runs": 2,
-              "fingerprint": PARTS}  # fmt: skip
+              "kernels": ["AVX512"], "fingerprint": PARTS}  # fmt: skip
     text = stamp(record)
     assert read_stamp(f"table\n\n{text}") == record
-    assert f"commit `abc1234` (2026-11-27), behaviour fingerprint `{fingerprint_id(PARTS)}`" in text
+    made = "commit `abc1234` (2026-11-27; kernels: AVX512), behaviour fingerprint"
+    assert f"{made} `{fingerprint_id(PARTS)}`" in text
     assert read_stamp("a table without one\n") is None
 
 

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from fseb_ft.runs.code_record import RESULT_LIBRARIES, code_record, git_state
 from fseb_ft.runs.rundir import RunInfo
@@ -79,6 +80,9 @@ def test_code_record_lists_every_result_library_and_round_trips_in_run_json() ->
     record = code_record()
     assert set(record["libraries"]) == set(RESULT_LIBRARIES)
     assert record["libraries"]["torch"].startswith("2.")
+    machine = record["machine"]
+    assert machine["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert machine["threads"] == torch.get_num_threads() and machine["cpu"]
     spec = {"size": [8, 8], "mean": [0.5], "std": [0.25]}
     info = RunInfo.from_json({"num_classes": 2, "input": spec, "code": record})
     assert info.to_json()["code"] == record

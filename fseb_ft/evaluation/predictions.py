@@ -285,24 +285,17 @@ def predict_splits(
     val = None
     if _wants_val(cfg) and splits.val is not None:
         val = test if reported is splits.val else scored(splits.val)  # the same images: once
-    laplace = None
-    if cfg.laplace and head is not None and train is not None:
-        val_features = None if val is None or val[2] is None else (val[2], val[1])
-        linear = cast(nn.Linear, head)  # with eval.laplace, laplace_classifier's (a Linear)
-        laplace = fit_laplace_logits(linear, train, val_features, cfg, _maths_device(accelerator))
+    laplace = _fitted_laplace(cfg, head, train, val, accelerator)
     corrupted = corruption_subset(reported, cfg.corruption_limit, cfg.corruption_seed)
     corruptions, laplace_corruptions = predict_corruptions(
         model, corrupted, spec, cfg, accelerator, num_workers, seed, laplace
     )
     _check_corrupted(corruptions, len(corrupted), split)
-    # A subset of the reported split when it is not the split itself.
-    subset = None if corrupted is reported else cast(IndexedImages, corrupted)
-    index = None if subset is None else torch.as_tensor(subset.indices, dtype=torch.long)
     predictions = Predictions(
         test=(torch.log_softmax(test[0], -1), test[1]),
         ood={name: torch.log_softmax(z, -1) for name, (z, _, _) in ood.items()},
         corruptions=corruptions,
-        corruption_index=index,
+        corruption_index=_subset_index(corrupted, reported),
         test_logits=test[0],
         ood_logits={name: z for name, (z, _, _) in ood.items()},
         val=None if val is None else val[:2],
@@ -317,6 +310,29 @@ def predict_splits(
         predictions,
         laplace=_laplace_predictions(predictions, laplace, test, ood, val, laplace_corruptions),
     )
+
+
+def _fitted_laplace(
+    cfg: EvalConfig,
+    head: nn.Module | None,
+    train: tuple[Tensor, Tensor] | None,
+    val: _Scored | None,
+    accelerator: Accelerator,
+) -> LaplaceLogits | None:
+    """The last-layer Laplace of ``cfg.laplace`` fitted on the training split's features (the
+    validation split's for its prior, when predicted), or ``None``."""
+    if not (cfg.laplace and head is not None and train is not None):
+        return None
+    val_features = None if val is None or val[2] is None else (val[2], val[1])
+    linear = cast(nn.Linear, head)  # with eval.laplace, laplace_classifier's (a Linear)
+    return fit_laplace_logits(linear, train, val_features, cfg, _maths_device(accelerator))
+
+
+def _subset_index(corrupted: LabeledImages, reported: LabeledImages) -> Tensor | None:
+    """The indices into the reported split of the images corrupted, ``None`` when all were."""
+    if corrupted is reported:
+        return None
+    return torch.as_tensor(cast(IndexedImages, corrupted).indices, dtype=torch.long)
 
 
 def _passes_feature_scores(

@@ -15,7 +15,7 @@ ROOT = Path(__file__).parents[1]
 PACKAGE = ROOT / "fseb_ft"
 LAYERS = ("recipe", "data", "method", "evaluation", "runs", "engine")
 """The package's folders, lowest first: a module imports only from its own folder or lower ones."""
-BASE = ("errors", "logs")
+BASE = ("errors", "lazy", "logs")
 """Top-level modules every layer may import; they import nothing from fseb_ft."""
 ENTRY_POINTS = (
     "__init__",

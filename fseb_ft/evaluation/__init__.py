@@ -8,8 +8,9 @@ other.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from fseb_ft.lazy import lazy_attributes
 
 if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZY's
     from fseb_ft.evaluation.abstention import AbstentionRule as AbstentionRule
@@ -119,9 +120,4 @@ _LAZY = {
 }
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    """A public name, imported from its module on first use (PEP 562)."""
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)

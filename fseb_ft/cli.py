@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fseb_ft.recipe.options import METHOD_SUMMARIES
+
 __all__ = ["COMMANDS", "Command", "Terminated", "device_argument", "help_text", "main", "run_entry"]
 
 
@@ -176,9 +178,15 @@ def _help() -> str:
         "       fseb-ft COMMAND [args ...]\n\n"
         "Fine-tune timm backbones with function-space empirical Bayes (FS-EB) regularisation.\n\n"
         f"commands:\n{rows}\n\n"
+        f"methods (fseb.method=NAME; docs/method.md):\n{_method_rows()}\n\n"
         "`fseb-ft COMMAND --help` describes each; --version prints the version; --debug shows "
         "the traceback of an error."
     )
+
+
+def _method_rows() -> str:
+    width = max(map(len, METHOD_SUMMARIES))
+    return "\n".join(f"  {name:<{width}}  {line}" for name, line in METHOD_SUMMARIES.items())
 
 
 def device_argument(text: str) -> str:

@@ -28,6 +28,15 @@ METHODS: tuple[str, ...] = get_args(Method)
 """The objective (``fseb.method``): FS-EB (PS-MAP at ``reg_scale = 0``), FS-VI, L2-SP or
 Feature-SP; one registered method each (``fseb_ft.method.methods``)."""
 
+METHOD_SUMMARIES: dict[str, str] = {
+    "fseb": "FS-EB: a Gaussian prior on the logits at context points (reg_scale=0: PS-MAP)",
+    "fsvi": "FS-VI: a mean-field q(θ), the KL to the same function-space prior",
+    "l2sp": "L2-SP: weight decay towards the starting weights",
+    "feature": "Feature-SP: the penultimate features held near the starting model's",
+}
+"""One line per method for ``fseb-ft --help``, in :data:`METHODS`' order (a test holds the keys
+equal)."""
+
 VarianceScope = Literal["head", "all"]
 VARIANCE_SCOPES: tuple[str, ...] = get_args(VarianceScope)
 """Which parameters carry FS-VI's variance (``fseb.fsvi.variance``): the linear classifier, or

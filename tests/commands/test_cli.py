@@ -13,6 +13,7 @@ import fseb_ft
 from fseb_ft import cli
 from fseb_ft import finetune as finetune_module
 from fseb_ft.evaluation.predictions import Predictions
+from fseb_ft.recipe import options
 from fseb_ft.runs.report import EvalResults
 
 pytestmark = pytest.mark.no_figures  # figures: runs/test_plots.py, engine/test_pipeline.py
@@ -25,6 +26,12 @@ def test_help_lists_every_command_of_the_table(capsys: pytest.CaptureFixture[str
     out = capsys.readouterr().out
     for name, command in cli.COMMANDS.items():
         assert f"  {name}" in out and command.summary in out
+
+
+def test_help_lists_every_method_a_recipe_can_name(capsys: pytest.CaptureFixture[str]) -> None:
+    cli.main(["--help"])
+    methods = capsys.readouterr().out.split("methods (fseb.method=NAME")[1].split("\n\n")[0]
+    assert [line.split()[0] for line in methods.splitlines()[1:]] == list(options.METHODS)
 
 
 @pytest.mark.parametrize("command", [[], *([name] for name in cli.COMMANDS)], ids=str)

@@ -20,6 +20,7 @@ N_TRAIN, PRIOR_VAR = 40, 0.3
 
 def test_the_registry_names_the_recipes_methods_each_in_its_own_module() -> None:
     assert sorted(METHODS) == sorted(options.METHODS), "options.METHODS and the registry differ"
+    assert tuple(options.METHOD_SUMMARIES) == options.METHODS, "fseb-ft --help's list differs"
     for name, registered in METHODS.items():
         assert registered.name == name
         assert registered.__module__ == f"fseb_ft.method.methods.{name}"

@@ -34,6 +34,7 @@ from fseb_ft.finetune import run
 from fseb_ft.prediction import loading as predictor
 from fseb_ft.prediction import validation
 from fseb_ft.prediction.loading import load_model
+from fseb_ft.prediction.requests import LoadRequest, PredictRequest, RowRequest, RuleRequest
 from fseb_ft.prediction.rows import format_rows, write_predictions
 from fseb_ft.recipe import recipe_from_dict
 from fseb_ft.runs import rundir
@@ -239,6 +240,21 @@ def test_probabilities_are_temperature_scaled_and_the_preprocessing_is_evaluatio
         assert result.rows[0]["probability"] == pytest.approx(float(probs.max()), rel=1e-5)
         assert result.rows[0]["prediction"] == info.class_names[int(probs.argmax())]
     assert scaled.rows[0]["probability"] != pytest.approx(raw.rows[0]["probability"])
+
+
+def test_a_request_predicts_as_the_keyword_arguments_do(run_dir: Path, images: Path) -> None:
+    keywords = fseb_ft.predict_images(
+        run_dir, images, coverage=0.8, top_k=2, ood="energy", conformal=0.9, progress=False
+    )
+    request = PredictRequest(
+        load=LoadRequest(progress=False),
+        rule=RuleRequest(coverage=0.8),
+        rows=RowRequest(top_k=2, ood="energy", conformal=0.9),
+    )
+    asked = fseb_ft.predict_images(run_dir, images, request=request)
+    assert asked.rows == keywords.rows and asked.meta == keywords.meta
+    assert {"top2", "ood_energy", "set"} <= set(asked.rows[0]) and "top3" not in asked.rows[0]
+    assert asked.meta["abstention"]["target"] == 0.8
 
 
 def test_a_16_bit_image_is_predicted_as_its_8_bit_pixels_not_as_white(

@@ -31,7 +31,7 @@ _LAZY = {
     "FSEBObjective": "fseb_ft.method.objective",
     "function_space_term": "fseb_ft.method.regularizer",
     "parameter_term": "fseb_ft.method.regularizer",
-    "predict_images": "fseb_ft.predict",
+    "predict_images": "fseb_ft.prediction",
     "prior_covariance": "fseb_ft.method.regularizer",
     "timm_features": "fseb_ft.method.objective",
 }

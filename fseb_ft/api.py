@@ -1,5 +1,5 @@
 """The in-memory Python API's former home: :func:`fseb_ft.finetune.finetune` (kept importable),
-and :func:`fseb_ft.predict.predict_images`.
+and :func:`fseb_ft.prediction.pipeline.predict_images`.
 
 ``fseb_ft.finetune(recipe, train=..., test=...)``, ``fseb_ft.finetune.finetune`` and
 ``fseb_ft.api.finetune`` are the same function; so are ``fseb_ft.predict_images`` and
@@ -7,6 +7,6 @@ and :func:`fseb_ft.predict.predict_images`.
 """
 
 from fseb_ft.finetune import finetune, resolve_recipe
-from fseb_ft.predict import predict_images
+from fseb_ft.prediction import predict_images
 
 __all__ = ["finetune", "predict_images", "resolve_recipe"]

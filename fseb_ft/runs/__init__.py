@@ -1,5 +1,5 @@
-"""The runs layer: the run folder and its files, written atomically; loading a run or model for
-prediction; results, figures, the model card and the exported model folder. Imports only the
+"""The runs layer: the run folder and its files, written atomically; a run's network rebuilt from
+it; results, figures, the model card and the exported model folder. Imports only the
 layers below it (evaluation, method, data, recipe).
 
 Its public names, those the other folders and the commands import, are ``__all__``; each is
@@ -21,37 +21,19 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
     from fseb_ft.runs.atomic import remove_orphans as remove_orphans
     from fseb_ft.runs.atomic import write_text as write_text
     from fseb_ft.runs.comparison import write_comparison as write_comparison
-    from fseb_ft.runs.conformal_sets import add_conformal_arguments as add_conformal_arguments
-    from fseb_ft.runs.conformal_sets import add_set_columns as add_set_columns
-    from fseb_ft.runs.conformal_sets import calibrate_on_run as calibrate_on_run
-    from fseb_ft.runs.conformal_sets import check_conformal as check_conformal
-    from fseb_ft.runs.conformal_sets import conformal_record as conformal_record
     from fseb_ft.runs.export import export_run as export_run
     from fseb_ft.runs.export import is_exported as is_exported
     from fseb_ft.runs.export import write_model_card as write_model_card
-    from fseb_ft.runs.feature_fit import load_feature_fit as load_feature_fit
+    from fseb_ft.runs.feature_fit import read_feature_fit as read_feature_fit
     from fseb_ft.runs.feature_fit import write_feature_fit as write_feature_fit
     from fseb_ft.runs.leaderboard import BEST_RECIPE as BEST_RECIPE
     from fseb_ft.runs.leaderboard import LEADERBOARD_MD as LEADERBOARD_MD
     from fseb_ft.runs.leaderboard import comparison_table as comparison_table
     from fseb_ft.runs.leaderboard import format_params as format_params
     from fseb_ft.runs.leaderboard import write_leaderboard as write_leaderboard
-    from fseb_ft.runs.loading import LoadedModel as LoadedModel
-    from fseb_ft.runs.loading import first_line as first_line
-    from fseb_ft.runs.loading import gather_inputs as gather_inputs
-    from fseb_ft.runs.loading import load_model as load_model
     from fseb_ft.runs.loading import load_run_model as load_run_model
-    from fseb_ft.runs.loading import outputs_and_read_errors as outputs_and_read_errors
     from fseb_ft.runs.loading import run_predictor as run_predictor
     from fseb_ft.runs.lock import run_lock as run_lock
-    from fseb_ft.runs.prediction_files import ImagePredictions as ImagePredictions
-    from fseb_ft.runs.prediction_files import accuracy_record as accuracy_record
-    from fseb_ft.runs.prediction_files import check_out_file as check_out_file
-    from fseb_ft.runs.prediction_files import format_rows as format_rows
-    from fseb_ft.runs.prediction_files import image_rows as image_rows
-    from fseb_ft.runs.prediction_files import output_format as output_format
-    from fseb_ft.runs.prediction_files import write_predictions as write_predictions
-    from fseb_ft.runs.prediction_summary import summary as summary
     from fseb_ft.runs.report import EvalResults as EvalResults
     from fseb_ft.runs.report import write_confusion_plot as write_confusion_plot
     from fseb_ft.runs.report import write_corruption_plot as write_corruption_plot
@@ -63,6 +45,7 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
     from fseb_ft.runs.rundir import COMPARISON_JSON as COMPARISON_JSON
     from fseb_ft.runs.rundir import COMPARISON_MD as COMPARISON_MD
     from fseb_ft.runs.rundir import DATA_FILES as DATA_FILES
+    from fseb_ft.runs.rundir import FEATURE_OOD_FIT as FEATURE_OOD_FIT
     from fseb_ft.runs.rundir import MODEL_DIR as MODEL_DIR
     from fseb_ft.runs.rundir import MODEL_WEIGHTS as MODEL_WEIGHTS
     from fseb_ft.runs.rundir import RECIPE_FILE as RECIPE_FILE
@@ -76,14 +59,17 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
     from fseb_ft.runs.rundir import clear_run as clear_run
     from fseb_ft.runs.rundir import epochs_done as epochs_done
     from fseb_ft.runs.rundir import latest_checkpoint as latest_checkpoint
+    from fseb_ft.runs.rundir import read_abstention as read_abstention
     from fseb_ft.runs.rundir import read_class_names as read_class_names
     from fseb_ft.runs.rundir import read_json as read_json
     from fseb_ft.runs.rundir import read_method_state as read_method_state
     from fseb_ft.runs.rundir import read_run as read_run
+    from fseb_ft.runs.rundir import read_val_logits as read_val_logits
     from fseb_ft.runs.rundir import results_split as results_split
     from fseb_ft.runs.rundir import runs_in as runs_in
     from fseb_ft.runs.rundir import write_json as write_json
     from fseb_ft.runs.rundir import write_method_state as write_method_state
+    from fseb_ft.runs.rundir import write_val_logits as write_val_logits
     from fseb_ft.runs.rundir import write_wise_weights as write_wise_weights
     from fseb_ft.runs.tables import corruption_markdown as corruption_markdown
     from fseb_ft.runs.tables import groups_markdown as groups_markdown
@@ -91,10 +77,6 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
     from fseb_ft.runs.tables import method_title as method_title
     from fseb_ft.runs.tables import split_note as split_note
     from fseb_ft.runs.tables import split_suffix as split_suffix
-    from fseb_ft.runs.thresholds import DEFAULT_COVERAGE as DEFAULT_COVERAGE
-    from fseb_ft.runs.thresholds import choose_rule as choose_rule
-    from fseb_ft.runs.thresholds import keep_rule as keep_rule
-    from fseb_ft.runs.thresholds import validation_fetch as validation_fetch
     from fseb_ft.runs.upload import HubPushError as HubPushError
     from fseb_ft.runs.upload import push_run as push_run
     from fseb_ft.runs.upload import retry_command as retry_command
@@ -108,37 +90,19 @@ _LAZY = {
     "remove_orphans": "fseb_ft.runs.atomic",
     "write_text": "fseb_ft.runs.atomic",
     "write_comparison": "fseb_ft.runs.comparison",
-    "add_conformal_arguments": "fseb_ft.runs.conformal_sets",
-    "add_set_columns": "fseb_ft.runs.conformal_sets",
-    "calibrate_on_run": "fseb_ft.runs.conformal_sets",
-    "check_conformal": "fseb_ft.runs.conformal_sets",
-    "conformal_record": "fseb_ft.runs.conformal_sets",
     "export_run": "fseb_ft.runs.export",
     "is_exported": "fseb_ft.runs.export",
     "write_model_card": "fseb_ft.runs.export",
-    "load_feature_fit": "fseb_ft.runs.feature_fit",
+    "read_feature_fit": "fseb_ft.runs.feature_fit",
     "write_feature_fit": "fseb_ft.runs.feature_fit",
     "BEST_RECIPE": "fseb_ft.runs.leaderboard",
     "LEADERBOARD_MD": "fseb_ft.runs.leaderboard",
     "comparison_table": "fseb_ft.runs.leaderboard",
     "format_params": "fseb_ft.runs.leaderboard",
     "write_leaderboard": "fseb_ft.runs.leaderboard",
-    "LoadedModel": "fseb_ft.runs.loading",
-    "first_line": "fseb_ft.runs.loading",
-    "gather_inputs": "fseb_ft.runs.loading",
-    "load_model": "fseb_ft.runs.loading",
     "load_run_model": "fseb_ft.runs.loading",
-    "outputs_and_read_errors": "fseb_ft.runs.loading",
     "run_predictor": "fseb_ft.runs.loading",
     "run_lock": "fseb_ft.runs.lock",
-    "ImagePredictions": "fseb_ft.runs.prediction_files",
-    "accuracy_record": "fseb_ft.runs.prediction_files",
-    "check_out_file": "fseb_ft.runs.prediction_files",
-    "format_rows": "fseb_ft.runs.prediction_files",
-    "image_rows": "fseb_ft.runs.prediction_files",
-    "output_format": "fseb_ft.runs.prediction_files",
-    "write_predictions": "fseb_ft.runs.prediction_files",
-    "summary": "fseb_ft.runs.prediction_summary",
     "EvalResults": "fseb_ft.runs.report",
     "write_confusion_plot": "fseb_ft.runs.report",
     "write_corruption_plot": "fseb_ft.runs.report",
@@ -150,6 +114,7 @@ _LAZY = {
     "COMPARISON_JSON": "fseb_ft.runs.rundir",
     "COMPARISON_MD": "fseb_ft.runs.rundir",
     "DATA_FILES": "fseb_ft.runs.rundir",
+    "FEATURE_OOD_FIT": "fseb_ft.runs.rundir",
     "MODEL_DIR": "fseb_ft.runs.rundir",
     "MODEL_WEIGHTS": "fseb_ft.runs.rundir",
     "RECIPE_FILE": "fseb_ft.runs.rundir",
@@ -163,14 +128,17 @@ _LAZY = {
     "clear_run": "fseb_ft.runs.rundir",
     "epochs_done": "fseb_ft.runs.rundir",
     "latest_checkpoint": "fseb_ft.runs.rundir",
+    "read_abstention": "fseb_ft.runs.rundir",
     "read_class_names": "fseb_ft.runs.rundir",
     "read_json": "fseb_ft.runs.rundir",
     "read_method_state": "fseb_ft.runs.rundir",
     "read_run": "fseb_ft.runs.rundir",
+    "read_val_logits": "fseb_ft.runs.rundir",
     "results_split": "fseb_ft.runs.rundir",
     "runs_in": "fseb_ft.runs.rundir",
     "write_json": "fseb_ft.runs.rundir",
     "write_method_state": "fseb_ft.runs.rundir",
+    "write_val_logits": "fseb_ft.runs.rundir",
     "write_wise_weights": "fseb_ft.runs.rundir",
     "corruption_markdown": "fseb_ft.runs.tables",
     "groups_markdown": "fseb_ft.runs.tables",
@@ -178,10 +146,6 @@ _LAZY = {
     "method_title": "fseb_ft.runs.tables",
     "split_note": "fseb_ft.runs.tables",
     "split_suffix": "fseb_ft.runs.tables",
-    "DEFAULT_COVERAGE": "fseb_ft.runs.thresholds",
-    "choose_rule": "fseb_ft.runs.thresholds",
-    "keep_rule": "fseb_ft.runs.thresholds",
-    "validation_fetch": "fseb_ft.runs.thresholds",
     "HubPushError": "fseb_ft.runs.upload",
     "push_run": "fseb_ft.runs.upload",
     "retry_command": "fseb_ft.runs.upload",

@@ -125,17 +125,9 @@ class EvalResults:
 
 
 def evaluate_predictions(
-    test: tuple[Tensor, Tensor],
-    ood: Mapping[str, Tensor] | None = None,
-    corruptions: Mapping[str, Mapping[int, Tensor]] | None = None,
-    corruption_index: Tensor | None = None,
-    *,
+    predictions: Predictions,
     ood_scores: Sequence[str] = ("entropy",),
-    test_logits: Tensor | None = None,
-    ood_logits: Mapping[str, Tensor] | None = None,
     task_metrics: Sequence[str] = (),
-    test_feature_scores: Mapping[str, Tensor] | None = None,
-    ood_feature_scores: Mapping[str, Mapping[str, Tensor]] | None = None,
 ) -> dict[str, Any]:
     """The metrics of the test predictions, each named OOD set and each corruption.
 
@@ -145,17 +137,14 @@ def evaluate_predictions(
     list, index = label).
 
     Args:
-        test: (log-probabilities (N, K), labels (N,)) on the in-distribution test split.
-        ood: name → log-probabilities (N_o, K) on that semantic-shift set.
-        corruptions: corruption name → severity → log-probabilities (N_c, K) on the corrupted
-            test split.
-        corruption_index: indices (N_c,) into ``test`` of the corrupted images; ``None``: all.
+        predictions: what is scored: ``test`` (log-probabilities (N, K), labels (N,)), ``ood``
+            (name → log-probabilities (N_o, K)), ``corruptions`` (name → severity →
+            log-probabilities (N_c, K) of the test images ``corruption_index`` names, ``None``:
+            all), the logits behind ``test`` and ``ood`` (``None`` for an ensemble: its logit
+            scores are then absent) and the feature scores' values (absent: those scores are
+            too). Its validation, groups and post-hoc blocks are not read here.
         ood_scores: the OOD scores to report (``eval.ood_scores``).
-        test_logits, ood_logits: the logits behind ``test`` and ``ood`` (``None`` for an
-            ensemble: its logit scores are then absent).
         task_metrics: the task metrics to add to ``test`` (``eval.metrics``).
-        test_feature_scores, ood_feature_scores: the feature scores' values on ``test`` and on
-            each OOD set (absent: those scores are too).
 
     Returns:
         ``{"test": {metric: float, "n": N}, "ood": {name: {metric: float, "n": N_o}}}``; with
@@ -167,28 +156,29 @@ def evaluate_predictions(
         The metrics are those of ``test``
         (:func:`~fseb_ft.evaluation.metrics.classification_metrics`).
     """
-    log_probs, labels = test
+    log_probs, labels = predictions.test
     found = classification_metrics(log_probs, labels, task_metrics)
     # tolist: a 0-dim tensor gives a float, a per-class (K,) one a list.
     out: dict[str, Any] = {"test": {k: v.tolist() for k, v in found.items()}}
     out["test"]["n"] = len(labels)
     probs_in = log_probs.exp()  # (N, K)
     out["ood"] = {}
-    for name, lp in (ood or {}).items():
-        z_out = (ood_logits or {}).get(name)  # (N_o, K) or None
+    for name, lp in predictions.ood.items():
         found = ood_metrics(
             probs_in,
             lp.exp(),
             tuple(ood_scores),
-            test_logits,
-            z_out,
-            test_feature_scores,
-            (ood_feature_scores or {}).get(name),
+            predictions.test_logits,
+            predictions.ood_logits.get(name),  # (N_o, K) or None
+            predictions.test_feature_scores,
+            predictions.ood_feature_scores.get(name),
         )
         scores = {k: float(v) for k, v in found.items()}
         out["ood"][name] = scores | {"n": len(lp)}
-    if corruptions:
-        out |= _corruption_results(test, corruptions, corruption_index)
+    if predictions.corruptions:
+        out |= _corruption_results(
+            predictions.test, predictions.corruptions, predictions.corruption_index
+        )
     return out
 
 
@@ -420,18 +410,7 @@ def _metrics(
     group (``groups``: :func:`group_results`) when they carry groups, with ``bootstrap``
     resamples the ``intervals`` of every scalar test and OOD metric, and with ``conformal`` and
     validation logits the sets' ``conformal_coverage`` and ``conformal_set_size`` in ``test``."""
-    out = evaluate_predictions(
-        predictions.test,
-        predictions.ood,
-        predictions.corruptions,
-        predictions.corruption_index,
-        ood_scores=ood_scores,
-        test_logits=predictions.test_logits,
-        ood_logits=predictions.ood_logits,
-        task_metrics=task_metrics,
-        test_feature_scores=predictions.test_feature_scores,
-        ood_feature_scores=predictions.ood_feature_scores,
-    )
+    out = evaluate_predictions(predictions, ood_scores, task_metrics)
     if predictions.groups is not None:
         out["groups"] = group_results(predictions.test, predictions.groups, list(out["test"]))
     if bootstrap is not None and bootstrap.resamples:

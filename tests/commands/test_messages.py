@@ -24,7 +24,7 @@ from fseb_ft.finetune import run
 from fseb_ft.logs import configure_logging
 from fseb_ft.method.models import create_model
 from fseb_ft.method.regularizer import CholeskyJitterWarning, function_space_term
-from fseb_ft.predict import predict_images
+from fseb_ft.prediction import predict_images
 from fseb_ft.recipe import ModelConfig, recipe_from_dict
 from fseb_ft.runs import upload
 from tests.helpers import poison_loss, tiny_recipe, write_image_folder

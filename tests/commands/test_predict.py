@@ -31,11 +31,14 @@ from fseb_ft.evaluation.conformal import calibrate
 from fseb_ft.evaluation.predictions import eval_loader
 from fseb_ft.evaluation.selective import top_class_log_odds
 from fseb_ft.finetune import run
+from fseb_ft.prediction import loading as predictor
+from fseb_ft.prediction import validation
+from fseb_ft.prediction.loading import load_model
+from fseb_ft.prediction.requests import LoadRequest, PredictRequest, RowRequest, RuleRequest
+from fseb_ft.prediction.rows import format_rows, write_predictions
 from fseb_ft.recipe import recipe_from_dict
-from fseb_ft.runs import loading as predictor
-from fseb_ft.runs import rundir, thresholds
-from fseb_ft.runs.loading import load_model, load_run_model
-from fseb_ft.runs.prediction_files import format_rows, write_predictions
+from fseb_ft.runs import rundir
+from fseb_ft.runs.loading import load_run_model
 from fseb_ft.runs.rundir import VAL_LOGITS, read_json, read_run, read_val_logits
 from tests.helpers import snapshot
 
@@ -239,6 +242,21 @@ def test_probabilities_are_temperature_scaled_and_the_preprocessing_is_evaluatio
     assert scaled.rows[0]["probability"] != pytest.approx(raw.rows[0]["probability"])
 
 
+def test_a_request_predicts_as_the_keyword_arguments_do(run_dir: Path, images: Path) -> None:
+    keywords = fseb_ft.predict_images(
+        run_dir, images, coverage=0.8, top_k=2, ood="energy", conformal=0.9, progress=False
+    )
+    request = PredictRequest(
+        load=LoadRequest(progress=False),
+        rule=RuleRequest(coverage=0.8),
+        rows=RowRequest(top_k=2, ood="energy", conformal=0.9),
+    )
+    asked = fseb_ft.predict_images(run_dir, images, request=request)
+    assert asked.rows == keywords.rows and asked.meta == keywords.meta
+    assert {"top2", "ood_energy", "set"} <= set(asked.rows[0]) and "top3" not in asked.rows[0]
+    assert asked.meta["abstention"]["target"] == 0.8
+
+
 def test_a_16_bit_image_is_predicted_as_its_8_bit_pixels_not_as_white(
     run_dir: Path, images: Path, tmp_path: Path
 ) -> None:
@@ -368,7 +386,7 @@ def test_a_second_choice_reuses_the_kept_validation_logits_until_the_weights_cha
     def no_second_pass(*args: object) -> None:
         raise AssertionError("the validation split was predicted again")
 
-    monkeypatch.setattr(thresholds, "validation_split", no_second_pass)
+    monkeypatch.setattr(validation, "validation_split", no_second_pass)
     again = api.predict_images(copy, images, coverage=0.5, temperature=1.0, progress=False)
     rule, temperature = again.meta["abstention"], first.meta["temperature"]
     confidence = top_class_log_odds(logits, 1.0)  # (N_v,)
@@ -498,13 +516,13 @@ def test_conformal_sets_share_the_thresholds_validation_pass_no_second_pass(
     (copy / VAL_LOGITS).unlink(missing_ok=True)
     read_only(copy, monkeypatch)
     passes: list[tuple[torch.Tensor, torch.Tensor | None, list[str]]] = []
-    predicted = thresholds.logits_and_read_errors
+    predicted = validation.logits_and_read_errors
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         passes.append(predicted(*args, **kwargs))
         return passes[-1]
 
-    monkeypatch.setattr(thresholds, "logits_and_read_errors", counted)
+    monkeypatch.setattr(validation, "logits_and_read_errors", counted)
     out, spec = tmp_path / "sets.csv", "{source: sklearn_digits, split: test, classes: [0, 1, 2]}"
     printed = _predict([str(copy), "--dataset", spec, "--conformal", "0.9", "--out", str(out),
                         "--conformal-method", "aps", "--threshold", "0"], capsys)  # fmt: skip

@@ -19,12 +19,11 @@ from fseb_ft.engine.reevaluate import evaluate_run
 from fseb_ft.engine.run import run_with_predictions
 from fseb_ft.evaluation.feature_ood import FeatureOodFit, fit_tensors
 from fseb_ft.evaluation.predictions import Predictions
-from fseb_ft.predict import predict_images
+from fseb_ft.prediction import loading, predict_images
+from fseb_ft.prediction.loading import load_model
 from fseb_ft.recipe import recipe_from_dict
 from fseb_ft.recipe.options import FEATURE_OOD_SCORES
-from fseb_ft.runs import loading
 from fseb_ft.runs.feature_fit import read_feature_fit, write_feature_fit
-from fseb_ft.runs.loading import load_model
 from fseb_ft.runs.rundir import FEATURE_OOD_FIT, read_json
 from tests.helpers import LogProbs, skip_figures
 

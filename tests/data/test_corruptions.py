@@ -275,9 +275,11 @@ def test_the_clean_row_is_taken_on_the_images_that_were_corrupted() -> None:
     log_probs = torch.tensor([[0.9, 0.1], [0.8, 0.2], [0.7, 0.3], [0.6, 0.4]]).double().log()
     labels = torch.tensor([0, 0, 1, 1])
     results = evaluate_predictions(
-        (log_probs, labels),
-        corruptions={"fog": {3: log_probs[:2]}},
-        corruption_index=torch.tensor([0, 1]),
+        Predictions(
+            test=(log_probs, labels),
+            corruptions={"fog": {3: log_probs[:2]}},
+            corruption_index=torch.tensor([0, 1]),
+        )
     )
     assert results["test"]["accuracy"] == 0.5 and results["test"]["n"] == 4
     same = pytest.approx(results["corruptions"]["fog"]["3"], nan_ok=True)  # one class: AUROC nan
@@ -308,9 +310,11 @@ def test_temperature_scaling_rescales_the_corruptions_as_if_from_their_logits() 
     ts = temperature_scaled_results(predictions)
     assert "note" not in ts and abs(ts["temperature"] - 1.0) > 0.2
     expected = evaluate_predictions(
-        (z.log_softmax(-1), labels),
-        corruptions={"fog": {2: (zc / ts["temperature"]).log_softmax(-1)}},
-        corruption_index=index_c,
+        Predictions(
+            test=(z.log_softmax(-1), labels),
+            corruptions={"fog": {2: (zc / ts["temperature"]).log_softmax(-1)}},
+            corruption_index=index_c,
+        )
     )
     assert ts["corruptions"]["fog"]["2"]["nll"] == pytest.approx(
         expected["corruptions"]["fog"]["2"]["nll"]
@@ -321,9 +325,11 @@ def test_temperature_scaling_rescales_the_corruptions_as_if_from_their_logits() 
     )
     assert ts["corruption_summary"]["all"]["ece"] != pytest.approx(
         evaluate_predictions(
-            (z.log_softmax(-1), labels),
-            corruptions={"fog": {2: zc.log_softmax(-1)}},
-            corruption_index=index_c,
+            Predictions(
+                test=(z.log_softmax(-1), labels),
+                corruptions={"fog": {2: zc.log_softmax(-1)}},
+                corruption_index=index_c,
+            )
         )["corruption_summary"]["all"]["ece"]
     )
 

@@ -228,8 +228,8 @@ def test_a_run_reports_on_its_test_hold_out_and_re_evaluates_it(
 ) -> None:
     from fseb_ft.engine.reevaluate import evaluate_run
     from fseb_ft.engine.run import run
+    from fseb_ft.prediction.validation import validation_split
     from fseb_ft.recipe import load_recipe
-    from fseb_ft.runs.loading import validation_split
     from fseb_ft.runs.rundir import RunInfo
 
     out = tmp_path / "run"

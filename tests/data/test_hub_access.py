@@ -22,7 +22,7 @@ ROOT = Path(__file__).parents[2]
 _SCRIPT = """
 import json, time
 from fseb_ft.data.sources.hub import load_hub
-from fseb_ft.runs.loading import load_model
+from fseb_ft.prediction.loading import load_model
 out = {}
 for name, load in (("dataset", lambda: load_hub("someone/data", "train")),
                    ("model", lambda: load_model("hf-hub:someone/model"))):

@@ -33,8 +33,8 @@ from fseb_ft.data.transforms import (
 )
 from fseb_ft.engine.reevaluate import evaluate_run
 from fseb_ft.finetune import run
+from fseb_ft.prediction.validation import validation_split
 from fseb_ft.recipe import ConfigError, ImageCacheConfig, recipe_from_dict
-from fseb_ft.runs.loading import validation_split
 from fseb_ft.runs.rundir import RunInfo
 from tests.helpers import tiny_recipe, write_image_folder
 

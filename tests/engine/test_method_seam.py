@@ -16,9 +16,9 @@ from torch import Tensor, nn
 import fseb_ft.recipe.sections as sections
 from fseb_ft.finetune import run
 from fseb_ft.method.methods.registry import METHODS, Objective, TrainingMethod, register_method
-from fseb_ft.predict import predict_images
+from fseb_ft.prediction import predict_images
+from fseb_ft.prediction.loading import load_model
 from fseb_ft.recipe import FSEBConfig, Recipe, recipe_from_dict
-from fseb_ft.runs.loading import load_model
 from tests.helpers import kill_after_checkpoint, tiny_recipe
 
 pytestmark = pytest.mark.no_figures  # figures: runs/test_plots.py, engine/test_pipeline.py

@@ -19,7 +19,7 @@ from fseb_ft.evaluation.abstention import (
     out_of_range,
     rule_for_target,
 )
-from fseb_ft.predict import summary
+from fseb_ft.prediction import summary
 
 # Top-class log-odds of six validation images and whether each prediction was right.
 CONFIDENCE = torch.tensor([2.0, 1.0, 1.0, 0.5, -0.5, -1.0], dtype=torch.float64)

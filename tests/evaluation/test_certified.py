@@ -15,7 +15,8 @@ from scipy import stats
 from fseb_ft.evaluation.abstention import AbstentionRule, certified_rule, out_of_range
 from fseb_ft.evaluation.certified import BOUND_METHOD, certified_threshold, clopper_pearson_upper
 from fseb_ft.evaluation.selective import abstention_threshold
-from fseb_ft.predict import main, predict_images, summary
+from fseb_ft.predict import main
+from fseb_ft.prediction import predict_images, summary
 
 # Twenty validation images, confidences 20 > 19 > … > 1; ranks 7, 10, 11, 17, 19, 20 are wrong.
 CONFIDENCE = torch.arange(20, 0, -1, dtype=torch.float64)

@@ -16,9 +16,9 @@ from fseb_ft.method.methods import find_method
 from fseb_ft.method.methods.feature import FeatureSP
 from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.method.parts import ModelPartsError
-from fseb_ft.predict import predict_images
+from fseb_ft.prediction import predict_images
+from fseb_ft.prediction.loading import load_model
 from fseb_ft.recipe import ConfigError, recipe_from_dict
-from fseb_ft.runs.loading import load_model
 from tests.helpers import TinyNet, tiny_recipe
 
 pytestmark = pytest.mark.no_figures

@@ -1,6 +1,6 @@
 """Conformal prediction sets for ``fseb-ft predict --conformal``: calibrated on a run's
 validation split, from the validation logits the threshold is chosen on (cached with the run,
-and fetched once per call: :func:`~fseb_ft.runs.thresholds.validation_fetch`) at the
+and fetched once per call: :func:`~fseb_ft.prediction.validation.validation_fetch`) at the
 temperature the rows use; each row's set and its size; what the meta file and the summary say
 of them.
 
@@ -28,7 +28,7 @@ from fseb_ft.evaluation.conformal import (
     calibrate,
     prediction_sets,
 )
-from fseb_ft.runs.loading import LoadedModel
+from fseb_ft.prediction.loading import LoadedModel
 
 __all__ = [
     "add_conformal_arguments",
@@ -84,7 +84,7 @@ def calibrate_on_run(
     validation: Callable[[], tuple[Tensor, Tensor]],
 ) -> ConformalCalibration:
     """The conformal calibration on ``loaded``'s validation split for target ``coverage``, of
-    the logits and labels ``validation`` gives (:func:`~fseb_ft.runs.thresholds.
+    the logits and labels ``validation`` gives (:func:`~fseb_ft.prediction.validation.
     validation_fetch`: the same the threshold was chosen on, predicted at most once).
 
     The guarantee needs calibration images that served for nothing else; a run's validation

@@ -10,9 +10,9 @@ from typing import Any, cast
 
 from fseb_ft.evaluation.abstention import AbstentionRule, Certificate, ValidationOutcome
 from fseb_ft.evaluation.ood import OOD_SCORE_REGISTRY
+from fseb_ft.prediction.conformal_sets import conformal_lines
+from fseb_ft.prediction.rows import meta_path
 from fseb_ft.recipe.options import FEATURE_OOD_SCORES
-from fseb_ft.runs.conformal_sets import conformal_lines
-from fseb_ft.runs.prediction_files import meta_path
 
 __all__ = ["summary"]
 

@@ -1,5 +1,6 @@
-"""What ``fseb-ft predict`` writes: one row per image, as CSV or JSON Lines, and the meta record
-beside it (``<out stem>.meta.json``), both written atomically.
+"""What a prediction writes (``fseb-ft predict``, :mod:`fseb_ft.prediction.pipeline`): one row
+per image, as CSV or JSON Lines, and the meta record beside it (``<out stem>.meta.json``), both
+written atomically.
 
 A row holds the image, its label (datasets), the predicted class and probability, the top-class
 log-odds the abstention threshold applies to, the ``abstain`` flag, the predictive entropy, an
@@ -47,8 +48,8 @@ __all__ = [
 
 @dataclasses.dataclass
 class ImagePredictions:
-    """What :func:`fseb_ft.predict.predict_images` returns: the rows written to ``out`` and the
-    meta record."""
+    """What :func:`fseb_ft.prediction.pipeline.predict_images` returns: the rows written to
+    ``out`` and the meta record."""
 
     rows: list[dict[str, Any]]
     """One mapping per readable image, in input order (the CSV / JSON Lines rows)."""

@@ -1,0 +1,92 @@
+"""The prediction layer: a trained model used on new images. Loading it from a run, a model
+folder or ``hf-hub:``; its inputs and passes; the abstention rule it predicts with (kept, given,
+or chosen on its run's validation split); conformal sets; the rows, their files and summary; and
+:func:`predict_images`, the phases in order, asked with a
+:class:`~fseb_ft.prediction.requests.PredictRequest`. Imports only the layers below it (runs,
+evaluation, method, data, recipe); the engine and the commands import it.
+
+Its public names are ``__all__``; each is imported from its module on first use (PEP 562), so
+importing one module of the folder loads no other.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fseb_ft.lazy import lazy_attributes
+
+if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZY's
+    from fseb_ft.prediction.conformal_sets import add_conformal_arguments as add_conformal_arguments
+    from fseb_ft.prediction.conformal_sets import add_set_columns as add_set_columns
+    from fseb_ft.prediction.conformal_sets import calibrate_on_run as calibrate_on_run
+    from fseb_ft.prediction.conformal_sets import check_conformal as check_conformal
+    from fseb_ft.prediction.conformal_sets import conformal_record as conformal_record
+    from fseb_ft.prediction.feature_fit import load_feature_fit as load_feature_fit
+    from fseb_ft.prediction.inputs import ImageInputs as ImageInputs
+    from fseb_ft.prediction.inputs import gather_inputs as gather_inputs
+    from fseb_ft.prediction.inputs import logits_and_read_errors as logits_and_read_errors
+    from fseb_ft.prediction.inputs import outputs_and_read_errors as outputs_and_read_errors
+    from fseb_ft.prediction.loading import LoadedModel as LoadedModel
+    from fseb_ft.prediction.loading import ModelLoadError as ModelLoadError
+    from fseb_ft.prediction.loading import load_model as load_model
+    from fseb_ft.prediction.pipeline import predict as predict
+    from fseb_ft.prediction.pipeline import predict_images as predict_images
+    from fseb_ft.prediction.requests import LoadRequest as LoadRequest
+    from fseb_ft.prediction.requests import OutputRequest as OutputRequest
+    from fseb_ft.prediction.requests import PredictRequest as PredictRequest
+    from fseb_ft.prediction.requests import RowRequest as RowRequest
+    from fseb_ft.prediction.requests import RuleRequest as RuleRequest
+    from fseb_ft.prediction.rows import ImagePredictions as ImagePredictions
+    from fseb_ft.prediction.rows import accuracy_record as accuracy_record
+    from fseb_ft.prediction.rows import check_out_file as check_out_file
+    from fseb_ft.prediction.rows import format_rows as format_rows
+    from fseb_ft.prediction.rows import image_rows as image_rows
+    from fseb_ft.prediction.rows import output_format as output_format
+    from fseb_ft.prediction.rows import write_predictions as write_predictions
+    from fseb_ft.prediction.summaries import summary as summary
+    from fseb_ft.prediction.thresholds import DEFAULT_COVERAGE as DEFAULT_COVERAGE
+    from fseb_ft.prediction.thresholds import choose_rule as choose_rule
+    from fseb_ft.prediction.thresholds import keep_rule as keep_rule
+    from fseb_ft.prediction.validation import validation_fetch as validation_fetch
+    from fseb_ft.prediction.validation import validation_logits as validation_logits
+    from fseb_ft.prediction.validation import validation_split as validation_split
+
+_LAZY = {
+    "add_conformal_arguments": "fseb_ft.prediction.conformal_sets",
+    "add_set_columns": "fseb_ft.prediction.conformal_sets",
+    "calibrate_on_run": "fseb_ft.prediction.conformal_sets",
+    "check_conformal": "fseb_ft.prediction.conformal_sets",
+    "conformal_record": "fseb_ft.prediction.conformal_sets",
+    "load_feature_fit": "fseb_ft.prediction.feature_fit",
+    "ImageInputs": "fseb_ft.prediction.inputs",
+    "gather_inputs": "fseb_ft.prediction.inputs",
+    "logits_and_read_errors": "fseb_ft.prediction.inputs",
+    "outputs_and_read_errors": "fseb_ft.prediction.inputs",
+    "LoadedModel": "fseb_ft.prediction.loading",
+    "ModelLoadError": "fseb_ft.prediction.loading",
+    "load_model": "fseb_ft.prediction.loading",
+    "predict": "fseb_ft.prediction.pipeline",
+    "predict_images": "fseb_ft.prediction.pipeline",
+    "LoadRequest": "fseb_ft.prediction.requests",
+    "OutputRequest": "fseb_ft.prediction.requests",
+    "PredictRequest": "fseb_ft.prediction.requests",
+    "RowRequest": "fseb_ft.prediction.requests",
+    "RuleRequest": "fseb_ft.prediction.requests",
+    "ImagePredictions": "fseb_ft.prediction.rows",
+    "accuracy_record": "fseb_ft.prediction.rows",
+    "check_out_file": "fseb_ft.prediction.rows",
+    "format_rows": "fseb_ft.prediction.rows",
+    "image_rows": "fseb_ft.prediction.rows",
+    "output_format": "fseb_ft.prediction.rows",
+    "write_predictions": "fseb_ft.prediction.rows",
+    "summary": "fseb_ft.prediction.summaries",
+    "DEFAULT_COVERAGE": "fseb_ft.prediction.thresholds",
+    "choose_rule": "fseb_ft.prediction.thresholds",
+    "keep_rule": "fseb_ft.prediction.thresholds",
+    "validation_fetch": "fseb_ft.prediction.validation",
+    "validation_logits": "fseb_ft.prediction.validation",
+    "validation_split": "fseb_ft.prediction.validation",
+}
+__all__ = sorted(_LAZY)
+
+__getattr__ = lazy_attributes(__name__, _LAZY)

@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
     from fseb_ft.runs.atomic import is_not_writable as is_not_writable
     from fseb_ft.runs.atomic import publish as publish
     from fseb_ft.runs.atomic import remove_orphans as remove_orphans
+    from fseb_ft.runs.atomic import write_bytes as write_bytes
     from fseb_ft.runs.atomic import write_text as write_text
     from fseb_ft.runs.comparison import write_comparison as write_comparison
     from fseb_ft.runs.conformal_sets import add_conformal_arguments as add_conformal_arguments
@@ -52,6 +53,7 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
     from fseb_ft.runs.prediction_files import output_format as output_format
     from fseb_ft.runs.prediction_files import write_predictions as write_predictions
     from fseb_ft.runs.prediction_summary import summary as summary
+    from fseb_ft.runs.published import scrub as scrub
     from fseb_ft.runs.report import EvalResults as EvalResults
     from fseb_ft.runs.report import write_confusion_plot as write_confusion_plot
     from fseb_ft.runs.report import write_corruption_plot as write_corruption_plot
@@ -106,6 +108,7 @@ _LAZY = {
     "is_not_writable": "fseb_ft.runs.atomic",
     "publish": "fseb_ft.runs.atomic",
     "remove_orphans": "fseb_ft.runs.atomic",
+    "write_bytes": "fseb_ft.runs.atomic",
     "write_text": "fseb_ft.runs.atomic",
     "write_comparison": "fseb_ft.runs.comparison",
     "add_conformal_arguments": "fseb_ft.runs.conformal_sets",
@@ -139,6 +142,7 @@ _LAZY = {
     "output_format": "fseb_ft.runs.prediction_files",
     "write_predictions": "fseb_ft.runs.prediction_files",
     "summary": "fseb_ft.runs.prediction_summary",
+    "scrub": "fseb_ft.runs.published",
     "EvalResults": "fseb_ft.runs.report",
     "write_confusion_plot": "fseb_ft.runs.report",
     "write_corruption_plot": "fseb_ft.runs.report",

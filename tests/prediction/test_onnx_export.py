@@ -323,7 +323,7 @@ def test_an_fsvi_run_is_exported_as_its_mean_network_and_says_so(
     out = tmp_path / "m.onnx"
     with caplog.at_level(logging.INFO, logger=onnx_export.__name__):
         found = onnx_export.export_onnx(
-            onnx_export.OnnxExport(str(run_dir), out, threshold=0.5, progress=False)
+            onnx_export.OnnxExport(str(run_dir), out, threshold=0.0, opset=18, progress=False)
         )
     assert found.mean_network and "mean network" in json.loads(found.metadata["network"])
     assert any("holds its mean network" in r.getMessage() for r in caplog.records)
@@ -331,7 +331,23 @@ def test_an_fsvi_run_is_exported_as_its_mean_network_and_says_so(
     network = load_model(run_dir).model
     with torch.no_grad():
         want = torch.softmax(network(images).double() / load_model(run_dir).temperature, -1)
-    np.testing.assert_allclose(_run(out, images)["probabilities"], want.numpy(), atol=MAX_P_GAP)
+    graph = _run(out, images)
+    np.testing.assert_allclose(graph["probabilities"], want.numpy(), atol=MAX_P_GAP)
+    assert not graph["abstain"].any()  # --threshold 0: log-odds below −inf, never
+    assert onnx.load(str(out)).opset_import[0].version == 18
+
+
+@pytest.mark.parametrize(
+    ("asked", "problem"),
+    [
+        ({"coverage": 0.9, "max_risk": 0.1}, "at most one of coverage, max_risk and threshold"),
+        ({"coverage": 0.0}, "coverage must lie in (0, 1], got 0"),
+        ({"opset": 17}, "opset must be in 18..23"),
+    ],
+)
+def test_a_request_is_checked_when_made(asked: dict[str, Any], problem: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        onnx_export.OnnxExport("run", Path("m.onnx"), **asked)
 
 
 def test_the_parity_benchmark_reports_agreement_on_the_tiny_run(

@@ -211,6 +211,12 @@ def export_rule(loaded: LoadedModel, request: OnnxExport) -> AbstentionRule:
     kept = loaded.kept
     if not asked and (kept is None or kept.temperature != temperature):
         raise FsebError(_no_rule(loaded))
+    if loaded.run_dir is None and request.threshold is None and asked:
+        option = "--coverage" if request.coverage is not None else "--max-risk"
+        raise FsebError(
+            f"{option} chooses the threshold on a run's validation split, and {loaded.where} has "
+            "none: export the run folder, or give --threshold T"
+        )
     loader_kw = {"batch_size": request.batch_size, "num_workers": 0, "progress": request.progress}
     validation = validation_fetch(loaded, torch.device("cpu"), loader_kw)
     return choose_rule(loaded, temperature, request.coverage, request.max_risk,

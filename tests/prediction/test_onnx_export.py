@@ -235,6 +235,19 @@ def test_a_run_without_a_kept_threshold_says_what_to_pass(
     assert not (tmp_path / "m.onnx").exists()
 
 
+def test_a_model_folder_without_a_validation_split_takes_a_threshold(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "copied-model"
+    shutil.copytree(run_dir / "model", folder)  # outside its run: no validation split
+    line = _fails([str(folder), "--onnx", str(tmp_path / "m.onnx")], capsys)
+    assert f"model folder {folder} keeps no abstention threshold" in line
+    assert "pass --threshold T" in line and "export its run folder with --coverage C" in line
+    line = _fails([str(folder), "--onnx", str(tmp_path / "m.onnx"), "--coverage", "0.9"], capsys)
+    assert "--coverage chooses the threshold on a run's validation split" in line
+    assert "export the run folder, or give --threshold T" in line
+
+
 def test_a_missing_extra_names_the_install_command(
     run_dir: Path,
     tmp_path: Path,

@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml constraints-ci.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -c constraints-ci.txt -e '.[dev,conformal,ood,laplace]'
+	$(PY) -m pip install --quiet -c constraints-ci.txt -e '.[dev,conformal,ood,laplace,onnx]'
 	touch $(STAMP)
 
 lint: $(STAMP)

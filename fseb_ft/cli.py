@@ -5,6 +5,7 @@
     fseb-ft push RUN_DIR [user/name]
     fseb-ft sweep RECIPE.yaml [section.key=value ...] --trials N [--compare]
     fseb-ft predict MODEL IMAGES... [--out predictions.csv] [--coverage 0.9 | --max-risk 0.02]
+    fseb-ft export MODEL --onnx model.onnx [--coverage 0.9 | --max-risk 0.02 | --threshold T]
     fseb-ft cache RECIPE.yaml [section.key=value ...]
 
 Each command's module is imported only when it runs, so ``fseb-ft --help`` and ``fseb-ft push``
@@ -35,7 +36,16 @@ from typing import Any
 
 from fseb_ft.recipe.options import METHOD_SUMMARIES
 
-__all__ = ["COMMANDS", "Command", "Terminated", "device_argument", "help_text", "main", "run_entry"]
+__all__ = [
+    "COMMANDS",
+    "Command",
+    "Terminated",
+    "device_argument",
+    "fraction_argument",
+    "help_text",
+    "main",
+    "run_entry",
+]
 
 
 @dataclass(frozen=True)
@@ -62,6 +72,9 @@ COMMANDS: dict[str, Command] = {
     ),
     "predict": Command(
         "fseb_ft.predict", "predict new images, abstaining below a threshold chosen on validation"
+    ),
+    "export": Command(
+        "fseb_ft.export", "write a model as one ONNX file that abstains by itself (--onnx FILE)"
     ),
     "cache": Command(
         "fseb_ft.cache", "decode and shrink a recipe's images once, ahead of training (data.cache)"
@@ -199,6 +212,24 @@ def device_argument(text: str) -> str:
     except DeviceError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
     return text
+
+
+def fraction_argument(name: str) -> Callable[[str], float]:
+    """The argparse type of the abstention option ``name`` (``coverage``, ``max_risk``,
+    ``threshold``): a number in its range, or a usage error saying which."""
+
+    def parse(text: str) -> float:
+        from fseb_ft.evaluation.abstention import out_of_range  # torch: only when parsed
+
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if (problem := out_of_range(name, value)) is not None:
+            raise argparse.ArgumentTypeError(problem)
+        return value
+
+    return parse
 
 
 HELP_WIDTH = 79

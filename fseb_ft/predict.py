@@ -52,14 +52,13 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
 
-from fseb_ft.cli import device_argument, help_text, run_entry
+from fseb_ft.cli import device_argument, fraction_argument, help_text, run_entry
 from fseb_ft.errors import first_line
-from fseb_ft.evaluation.abstention import out_of_range
 from fseb_ft.logs import configure_logging
 from fseb_ft.prediction import (
     DEFAULT_COVERAGE,
@@ -176,7 +175,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     )
     _add_rule_arguments(parser)
     _add_row_arguments(parser)
-    add_conformal_arguments(parser, _fraction("coverage"))
+    add_conformal_arguments(parser, fraction_argument("coverage"))
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="also show the libraries' INFO lines"
     )
@@ -187,22 +186,22 @@ def _add_rule_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of the abstention rule: how its threshold is chosen or given, and kept."""
     rule = parser.add_mutually_exclusive_group()
     rule.add_argument(
-        "--coverage", type=_fraction("coverage"), metavar="A",
+        "--coverage", type=fraction_argument("coverage"), metavar="A",
         help="the threshold that accepts the fraction A of the validation split (default "
         f"{DEFAULT_COVERAGE} for a run without a kept threshold)",
     )  # fmt: skip
     rule.add_argument(
-        "--max-risk", type=_fraction("max_risk"), metavar="R",
+        "--max-risk", type=fraction_argument("max_risk"), metavar="R",
         help="the lowest threshold whose error rate among accepted validation predictions is ≤ R",
     )  # fmt: skip
     parser.add_argument(
-        "--confidence", type=_fraction("confidence"), metavar="C",
+        "--confidence", type=fraction_argument("confidence"), metavar="C",
         help="with --max-risk R: the lowest threshold whose risk among accepted images is ≤ R "
         "with probability ≥ C over the validation draw (Learn-then-Test, Clopper–Pearson)",
     )  # fmt: skip
     rule.add_argument(
         "--threshold",
-        type=_fraction("threshold"),
+        type=fraction_argument("threshold"),
         metavar="T",
         help="abstain when max probability < T",
     )
@@ -236,21 +235,6 @@ def _add_row_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--num-workers", type=int, default=0, help="image-reading processes")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
-
-
-def _fraction(name: str) -> Callable[[str], float]:
-    """The argparse type of the abstention option ``name``: a number in its range."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if (problem := out_of_range(name, value)) is not None:
-            raise argparse.ArgumentTypeError(problem)
-        return value
-
-    return parse
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
     from fseb_ft.evaluation.feature_ood import fit_from_tensors as fit_from_tensors
     from fseb_ft.evaluation.feature_ood import fit_scores as fit_scores
     from fseb_ft.evaluation.feature_ood import fit_tensors as fit_tensors
+    from fseb_ft.evaluation.feature_ood import vim_score as vim_score
     from fseb_ft.evaluation.features import laplace_classifier as laplace_classifier
     from fseb_ft.evaluation.groups import Groups as Groups
     from fseb_ft.evaluation.groups import group_metrics as group_metrics
@@ -53,6 +54,8 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
     from fseb_ft.evaluation.metrics import ood_detection as ood_detection
     from fseb_ft.evaluation.metrics import predictive_entropy as predictive_entropy
     from fseb_ft.evaluation.ood import OOD_SCORE_REGISTRY as OOD_SCORE_REGISTRY
+    from fseb_ft.evaluation.ood import energy_score as energy_score
+    from fseb_ft.evaluation.ood import entropy_score as entropy_score
     from fseb_ft.evaluation.ood import ood_metrics as ood_metrics
     from fseb_ft.evaluation.ood import ood_score as ood_score
     from fseb_ft.evaluation.predictions import Predictions as Predictions
@@ -90,6 +93,7 @@ _LAZY = {
     "feature_ood_score": "fseb_ft.evaluation.feature_ood",
     "fit_from_tensors": "fseb_ft.evaluation.feature_ood",
     "fit_scores": "fseb_ft.evaluation.feature_ood",
+    "vim_score": "fseb_ft.evaluation.feature_ood",
     "fit_tensors": "fseb_ft.evaluation.feature_ood",
     "laplace_classifier": "fseb_ft.evaluation.features",
     "Groups": "fseb_ft.evaluation.groups",
@@ -106,6 +110,8 @@ _LAZY = {
     "ood_detection": "fseb_ft.evaluation.metrics",
     "predictive_entropy": "fseb_ft.evaluation.metrics",
     "OOD_SCORE_REGISTRY": "fseb_ft.evaluation.ood",
+    "energy_score": "fseb_ft.evaluation.ood",
+    "entropy_score": "fseb_ft.evaluation.ood",
     "ood_metrics": "fseb_ft.evaluation.ood",
     "ood_score": "fseb_ft.evaluation.ood",
     "Predictions": "fseb_ft.evaluation.predictions",

@@ -29,6 +29,10 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
     from fseb_ft.prediction.loading import LoadedModel as LoadedModel
     from fseb_ft.prediction.loading import ModelLoadError as ModelLoadError
     from fseb_ft.prediction.loading import load_model as load_model
+    from fseb_ft.prediction.onnx_export import OPSETS as OPSETS
+    from fseb_ft.prediction.onnx_export import ExportedGraph as ExportedGraph
+    from fseb_ft.prediction.onnx_export import OnnxExport as OnnxExport
+    from fseb_ft.prediction.onnx_export import export_onnx as export_onnx
     from fseb_ft.prediction.pipeline import predict as predict
     from fseb_ft.prediction.pipeline import predict_images as predict_images
     from fseb_ft.prediction.requests import LoadRequest as LoadRequest
@@ -86,6 +90,10 @@ _LAZY = {
     "validation_fetch": "fseb_ft.prediction.validation",
     "validation_logits": "fseb_ft.prediction.validation",
     "validation_split": "fseb_ft.prediction.validation",
+    "OPSETS": "fseb_ft.prediction.onnx_export",
+    "ExportedGraph": "fseb_ft.prediction.onnx_export",
+    "OnnxExport": "fseb_ft.prediction.onnx_export",
+    "export_onnx": "fseb_ft.prediction.onnx_export",
 }
 __all__ = sorted(_LAZY)
 

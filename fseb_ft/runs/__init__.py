@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
     from fseb_ft.runs.atomic import is_not_writable as is_not_writable
     from fseb_ft.runs.atomic import publish as publish
     from fseb_ft.runs.atomic import remove_orphans as remove_orphans
+    from fseb_ft.runs.atomic import write_bytes as write_bytes
     from fseb_ft.runs.atomic import write_text as write_text
     from fseb_ft.runs.comparison import write_comparison as write_comparison
     from fseb_ft.runs.export import export_run as export_run
@@ -34,6 +35,7 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
     from fseb_ft.runs.loading import load_run_model as load_run_model
     from fseb_ft.runs.loading import run_predictor as run_predictor
     from fseb_ft.runs.lock import run_lock as run_lock
+    from fseb_ft.runs.published import scrub as scrub
     from fseb_ft.runs.report import EvalResults as EvalResults
     from fseb_ft.runs.report import write_confusion_plot as write_confusion_plot
     from fseb_ft.runs.report import write_corruption_plot as write_corruption_plot
@@ -88,6 +90,7 @@ _LAZY = {
     "is_not_writable": "fseb_ft.runs.atomic",
     "publish": "fseb_ft.runs.atomic",
     "remove_orphans": "fseb_ft.runs.atomic",
+    "write_bytes": "fseb_ft.runs.atomic",
     "write_text": "fseb_ft.runs.atomic",
     "write_comparison": "fseb_ft.runs.comparison",
     "export_run": "fseb_ft.runs.export",
@@ -103,6 +106,7 @@ _LAZY = {
     "load_run_model": "fseb_ft.runs.loading",
     "run_predictor": "fseb_ft.runs.loading",
     "run_lock": "fseb_ft.runs.lock",
+    "scrub": "fseb_ft.runs.published",
     "EvalResults": "fseb_ft.runs.report",
     "write_confusion_plot": "fseb_ft.runs.report",
     "write_corruption_plot": "fseb_ft.runs.report",

@@ -35,6 +35,7 @@ __all__ = [
     "publish",
     "remove",
     "remove_orphans",
+    "write_bytes",
     "write_text",
 ]
 
@@ -157,6 +158,14 @@ def write_text(path: Path, text: str, what: str | None = None) -> None:
     temp = temp_beside(path)
     with cleaned_on_failure(temp, what=what or str(path.name)):
         temp.write_text(text, encoding="utf-8")
+    publish(temp, path)
+
+
+def write_bytes(path: Path, data: bytes, what: str | None = None) -> None:
+    """Write ``data`` to ``path`` atomically (a :func:`temp_beside` file, then rename)."""
+    temp = temp_beside(path)
+    with cleaned_on_failure(temp, what=what or str(path.name)):
+        temp.write_bytes(data)
     publish(temp, path)
 
 

@@ -181,7 +181,7 @@ def _is_recipe_key(parts: list[str]) -> bool:
 @pytest.mark.parametrize("page", MARKDOWN, ids=lambda p: p.name)
 def test_recipe_keys_named_in_the_docs_exist(page: Path) -> None:
     pattern = r"(?<![\w/.-])(?:" + "|".join(SECTIONS) + r")(?:\.[A-Za-z_]\w*)+"
-    files = {"py", "json", "md", "yaml", "png", "safetensors", "txt", "csv"}
+    files = {"py", "json", "md", "yaml", "png", "safetensors", "txt", "csv", "onnx"}
     for key in set(re.findall(pattern, page.read_text(encoding="utf-8"))):
         parts = key.split(".")
         if parts[-1] not in files:  # not a file name such as fseb.json or model.safetensors

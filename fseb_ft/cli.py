@@ -5,6 +5,7 @@
     fseb-ft push RUN_DIR [user/name]
     fseb-ft sweep RECIPE.yaml [section.key=value ...] --trials N [--compare]
     fseb-ft predict MODEL IMAGES... [--out predictions.csv] [--coverage 0.9 | --max-risk 0.02]
+    fseb-ft demo RUN [--port P] [--share] [--coverage 0.9 | --max-risk 0.02]
     fseb-ft cache RECIPE.yaml [section.key=value ...]
 
 Each command's module is imported only when it runs, so ``fseb-ft --help`` and ``fseb-ft push``
@@ -60,6 +61,9 @@ COMMANDS: dict[str, Command] = {
     ),
     "predict": Command(
         "fseb_ft.predict", "predict new images, abstaining below a threshold chosen on validation"
+    ),
+    "demo": Command(
+        "fseb_ft.demo", "a local web page: drop an image, see the decision, its reason and set"
     ),
     "cache": Command(
         "fseb_ft.cache", "decode and shrink a recipe's images once, ahead of training (data.cache)"

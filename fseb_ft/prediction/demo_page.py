@@ -84,13 +84,16 @@ def build_page(predictor: PagePredictor, reliability: Path | None, title: str) -
         gr.Markdown(f"# {title}\n{_intro(predictor)}")
         with gr.Row():
             with gr.Column():
-                image = gr.Image(type="filepath", label="Image", sources=["upload"])
-                classes = gr.Label(num_top_classes=predictor.settings.top_k, label="Top classes")
+                image = gr.Image(type="filepath", label="Image", sources=["upload"], height=280)
+                classes = gr.Label(
+                    num_top_classes=predictor.settings.top_k,
+                    label="Top classes (temperature-scaled probabilities)",
+                )
             with gr.Column():
                 decision = gr.Markdown("Drop an image to see the decision.", elem_id=DECISION_ID)
                 if reliability is not None:
-                    gr.Image(str(reliability), label="Reliability diagram (test split)",
-                             interactive=False)  # fmt: skip
+                    gr.Image(str(reliability), label="The run's reliability diagram",
+                             interactive=False, height=360)  # fmt: skip
         image.change(_answer(predictor), inputs=image, outputs=[classes, decision])
     return page
 
@@ -119,7 +122,7 @@ def _intro(predictor: PagePredictor) -> str:
         else "not temperature-scaled (the run fitted no temperature)"
     )
     return (
-        f"Model: {loaded.where}. Probabilities are {scaled}; the model abstains when its top "
-        "probability is below the threshold, or when the image looks unlike its validation "
-        "split (its OOD score), as `fseb-ft predict` decides."
+        f"Model: {loaded.where}. Probabilities are {scaled}. The model abstains when its top "
+        "probability is below `fseb-ft predict`'s threshold, or when its OOD score flags the "
+        "image as unlike the run's validation split."
     )

@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m fseb_ft.demo"
     import_gradio()  # before the model loads: a missing extra is one line at once
     check_port(args.port)
     predictor = PagePredictor(args.run, settings)
-    page = build_page(predictor, reliability_of(args.run), f"fseb_ft demo: {Path(args.run).name}")
+    page = build_page(predictor, reliability_of(args.run), f"fseb_ft demo: {args.run}")
     page.launch(server_name=HOST, server_port=args.port, share=args.share)
 
 

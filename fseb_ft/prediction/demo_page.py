@@ -91,9 +91,9 @@ def build_page(predictor: PagePredictor, reliability: Path | None, title: str) -
                 )
             with gr.Column():
                 decision = gr.Markdown("Drop an image to see the decision.", elem_id=DECISION_ID)
-                if reliability is not None:
-                    gr.Image(str(reliability), label="The run's reliability diagram",
-                             interactive=False, height=360)  # fmt: skip
+                if reliability is not None:  # the figure has its title: no label over it
+                    gr.Markdown("**The run's reliability diagram**")
+                    gr.Image(str(reliability), show_label=False, interactive=False)
         image.change(_answer(predictor), inputs=image, outputs=[classes, decision])
     return page
 

@@ -61,7 +61,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m fseb_ft.demo"
     check_port(args.port)
     predictor = PagePredictor(args.run, settings)
     page = build_page(predictor, reliability_of(args.run), f"fseb_ft demo: {args.run}")
-    page.launch(server_name=HOST, server_port=args.port, share=args.share)
+    # Gradio's own lines would tell a user to edit launch(): ours name the command's options.
+    page.launch(server_name=HOST, server_port=args.port, share=args.share, quiet=True,
+                prevent_thread_lock=True)  # fmt: skip
+    where = page.local_url + (f" and {page.share_url}" if page.share_url else "")
+    print(f"the demo page is at {where} (Ctrl-C stops it"
+          f"{'' if args.share else '; --share adds a public link'})", flush=True)  # fmt: skip
+    page.block_thread()
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:

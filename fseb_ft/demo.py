@@ -60,7 +60,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m fseb_ft.demo"
     import_gradio()  # before the model loads: a missing extra is one line at once
     check_port(args.port)
     predictor = PagePredictor(args.run, settings)
-    page = build_page(predictor, reliability_of(args.run), f"fseb_ft demo: {args.run}")
+    beside = predictor.loaded.run_dir or args.run  # a --compare folder's: its fseb run's
+    page = build_page(predictor, reliability_of(beside), f"fseb_ft demo: {args.run}")
     # Gradio's own lines would tell a user to edit launch(): ours name the command's options.
     page.launch(server_name=HOST, server_port=args.port, share=args.share, quiet=True,
                 prevent_thread_lock=True)  # fmt: skip

@@ -116,8 +116,8 @@ class PageDecision:
         if self.ood_flagged:
             found.append(
                 f"out of distribution: its {self.ood} score {self.row[f'ood_{self.ood}']:.3f} is "
-                f"above {self.ood_threshold:.3f}, which {OOD_VALIDATION_RATE:.0%} of the "
-                "validation images exceed"
+                f"above {self.ood_threshold:.3f}, which at most {OOD_VALIDATION_RATE:.0%} of "
+                "the validation images exceed"
             )
         return found
 

@@ -101,6 +101,13 @@ def test_the_page_decides_as_predict_does_and_flags_the_grey_image(
     assert "### Decision: abstain" in decision_markdown(grey)
 
 
+def test_an_unreadable_file_is_a_message_for_the_page(run_dir: Path, tmp_path: Path) -> None:
+    (tmp_path / "broken.png").write_bytes(b"\x89PNG truncated")
+    predictor = PagePredictor(run_dir, PageSettings(coverage=0.9))
+    with pytest.raises(ValueError, match=r"^broken.png cannot be read as an image: "):
+        predictor.decide(tmp_path / "broken.png")
+
+
 def test_the_ood_flag_is_raised_by_the_validation_quantile(run_dir: Path) -> None:
     # Hand-worked: the max_logit score (minus the top logit) of [-i, -200] is i = 0, …, 100;
     # the 0.95 quantile of these 101 values is the 96th smallest, 95; the five above it

@@ -7,9 +7,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test lint demo
 
-$(STAMP): pyproject.toml constraints-ci.txt
+$(STAMP): pyproject.toml constraints-ci.txt requirements-demo.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -c constraints-ci.txt -e '.[dev,conformal,ood,laplace,onnx]'
+	$(PY) -m pip install --quiet -c constraints-ci.txt -r requirements-demo.txt
+	$(PY) -m pip install --quiet -c constraints-ci.txt --no-deps gradio
 	touch $(STAMP)
 
 lint: $(STAMP)

@@ -6,6 +6,7 @@
     fseb-ft sweep RECIPE.yaml [section.key=value ...] --trials N [--compare]
     fseb-ft predict MODEL IMAGES... [--out predictions.csv] [--coverage 0.9 | --max-risk 0.02]
     fseb-ft export MODEL --onnx model.onnx [--coverage 0.9 | --max-risk 0.02 | --threshold T]
+    fseb-ft demo RUN [--port P] [--share] [--coverage 0.9 | --max-risk 0.02]
     fseb-ft cache RECIPE.yaml [section.key=value ...]
 
 Each command's module is imported only when it runs, so ``fseb-ft --help`` and ``fseb-ft push``
@@ -75,6 +76,9 @@ COMMANDS: dict[str, Command] = {
     ),
     "export": Command(
         "fseb_ft.export", "write a model as one ONNX file that abstains by itself (--onnx FILE)"
+    ),
+    "demo": Command(
+        "fseb_ft.demo", "a local web page: drop an image, see the decision, its reason and set"
     ),
     "cache": Command(
         "fseb_ft.cache", "decode and shrink a recipe's images once, ahead of training (data.cache)"

@@ -25,7 +25,9 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 __all__ = ["QUIET_LIBRARIES", "above_progress_bars", "configure_logging", "progress_bar"]
 
-QUIET_LIBRARIES = ("accelerate", "datasets", "huggingface_hub", "matplotlib", "optuna", "timm")
+QUIET_LIBRARIES = (
+    "accelerate", "datasets", "gradio", "httpx", "huggingface_hub", "matplotlib", "optuna", "timm"
+)  # fmt: skip
 """Libraries whose INFO lines are hidden unless ``verbose``."""
 
 

@@ -1,9 +1,10 @@
-"""The prediction layer: a trained model used on new images. Loading it from a run, a model
+"""The prediction layer: a trained model at work on new images. Loading it from a run, a model
 folder or ``hf-hub:``; its inputs and passes; the abstention rule it predicts with (kept, given,
-or chosen on its run's validation split); conformal sets; the rows, their files and summary; and
+or chosen on its run's validation split); conformal sets; the rows, their files and summary;
 :func:`predict_images`, the phases in order, asked with a
-:class:`~fseb_ft.prediction.requests.PredictRequest`. Imports only the layers below it (runs,
-evaluation, method, data, recipe); the engine and the commands import it.
+:class:`~fseb_ft.prediction.requests.PredictRequest`; the ONNX export that abstains by itself;
+the demo page and the Hugging Face Space it can be written as. Imports only the layers below it
+(runs, evaluation, method, data, recipe); the engine and the commands import it.
 
 Its public names are ``__all__``; each is imported from its module on first use (PEP 562), so
 importing one module of the folder loads no other.
@@ -21,6 +22,11 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
     from fseb_ft.prediction.conformal_sets import calibrate_on_run as calibrate_on_run
     from fseb_ft.prediction.conformal_sets import check_conformal as check_conformal
     from fseb_ft.prediction.conformal_sets import conformal_record as conformal_record
+    from fseb_ft.prediction.demo_page import HOST as HOST
+    from fseb_ft.prediction.demo_page import build_page as build_page
+    from fseb_ft.prediction.demo_page import check_port as check_port
+    from fseb_ft.prediction.demo_page import import_gradio as import_gradio
+    from fseb_ft.prediction.demo_page import reliability_of as reliability_of
     from fseb_ft.prediction.feature_fit import load_feature_fit as load_feature_fit
     from fseb_ft.prediction.inputs import ImageInputs as ImageInputs
     from fseb_ft.prediction.inputs import gather_inputs as gather_inputs
@@ -33,6 +39,10 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
     from fseb_ft.prediction.onnx_export import ExportedGraph as ExportedGraph
     from fseb_ft.prediction.onnx_export import OnnxExport as OnnxExport
     from fseb_ft.prediction.onnx_export import export_onnx as export_onnx
+    from fseb_ft.prediction.page_decisions import PageDecision as PageDecision
+    from fseb_ft.prediction.page_decisions import PagePredictor as PagePredictor
+    from fseb_ft.prediction.page_decisions import PageSettings as PageSettings
+    from fseb_ft.prediction.page_decisions import decision_markdown as decision_markdown
     from fseb_ft.prediction.pipeline import predict as predict
     from fseb_ft.prediction.pipeline import predict_images as predict_images
     from fseb_ft.prediction.requests import LoadRequest as LoadRequest
@@ -47,6 +57,7 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
     from fseb_ft.prediction.rows import image_rows as image_rows
     from fseb_ft.prediction.rows import output_format as output_format
     from fseb_ft.prediction.rows import write_predictions as write_predictions
+    from fseb_ft.prediction.space import write_space as write_space
     from fseb_ft.prediction.summaries import summary as summary
     from fseb_ft.prediction.thresholds import DEFAULT_COVERAGE as DEFAULT_COVERAGE
     from fseb_ft.prediction.thresholds import choose_rule as choose_rule
@@ -61,6 +72,11 @@ _LAZY = {
     "calibrate_on_run": "fseb_ft.prediction.conformal_sets",
     "check_conformal": "fseb_ft.prediction.conformal_sets",
     "conformal_record": "fseb_ft.prediction.conformal_sets",
+    "HOST": "fseb_ft.prediction.demo_page",
+    "build_page": "fseb_ft.prediction.demo_page",
+    "check_port": "fseb_ft.prediction.demo_page",
+    "import_gradio": "fseb_ft.prediction.demo_page",
+    "reliability_of": "fseb_ft.prediction.demo_page",
     "load_feature_fit": "fseb_ft.prediction.feature_fit",
     "ImageInputs": "fseb_ft.prediction.inputs",
     "gather_inputs": "fseb_ft.prediction.inputs",
@@ -69,6 +85,14 @@ _LAZY = {
     "LoadedModel": "fseb_ft.prediction.loading",
     "ModelLoadError": "fseb_ft.prediction.loading",
     "load_model": "fseb_ft.prediction.loading",
+    "ExportedGraph": "fseb_ft.prediction.onnx_export",
+    "OPSETS": "fseb_ft.prediction.onnx_export",
+    "OnnxExport": "fseb_ft.prediction.onnx_export",
+    "export_onnx": "fseb_ft.prediction.onnx_export",
+    "PageDecision": "fseb_ft.prediction.page_decisions",
+    "PagePredictor": "fseb_ft.prediction.page_decisions",
+    "PageSettings": "fseb_ft.prediction.page_decisions",
+    "decision_markdown": "fseb_ft.prediction.page_decisions",
     "predict": "fseb_ft.prediction.pipeline",
     "predict_images": "fseb_ft.prediction.pipeline",
     "LoadRequest": "fseb_ft.prediction.requests",
@@ -83,6 +107,7 @@ _LAZY = {
     "image_rows": "fseb_ft.prediction.rows",
     "output_format": "fseb_ft.prediction.rows",
     "write_predictions": "fseb_ft.prediction.rows",
+    "write_space": "fseb_ft.prediction.space",
     "summary": "fseb_ft.prediction.summaries",
     "DEFAULT_COVERAGE": "fseb_ft.prediction.thresholds",
     "choose_rule": "fseb_ft.prediction.thresholds",
@@ -90,10 +115,6 @@ _LAZY = {
     "validation_fetch": "fseb_ft.prediction.validation",
     "validation_logits": "fseb_ft.prediction.validation",
     "validation_split": "fseb_ft.prediction.validation",
-    "OPSETS": "fseb_ft.prediction.onnx_export",
-    "ExportedGraph": "fseb_ft.prediction.onnx_export",
-    "OnnxExport": "fseb_ft.prediction.onnx_export",
-    "export_onnx": "fseb_ft.prediction.onnx_export",
 }
 __all__ = sorted(_LAZY)
 

@@ -18,7 +18,9 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
     from fseb_ft.runs.atomic import cleaned_on_failure as cleaned_on_failure
     from fseb_ft.runs.atomic import is_not_writable as is_not_writable
     from fseb_ft.runs.atomic import publish as publish
+    from fseb_ft.runs.atomic import remove as remove
     from fseb_ft.runs.atomic import remove_orphans as remove_orphans
+    from fseb_ft.runs.atomic import temp_beside as temp_beside
     from fseb_ft.runs.atomic import write_bytes as write_bytes
     from fseb_ft.runs.atomic import write_text as write_text
     from fseb_ft.runs.comparison import write_comparison as write_comparison
@@ -50,6 +52,7 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
     from fseb_ft.runs.rundir import FEATURE_OOD_FIT as FEATURE_OOD_FIT
     from fseb_ft.runs.rundir import MODEL_DIR as MODEL_DIR
     from fseb_ft.runs.rundir import MODEL_WEIGHTS as MODEL_WEIGHTS
+    from fseb_ft.runs.rundir import PLOTS as PLOTS
     from fseb_ft.runs.rundir import RECIPE_FILE as RECIPE_FILE
     from fseb_ft.runs.rundir import RESULTS_JSON as RESULTS_JSON
     from fseb_ft.runs.rundir import RESULTS_MD as RESULTS_MD
@@ -89,8 +92,10 @@ _LAZY = {
     "cleaned_on_failure": "fseb_ft.runs.atomic",
     "is_not_writable": "fseb_ft.runs.atomic",
     "publish": "fseb_ft.runs.atomic",
+    "remove": "fseb_ft.runs.atomic",
     "remove_orphans": "fseb_ft.runs.atomic",
     "write_bytes": "fseb_ft.runs.atomic",
+    "temp_beside": "fseb_ft.runs.atomic",
     "write_text": "fseb_ft.runs.atomic",
     "write_comparison": "fseb_ft.runs.comparison",
     "export_run": "fseb_ft.runs.export",
@@ -121,6 +126,7 @@ _LAZY = {
     "FEATURE_OOD_FIT": "fseb_ft.runs.rundir",
     "MODEL_DIR": "fseb_ft.runs.rundir",
     "MODEL_WEIGHTS": "fseb_ft.runs.rundir",
+    "PLOTS": "fseb_ft.runs.rundir",
     "RECIPE_FILE": "fseb_ft.runs.rundir",
     "RESULTS_JSON": "fseb_ft.runs.rundir",
     "RESULTS_MD": "fseb_ft.runs.rundir",

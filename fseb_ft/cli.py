@@ -5,6 +5,7 @@
     fseb-ft push RUN_DIR [user/name]
     fseb-ft sweep RECIPE.yaml [section.key=value ...] --trials N [--compare]
     fseb-ft predict MODEL IMAGES... [--out predictions.csv] [--coverage 0.9 | --max-risk 0.02]
+    fseb-ft monitor RUN IMAGES... [--out DIR] [--level 0.01]
     fseb-ft cache RECIPE.yaml [section.key=value ...]
 
 Each command's module is imported only when it runs, so ``fseb-ft --help`` and ``fseb-ft push``
@@ -60,6 +61,10 @@ COMMANDS: dict[str, Command] = {
     ),
     "predict": Command(
         "fseb_ft.predict", "predict new images, abstaining below a threshold chosen on validation"
+    ),
+    "monitor": Command(
+        "fseb_ft.monitor",
+        "check a batch of images against a run's validation split; exit 3 when it shifted",
     ),
     "cache": Command(
         "fseb_ft.cache", "decode and shrink a recipe's images once, ahead of training (data.cache)"

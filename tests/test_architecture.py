@@ -13,7 +13,7 @@ from fseb_ft.cli import COMMANDS
 
 ROOT = Path(__file__).parents[1]
 PACKAGE = ROOT / "fseb_ft"
-LAYERS = ("recipe", "data", "method", "evaluation", "runs", "engine")
+LAYERS = ("recipe", "data", "method", "evaluation", "runs", "prediction", "engine")
 """The package's folders, lowest first: a module imports only from its own folder or lower ones."""
 BASE = ("errors", "lazy", "logs")
 """Top-level modules every layer may import; they import nothing from fseb_ft."""

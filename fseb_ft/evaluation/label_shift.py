@@ -29,7 +29,7 @@ def atc_threshold(confidence: np.ndarray, correct: np.ndarray) -> float:
     (k + 1)-th largest confidence, k = round(accuracy · n), so that the k largest lie above it
     (ties aside); ``-inf`` when every image is correct."""
     conf = np.sort(np.asarray(confidence, dtype=np.float64))  # ascending
-    above = int(round(float(np.mean(np.asarray(correct, dtype=bool))) * len(conf)))
+    above = round(float(np.mean(np.asarray(correct, dtype=bool))) * len(conf))
     return -np.inf if above >= len(conf) else float(conf[len(conf) - above - 1])
 
 
@@ -71,11 +71,9 @@ def bbse(
     mu = np.bincount(np.asarray(batch_predicted), minlength=k)[:k] / len(batch_predicted)
     p = joint.sum(axis=0)  # P(y = j)
     rank = int(np.linalg.matrix_rank(joint))
-    if rank == k:
-        w = np.linalg.solve(joint, mu)
-    else:
-        w = np.linalg.lstsq(joint, mu, rcond=None)[0]
-    w = np.clip(w, 0.0, None)
+    # A singular C: the least-squares solution of smallest norm.
+    solved = np.linalg.solve(joint, mu) if rank == k else np.linalg.lstsq(joint, mu)[0]
+    w = np.clip(solved, 0.0, None)
     q = w * p
     q = q / q.sum() if q.sum() > 0 else p.copy()
     return LabelShift(w, q, p, rank == k, float(np.linalg.cond(joint)) if rank == k else np.inf)

@@ -102,8 +102,9 @@ def mmd_test(
     (a one-sided test).
     """
     rng = np.random.default_rng(seed)
-    x, y = _at_most(np.asarray(x, np.float64), max_size, rng), _at_most(
-        np.asarray(y, np.float64), max_size, rng
+    x, y = (
+        _at_most(np.asarray(x, np.float64), max_size, rng),
+        _at_most(np.asarray(y, np.float64), max_size, rng),
     )
     pooled = np.concatenate([x, y])  # (N, D)
     bandwidth = median_bandwidth(pooled)
@@ -161,8 +162,10 @@ def class_proportion_test(
 
     def statistic(a: np.ndarray, b: np.ndarray, axis: int = -1) -> Any:
         table = np.stack([_counts(a, k), _counts(b, k)], axis=-2)  # (..., 2, K)
-        expected = table.sum(-1, keepdims=True) * table.sum(-2, keepdims=True) / table.sum(
-            (-2, -1), keepdims=True
+        expected = (
+            table.sum(-1, keepdims=True)
+            * table.sum(-2, keepdims=True)
+            / table.sum((-2, -1), keepdims=True)
         )
         terms = np.where(expected > 0, (table - expected) ** 2 / np.where(expected > 0,
                          expected, 1.0), 0.0)  # fmt: skip

@@ -23,7 +23,7 @@ def labels_and_predictions(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Images with ``counts[i, j]`` predicted i of class j."""
     pairs = [(i, j) for i in range(len(counts)) for j in range(len(counts)) for _ in
              range(int(counts[i, j]))]  # fmt: skip
-    predicted, labels = zip(*pairs)
+    predicted, labels = zip(*pairs, strict=True)
     return np.array(predicted), np.array(labels)
 
 

@@ -115,7 +115,7 @@ def monitor_plot(report: ShiftReport, class_names: Sequence[str], path: Path) ->
                      if k > 6 else "center")  # fmt: skip
     right.set_ylabel("Share of images")
     right.set_title("Class proportions")
-    right.legend(loc="upper right")
+    right.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3)
     verdict = "ALARM" if report.alarm else "no alarm"
     fig.suptitle(f"Batch against validation: {verdict} at level {report.level:g}")
     return save_figure(fig, path)

@@ -20,6 +20,8 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
     from fseb_ft.runs.atomic import publish as publish
     from fseb_ft.runs.atomic import remove_orphans as remove_orphans
     from fseb_ft.runs.atomic import write_text as write_text
+    from fseb_ft.runs.canvas import new_figure as new_figure
+    from fseb_ft.runs.canvas import save_figure as save_figure
     from fseb_ft.runs.comparison import write_comparison as write_comparison
     from fseb_ft.runs.conformal_sets import add_conformal_arguments as add_conformal_arguments
     from fseb_ft.runs.conformal_sets import add_set_columns as add_set_columns
@@ -36,6 +38,7 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
     from fseb_ft.runs.leaderboard import comparison_table as comparison_table
     from fseb_ft.runs.leaderboard import format_params as format_params
     from fseb_ft.runs.leaderboard import write_leaderboard as write_leaderboard
+    from fseb_ft.runs.loading import ImageInputs as ImageInputs
     from fseb_ft.runs.loading import LoadedModel as LoadedModel
     from fseb_ft.runs.loading import first_line as first_line
     from fseb_ft.runs.loading import gather_inputs as gather_inputs
@@ -43,6 +46,7 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
     from fseb_ft.runs.loading import load_run_model as load_run_model
     from fseb_ft.runs.loading import outputs_and_read_errors as outputs_and_read_errors
     from fseb_ft.runs.loading import run_predictor as run_predictor
+    from fseb_ft.runs.loading import validation_split as validation_split
     from fseb_ft.runs.lock import run_lock as run_lock
     from fseb_ft.runs.prediction_files import ImagePredictions as ImagePredictions
     from fseb_ft.runs.prediction_files import accuracy_record as accuracy_record
@@ -80,10 +84,12 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
     from fseb_ft.runs.rundir import read_json as read_json
     from fseb_ft.runs.rundir import read_method_state as read_method_state
     from fseb_ft.runs.rundir import read_run as read_run
+    from fseb_ft.runs.rundir import read_val_logits as read_val_logits
     from fseb_ft.runs.rundir import results_split as results_split
     from fseb_ft.runs.rundir import runs_in as runs_in
     from fseb_ft.runs.rundir import write_json as write_json
     from fseb_ft.runs.rundir import write_method_state as write_method_state
+    from fseb_ft.runs.rundir import write_val_logits as write_val_logits
     from fseb_ft.runs.rundir import write_wise_weights as write_wise_weights
     from fseb_ft.runs.tables import corruption_markdown as corruption_markdown
     from fseb_ft.runs.tables import groups_markdown as groups_markdown
@@ -107,6 +113,8 @@ _LAZY = {
     "publish": "fseb_ft.runs.atomic",
     "remove_orphans": "fseb_ft.runs.atomic",
     "write_text": "fseb_ft.runs.atomic",
+    "save_figure": "fseb_ft.runs.canvas",
+    "new_figure": "fseb_ft.runs.canvas",
     "write_comparison": "fseb_ft.runs.comparison",
     "add_conformal_arguments": "fseb_ft.runs.conformal_sets",
     "add_set_columns": "fseb_ft.runs.conformal_sets",
@@ -123,6 +131,8 @@ _LAZY = {
     "comparison_table": "fseb_ft.runs.leaderboard",
     "format_params": "fseb_ft.runs.leaderboard",
     "write_leaderboard": "fseb_ft.runs.leaderboard",
+    "validation_split": "fseb_ft.runs.loading",
+    "ImageInputs": "fseb_ft.runs.loading",
     "LoadedModel": "fseb_ft.runs.loading",
     "first_line": "fseb_ft.runs.loading",
     "gather_inputs": "fseb_ft.runs.loading",
@@ -144,6 +154,8 @@ _LAZY = {
     "write_corruption_plot": "fseb_ft.runs.report",
     "write_plots": "fseb_ft.runs.report",
     "write_results": "fseb_ft.runs.report",
+    "write_val_logits": "fseb_ft.runs.rundir",
+    "read_val_logits": "fseb_ft.runs.rundir",
     "ABSTENTION_FILE": "fseb_ft.runs.rundir",
     "CHECKPOINTS": "fseb_ft.runs.rundir",
     "CHECKPOINT_PREFIX": "fseb_ft.runs.rundir",

@@ -7,9 +7,11 @@ EfficientNet-Lite0 PS-MAP fine-tune of the distant-context protocol, seed 0). Th
 penultimate features and logits are computed once per pool and cached (``--cache``):
 
 - ``validation``: the run's validation split (1,000 CIFAR-10 training images), the reference;
-- ``clean``: 1,500 CIFAR-10 test images (a seeded draw): i.i.d. batches measure the false-alarm
-  rate, and batches drawn from it with three classes (airplane, automobile, bird) making up 60 %
-  of the images, the other seven 40 %, measure a class-proportion (label) shift;
+- ``clean``: 6,000 CIFAR-10 test images (a seeded draw): i.i.d. batches measure the false-alarm
+  rate (a pool this large, so that batches of 500 overlap little and the pool's own departure
+  from the test distribution is small), and batches drawn from it with three classes
+  (airplane, automobile, bird) making up 60 % of the images, the other seven 40 %, measure a
+  class-proportion (label) shift;
 - ``corrupted``: 1,000 other test images, 250 each of Gaussian noise, defocus blur, contrast and
   JPEG compression at severity 3 (this repo's corruptions, on the 32 px images before resizing);
   a batch mixes the four;
@@ -48,7 +50,7 @@ from fseb_ft.runs.thresholds import choose_rule
 
 CORRUPTIONS = ("gaussian_noise", "defocus_blur", "contrast", "jpeg_compression")
 SEVERITY = 3
-N_CLEAN, N_PER_CORRUPTION, N_MNIST = 1500, 250, 1000
+N_CLEAN, N_PER_CORRUPTION, N_MNIST = 6000, 250, 1000
 SHIFTED_CLASSES, SHIFTED_SHARE = (0, 1, 2), 0.6
 KINDS = ("i.i.d. clean", "label shift", "corrupted", "MNIST")
 MARKERS = ("<!-- monitor-shift:begin -->", "<!-- monitor-shift:end -->")

@@ -19,7 +19,7 @@ from fseb_ft.recipe import recipe_from_dict
 
 pytestmark = pytest.mark.no_figures  # the figure is written, not checked pixel by pixel
 
-HELD_OUT = '{source: sklearn_digits, split: test, classes: [0, 1, 2]}'
+HELD_OUT = "{source: sklearn_digits, split: test, classes: [0, 1, 2]}"
 FAST = ["--permutations", "400", "--no-progress"]  # 400: the least that reaches 0.01 / 4
 N_SHIFTED = 60
 

@@ -28,16 +28,17 @@ def labels_and_predictions(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_bbse_recovers_the_proportions_of_a_batch_with_the_same_confusions() -> None:
-    # Validation: 10 of each class; column j is P(ŷ | y = j) · 10.
-    val_counts = np.array([[7, 2, 1], [2, 6, 1], [1, 2, 8]])
+    # Validation: 10, 20 and 10 images of the classes; column j is P(ŷ | y = j) times its count.
+    val_counts = np.array([[7, 4, 1], [2, 12, 1], [1, 4, 8]])
     val_pred, val_labels = labels_and_predictions(val_counts)
     # A batch of 50, 30 and 20 images of the three classes confused exactly as validation does.
-    batch_counts = val_counts * np.array([5, 3, 2])[None, :]
+    batch_counts = (val_counts * np.array([5, 1.5, 2])[None, :]).astype(int)
+    assert (batch_counts.sum(axis=0) == [50, 30, 20]).all()
     batch_pred, _ = labels_and_predictions(batch_counts)
     found = bbse(val_pred, val_labels, batch_pred, 3)
     assert found.identifiable and np.isfinite(found.condition)
-    np.testing.assert_allclose(found.reference, [1 / 3] * 3, rtol=1e-12)
-    np.testing.assert_allclose(found.weights, [1.5, 0.9, 0.6], rtol=1e-12)
+    np.testing.assert_allclose(found.reference, [0.25, 0.5, 0.25], rtol=1e-12)
+    np.testing.assert_allclose(found.weights, [2.0, 0.6, 0.8], rtol=1e-12)
     np.testing.assert_allclose(found.proportions, [0.5, 0.3, 0.2], rtol=1e-12)
 
 

@@ -115,7 +115,9 @@ def monitor_plot(report: ShiftReport, class_names: Sequence[str], path: Path) ->
                      if k > 6 else "center")  # fmt: skip
     right.set_ylabel("Share of images")
     right.set_title("Class proportions")
-    right.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3)
+    # Room above the tallest bar for the legend, which would cover bars anywhere else.
+    right.set_ylim(0, 1.6 * max(float(np.max(values)) for _, values in bars))
+    right.legend(loc="upper left", ncol=2, fontsize="small")
     verdict = "ALARM" if report.alarm else "no alarm"
     fig.suptitle(f"Batch against validation: {verdict} at level {report.level:g}")
     return save_figure(fig, path)

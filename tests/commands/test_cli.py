@@ -65,7 +65,7 @@ def test_an_unknown_command_names_the_commands(capsys: pytest.CaptureFixture[str
     assert stop.value.code == 2
     assert capsys.readouterr().err == (
         "fseb-ft: error: unknown command or recipe 'evalute'; commands are train, evaluate, "
-        "push, sweep, predict, cache, or give a recipe file (fseb-ft RECIPE.yaml ...)\n"
+        "push, sweep, predict, monitor, cache, or give a recipe file (fseb-ft RECIPE.yaml ...)\n"
     )
 
 

@@ -7,6 +7,7 @@
     fseb-ft predict MODEL IMAGES... [--out predictions.csv] [--coverage 0.9 | --max-risk 0.02]
     fseb-ft export MODEL --onnx model.onnx [--coverage 0.9 | --max-risk 0.02 | --threshold T]
     fseb-ft demo RUN [--port P] [--share] [--coverage 0.9 | --max-risk 0.02]
+    fseb-ft monitor RUN IMAGES... [--out DIR] [--level 0.01]
     fseb-ft cache RECIPE.yaml [section.key=value ...]
 
 Each command's module is imported only when it runs, so ``fseb-ft --help`` and ``fseb-ft push``
@@ -79,6 +80,10 @@ COMMANDS: dict[str, Command] = {
     ),
     "demo": Command(
         "fseb_ft.demo", "a local web page: drop an image, see the decision, its reason and set"
+    ),
+    "monitor": Command(
+        "fseb_ft.monitor",
+        "check a batch of images against a run's validation split; exit 3 when it shifted",
     ),
     "cache": Command(
         "fseb_ft.cache", "decode and shrink a recipe's images once, ahead of training (data.cache)"

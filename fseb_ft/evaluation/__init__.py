@@ -43,6 +43,11 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
     from fseb_ft.evaluation.groups import Groups as Groups
     from fseb_ft.evaluation.groups import group_metrics as group_metrics
     from fseb_ft.evaluation.groups import reported_groups as reported_groups
+    from fseb_ft.evaluation.label_shift import LabelShift as LabelShift
+    from fseb_ft.evaluation.label_shift import atc_estimate as atc_estimate
+    from fseb_ft.evaluation.label_shift import atc_threshold as atc_threshold
+    from fseb_ft.evaluation.label_shift import bbse as bbse
+    from fseb_ft.evaluation.label_shift import reweight as reweight
     from fseb_ft.evaluation.laplace import laplace_torch as laplace_torch
     from fseb_ft.evaluation.metrics import METRIC_REGISTRY as METRIC_REGISTRY
     from fseb_ft.evaluation.metrics import Metric as Metric
@@ -66,6 +71,10 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
     from fseb_ft.evaluation.temperature import fit_temperature as fit_temperature
     from fseb_ft.evaluation.temperature import temperature_identified as temperature_identified
     from fseb_ft.evaluation.temperature import temperature_warnings as temperature_warnings
+    from fseb_ft.evaluation.two_sample import bonferroni as bonferroni
+    from fseb_ft.evaluation.two_sample import class_proportion_test as class_proportion_test
+    from fseb_ft.evaluation.two_sample import mmd_test as mmd_test
+    from fseb_ft.evaluation.two_sample import rate_test as rate_test
     from fseb_ft.evaluation.wise import with_wise as with_wise
 
 _LAZY = {
@@ -99,6 +108,11 @@ _LAZY = {
     "Groups": "fseb_ft.evaluation.groups",
     "group_metrics": "fseb_ft.evaluation.groups",
     "reported_groups": "fseb_ft.evaluation.groups",
+    "LabelShift": "fseb_ft.evaluation.label_shift",
+    "atc_estimate": "fseb_ft.evaluation.label_shift",
+    "atc_threshold": "fseb_ft.evaluation.label_shift",
+    "bbse": "fseb_ft.evaluation.label_shift",
+    "reweight": "fseb_ft.evaluation.label_shift",
     "laplace_torch": "fseb_ft.evaluation.laplace",
     "METRIC_REGISTRY": "fseb_ft.evaluation.metrics",
     "Metric": "fseb_ft.evaluation.metrics",
@@ -122,6 +136,10 @@ _LAZY = {
     "fit_temperature": "fseb_ft.evaluation.temperature",
     "temperature_identified": "fseb_ft.evaluation.temperature",
     "temperature_warnings": "fseb_ft.evaluation.temperature",
+    "bonferroni": "fseb_ft.evaluation.two_sample",
+    "class_proportion_test": "fseb_ft.evaluation.two_sample",
+    "mmd_test": "fseb_ft.evaluation.two_sample",
+    "rate_test": "fseb_ft.evaluation.two_sample",
     "with_wise": "fseb_ft.evaluation.wise",
 }
 __all__ = sorted(_LAZY)

@@ -3,7 +3,8 @@ folder or ``hf-hub:``; its inputs and passes; the abstention rule it predicts wi
 or chosen on its run's validation split); conformal sets; the rows, their files and summary;
 :func:`predict_images`, the phases in order, asked with a
 :class:`~fseb_ft.prediction.requests.PredictRequest`; the ONNX export that abstains by itself;
-the demo page and the Hugging Face Space it can be written as. Imports only the layers below it
+the demo page and the Hugging Face Space it can be written as; the drift monitor's checks
+of a batch against the validation split. Imports only the layers below it
 (runs, evaluation, method, data, recipe); the engine and the commands import it.
 
 Its public names are ``__all__``; each is imported from its module on first use (PEP 562), so
@@ -35,6 +36,15 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
     from fseb_ft.prediction.loading import LoadedModel as LoadedModel
     from fseb_ft.prediction.loading import ModelLoadError as ModelLoadError
     from fseb_ft.prediction.loading import load_model as load_model
+    from fseb_ft.prediction.monitor_data import Batch as Batch
+    from fseb_ft.prediction.monitor_data import batch_outputs as batch_outputs
+    from fseb_ft.prediction.monitor_data import check_has_validation as check_has_validation
+    from fseb_ft.prediction.monitor_data import validation_outputs as validation_outputs
+    from fseb_ft.prediction.monitor_files import MONITOR_JSON as MONITOR_JSON
+    from fseb_ft.prediction.monitor_files import MONITOR_PLOT as MONITOR_PLOT
+    from fseb_ft.prediction.monitor_files import format_table as format_table
+    from fseb_ft.prediction.monitor_files import reweighted_rows as reweighted_rows
+    from fseb_ft.prediction.monitor_files import write_monitor as write_monitor
     from fseb_ft.prediction.onnx_export import OPSETS as OPSETS
     from fseb_ft.prediction.onnx_export import ExportedGraph as ExportedGraph
     from fseb_ft.prediction.onnx_export import OnnxExport as OnnxExport
@@ -57,6 +67,12 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
     from fseb_ft.prediction.rows import image_rows as image_rows
     from fseb_ft.prediction.rows import output_format as output_format
     from fseb_ft.prediction.rows import write_predictions as write_predictions
+    from fseb_ft.prediction.shift_report import DEFAULT_LEVEL as DEFAULT_LEVEL
+    from fseb_ft.prediction.shift_report import MonitorSettings as MonitorSettings
+    from fseb_ft.prediction.shift_report import Outputs as Outputs
+    from fseb_ft.prediction.shift_report import ShiftCheck as ShiftCheck
+    from fseb_ft.prediction.shift_report import ShiftReport as ShiftReport
+    from fseb_ft.prediction.shift_report import shift_report as shift_report
     from fseb_ft.prediction.space import write_space as write_space
     from fseb_ft.prediction.summaries import summary as summary
     from fseb_ft.prediction.thresholds import DEFAULT_COVERAGE as DEFAULT_COVERAGE
@@ -85,6 +101,15 @@ _LAZY = {
     "LoadedModel": "fseb_ft.prediction.loading",
     "ModelLoadError": "fseb_ft.prediction.loading",
     "load_model": "fseb_ft.prediction.loading",
+    "Batch": "fseb_ft.prediction.monitor_data",
+    "batch_outputs": "fseb_ft.prediction.monitor_data",
+    "check_has_validation": "fseb_ft.prediction.monitor_data",
+    "validation_outputs": "fseb_ft.prediction.monitor_data",
+    "MONITOR_JSON": "fseb_ft.prediction.monitor_files",
+    "MONITOR_PLOT": "fseb_ft.prediction.monitor_files",
+    "format_table": "fseb_ft.prediction.monitor_files",
+    "reweighted_rows": "fseb_ft.prediction.monitor_files",
+    "write_monitor": "fseb_ft.prediction.monitor_files",
     "ExportedGraph": "fseb_ft.prediction.onnx_export",
     "OPSETS": "fseb_ft.prediction.onnx_export",
     "OnnxExport": "fseb_ft.prediction.onnx_export",
@@ -107,6 +132,12 @@ _LAZY = {
     "image_rows": "fseb_ft.prediction.rows",
     "output_format": "fseb_ft.prediction.rows",
     "write_predictions": "fseb_ft.prediction.rows",
+    "DEFAULT_LEVEL": "fseb_ft.prediction.shift_report",
+    "MonitorSettings": "fseb_ft.prediction.shift_report",
+    "Outputs": "fseb_ft.prediction.shift_report",
+    "ShiftCheck": "fseb_ft.prediction.shift_report",
+    "ShiftReport": "fseb_ft.prediction.shift_report",
+    "shift_report": "fseb_ft.prediction.shift_report",
     "write_space": "fseb_ft.prediction.space",
     "summary": "fseb_ft.prediction.summaries",
     "DEFAULT_COVERAGE": "fseb_ft.prediction.thresholds",

@@ -23,6 +23,8 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
     from fseb_ft.runs.atomic import temp_beside as temp_beside
     from fseb_ft.runs.atomic import write_bytes as write_bytes
     from fseb_ft.runs.atomic import write_text as write_text
+    from fseb_ft.runs.canvas import new_figure as new_figure
+    from fseb_ft.runs.canvas import save_figure as save_figure
     from fseb_ft.runs.comparison import write_comparison as write_comparison
     from fseb_ft.runs.export import export_run as export_run
     from fseb_ft.runs.export import is_exported as is_exported
@@ -97,6 +99,8 @@ _LAZY = {
     "write_bytes": "fseb_ft.runs.atomic",
     "temp_beside": "fseb_ft.runs.atomic",
     "write_text": "fseb_ft.runs.atomic",
+    "save_figure": "fseb_ft.runs.canvas",
+    "new_figure": "fseb_ft.runs.canvas",
     "write_comparison": "fseb_ft.runs.comparison",
     "export_run": "fseb_ft.runs.export",
     "is_exported": "fseb_ft.runs.export",
@@ -117,6 +121,8 @@ _LAZY = {
     "write_corruption_plot": "fseb_ft.runs.report",
     "write_plots": "fseb_ft.runs.report",
     "write_results": "fseb_ft.runs.report",
+    "write_val_logits": "fseb_ft.runs.rundir",
+    "read_val_logits": "fseb_ft.runs.rundir",
     "ABSTENTION_FILE": "fseb_ft.runs.rundir",
     "CHECKPOINTS": "fseb_ft.runs.rundir",
     "CHECKPOINT_PREFIX": "fseb_ft.runs.rundir",
@@ -143,12 +149,10 @@ _LAZY = {
     "read_json": "fseb_ft.runs.rundir",
     "read_method_state": "fseb_ft.runs.rundir",
     "read_run": "fseb_ft.runs.rundir",
-    "read_val_logits": "fseb_ft.runs.rundir",
     "results_split": "fseb_ft.runs.rundir",
     "runs_in": "fseb_ft.runs.rundir",
     "write_json": "fseb_ft.runs.rundir",
     "write_method_state": "fseb_ft.runs.rundir",
-    "write_val_logits": "fseb_ft.runs.rundir",
     "write_wise_weights": "fseb_ft.runs.rundir",
     "corruption_markdown": "fseb_ft.runs.tables",
     "groups_markdown": "fseb_ft.runs.tables",

@@ -72,7 +72,7 @@ def test_an_unknown_command_names_the_commands(capsys: pytest.CaptureFixture[str
     assert stop.value.code == 2
     assert capsys.readouterr().err == (
         "fseb-ft: error: unknown command or recipe 'evalute'; commands are train, evaluate, "
-        "push, sweep, predict, export, demo, cache, or give a recipe file "
+        "push, sweep, predict, export, demo, monitor, cache, or give a recipe file "
         "(fseb-ft RECIPE.yaml ...)\n"
     )
 

@@ -241,6 +241,24 @@ def fraction_argument(name: str) -> Callable[[str], float]:
     return parse
 
 
+def dataset_argument(text: str) -> dict[str, Any]:
+    """The argparse type of a command's ``--dataset``: a recipe dataset spec as a YAML mapping,
+    or a usage error saying what it takes."""
+    import yaml
+
+    from fseb_ft.errors import first_line
+
+    try:
+        spec = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise argparse.ArgumentTypeError(f"not a YAML mapping: {first_line(err)}") from None
+    if not isinstance(spec, dict):
+        raise argparse.ArgumentTypeError(
+            f'takes a YAML mapping like "{{source: idx, path: data, split: t10k}}", got {text!r}'
+        )
+    return spec
+
+
 HELP_WIDTH = 79
 """Columns a command's ``--help`` description is filled to (an 80-column terminal)."""
 _REST_ROLE = re.compile(r":[a-z]+:`(~?)([^`]+)`")  # :func:`name`, :data:`~module.NAME`

@@ -24,7 +24,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from fseb_ft.cli import device_argument, help_text, run_entry
+from fseb_ft.cli import device_argument, fraction_argument, help_text, run_entry
 from fseb_ft.logs import configure_logging
 from fseb_ft.prediction.demo_page import (
     HOST,
@@ -84,12 +84,12 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     )
     rule = parser.add_mutually_exclusive_group()
     rule.add_argument(
-        "--coverage", type=float, metavar="A",
+        "--coverage", type=fraction_argument("coverage"), metavar="A",
         help="abstain at the threshold that accepts the fraction A of the validation split "
         "(default: the run's kept threshold)",
     )  # fmt: skip
     rule.add_argument(
-        "--max-risk", type=float, metavar="R",
+        "--max-risk", type=fraction_argument("max_risk"), metavar="R",
         help="abstain at the lowest threshold whose validation error rate among accepted "
         "images is ≤ R",
     )  # fmt: skip

@@ -26,11 +26,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
-import yaml
 from torch import Tensor
 
-from fseb_ft.cli import device_argument, help_text, run_entry
-from fseb_ft.errors import FsebError, first_line
+from fseb_ft.cli import dataset_argument, device_argument, help_text, run_entry
+from fseb_ft.errors import FsebError
 from fseb_ft.logs import configure_logging
 from fseb_ft.method.devices import resolve_device
 from fseb_ft.prediction.loading import load_model
@@ -122,15 +121,6 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m fseb_ft.monit
     args = parser.parse_intermixed_args(argv)
     if not args.images and args.dataset is None:
         parser.error("give IMAGES (files, folders, globs) or --dataset")
-    dataset = None
-    if args.dataset is not None:
-        try:
-            dataset = yaml.safe_load(args.dataset)
-        except yaml.YAMLError as err:
-            parser.error(f"--dataset is not a YAML mapping: {first_line(err)}")
-        if not isinstance(dataset, dict):
-            parser.error(f'--dataset takes a YAML mapping like "{{source: idx, path: data, '
-                         f'split: t10k}}", got {args.dataset!r}')  # fmt: skip
     try:
         settings = MonitorSettings(level=args.level, permutations=args.permutations,
                                    seed=args.seed, ood_score=args.ood_score)  # fmt: skip
@@ -138,7 +128,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m fseb_ft.monit
         parser.error(str(err))
     configure_logging(args.verbose)
     report, record = monitor_images(
-        args.model, args.images, dataset=dataset, out=args.out, settings=settings,
+        args.model, args.images, dataset=args.dataset, out=args.out, settings=settings,
         min_batch=args.min_batch, device=args.device,
         loader_kw={"batch_size": args.batch_size, "progress": not args.no_progress},
     )  # fmt: skip
@@ -163,7 +153,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "model", help="the run folder whose validation split the batch is checked against"
     )
     parser.add_argument("images", nargs="*", default=[], help="image files, folders and globs")
-    parser.add_argument("--dataset", metavar="SPEC",
+    parser.add_argument("--dataset", metavar="SPEC", type=dataset_argument,
                         help='a recipe dataset spec instead of IMAGES: "{source: idx, path: data, '
                         'split: t10k}"')  # fmt: skip
     parser.add_argument("--out", type=Path, help="folder for monitor.json and monitor.png")

@@ -55,10 +55,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import yaml
-
-from fseb_ft.cli import device_argument, fraction_argument, help_text, run_entry
-from fseb_ft.errors import first_line
+from fseb_ft.cli import (
+    dataset_argument,
+    device_argument,
+    fraction_argument,
+    help_text,
+    run_entry,
+)
 from fseb_ft.logs import configure_logging
 from fseb_ft.prediction import (
     DEFAULT_COVERAGE,
@@ -97,10 +100,9 @@ def main(
         parser.error("give IMAGES (files, folders, globs) or --dataset")
     if args.confidence is not None and args.max_risk is None:
         parser.error("--confidence C certifies --max-risk R: give --max-risk too")
-    dataset = None if args.dataset is None else _dataset(parser, args.dataset)
     configure_logging(args.verbose)
     result = predict_images(
-        args.model, args.images, dataset=dataset, request=_request(args, data_paths)
+        args.model, args.images, dataset=args.dataset, request=_request(args, data_paths)
     )
     if args.out is None:  # the rows are the answer: to stdout, so `> file` keeps them alone
         sys.stdout.write(format_rows(result.rows, args.format or "csv"))
@@ -132,20 +134,6 @@ def _request(args: argparse.Namespace, data_paths: Sequence[str]) -> PredictRequ
     )  # fmt: skip
 
 
-def _dataset(parser: argparse.ArgumentParser, text: str) -> dict[str, object]:
-    """``--dataset``'s YAML mapping; anything else stops the command with a usage error."""
-    try:
-        dataset = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        parser.error(f"--dataset is not a YAML mapping: {first_line(err)}")
-    if not isinstance(dataset, dict):
-        parser.error(
-            "--dataset takes a YAML mapping like "
-            f'"{{source: idx, path: data, split: t10k}}", got {text!r}'
-        )
-    return dataset
-
-
 def _override(arg: str) -> bool:
     """Whether ``arg`` is a ``section.key=value`` override, not an image (a file stays one)."""
     return re.match(r"[a-z_]+\.[\w.]+=", arg) is not None and not Path(arg).exists()
@@ -164,7 +152,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "data are now when they moved since training (its validation split chooses thresholds)",
     )  # fmt: skip
     parser.add_argument(
-        "--dataset", metavar="SPEC",
+        "--dataset", metavar="SPEC", type=dataset_argument,
         help='a recipe dataset spec instead of IMAGES: "{source: idx, path: data, split: t10k}"',
     )  # fmt: skip
     parser.add_argument("--out", type=Path, help="predictions file, .csv or .jsonl")

@@ -163,7 +163,8 @@ def test_a_run_without_a_kept_threshold_needs_coverage_or_max_risk(
     monkeypatch.setattr(demo_module, "import_gradio", lambda: None)  # as if installed
     line = _fails([str(run_dir)], capsys)
     assert "keeps no abstention threshold: give --coverage C or --max-risk R" in line
-    assert "fseb-ft: error: coverage must lie in (0, 1], got 2" in _fails(
+    # A value out of range is a usage error, as predict's and export's are.
+    assert "argument --coverage: must lie in (0, 1], got 2" in _fails(
         [str(run_dir), "--coverage", "2"], capsys
     )
 

@@ -29,28 +29,13 @@ from fseb_ft.prediction.page_decisions import PagePredictor, PageSettings, decis
 from fseb_ft.prediction.space import write_space
 from fseb_ft.recipe import recipe_from_dict
 from fseb_ft.runs.rundir import read_val_logits
+from tests.helpers import digits_recipe
 
 
 def train_digits_run(out: Path) -> Path:
     """Three epochs of the paper's CNN on digits 0-2, temperature-scaled: about 90 % accurate on
     validation, enough for a constant grey image to stand out by its entropy."""
-    recipe = {
-        "model": {"name": "fseb_cnn", "pretrained": False},
-        "data": {
-            "train": {"source": "sklearn_digits", "split": "train", "classes": [0, 1, 2]},
-            "test": {"source": "sklearn_digits", "split": "test", "classes": [0, 1, 2]},
-            "channels": 1,
-            "val_fraction": 0.3,
-            "batch_size": 32,
-            "num_workers": 0,
-        },
-        "fseb": {"reg_scale": 0.0},
-        "optim": {"lr": 0.05},
-        "train": {"epochs": 3, "cpu": True},
-        "eval": {"temperature_scaling": True, "batch_size": 256},
-        "output": {"dir": str(out)},
-    }
-    run(recipe_from_dict(recipe))
+    run(recipe_from_dict(digits_recipe(out, epochs=3, temperature_scaling=True)))
     return out
 
 

@@ -16,6 +16,7 @@ from fseb_ft.data.sources.sklearn_digits import load_sklearn_digits
 from fseb_ft.finetune import run
 from fseb_ft.monitor import ALARM_EXIT
 from fseb_ft.recipe import recipe_from_dict
+from tests.helpers import digits_recipe
 
 pytestmark = pytest.mark.no_figures  # the figure is written, not checked pixel by pixel
 
@@ -28,20 +29,7 @@ N_SHIFTED = 60
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A one-epoch PS-MAP run of the paper's CNN on digits 0-2."""
     out = tmp_path_factory.mktemp("run") / "digits"
-    recipe = {
-        "model": {"name": "fseb_cnn", "pretrained": False},
-        "data": {
-            "train": {"source": "sklearn_digits", "split": "train", "classes": [0, 1, 2]},
-            "test": {"source": "sklearn_digits", "split": "test", "classes": [0, 1, 2]},
-            "channels": 1, "val_fraction": 0.3, "batch_size": 32, "num_workers": 0,
-        },
-        "fseb": {"reg_scale": 0.0},
-        "optim": {"lr": 0.05},
-        "train": {"epochs": 1, "cpu": True},
-        "eval": {"batch_size": 256},
-        "output": {"dir": str(out)},
-    }  # fmt: skip
-    run(recipe_from_dict(recipe))
+    run(recipe_from_dict(digits_recipe(out)))
     return out
 
 

@@ -40,7 +40,7 @@ from fseb_ft.recipe import recipe_from_dict
 from fseb_ft.runs import rundir
 from fseb_ft.runs.loading import load_run_model
 from fseb_ft.runs.rundir import VAL_LOGITS, read_json, read_run, read_val_logits
-from tests.helpers import snapshot
+from tests.helpers import digits_recipe, snapshot
 
 pytestmark = pytest.mark.no_figures  # figures: runs/test_plots.py, engine/test_pipeline.py
 
@@ -50,23 +50,7 @@ N_GOOD = 12  # readable PNGs in the image folder
 
 def train_tiny_run(out: Path) -> Path:
     """A one-epoch PS-MAP run of the paper's CNN on digits 0-2, with temperature scaling."""
-    recipe = {
-        "model": {"name": "fseb_cnn", "pretrained": False},
-        "data": {
-            "train": {"source": "sklearn_digits", "split": "train", "classes": [0, 1, 2]},
-            "test": {"source": "sklearn_digits", "split": "test", "classes": [0, 1, 2]},
-            "channels": 1,
-            "val_fraction": 0.3,
-            "batch_size": 32,
-            "num_workers": 0,  # no worker processes to start and join: faster on a busy CPU
-        },
-        "fseb": {"reg_scale": 0.0},
-        "optim": {"lr": 0.05},
-        "train": {"epochs": 1, "cpu": True},
-        "eval": {"temperature_scaling": True, "batch_size": 256},
-        "output": {"dir": str(out)},
-    }
-    run(recipe_from_dict(recipe))
+    run(recipe_from_dict(digits_recipe(out, temperature_scaling=True)))
     return out
 
 

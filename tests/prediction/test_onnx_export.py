@@ -31,9 +31,9 @@ from fseb_ft.prediction.feature_fit import load_feature_fit
 from fseb_ft.prediction.inputs import gather_inputs
 from fseb_ft.prediction.loading import LoadedModel, load_model
 from fseb_ft.prediction.onnx_graph import OUTPUTS, DeployedModel, mahalanobis_min, whitened
-from tests.helpers import skip_figures
+from tests.helpers import DIGITS_012, digits_recipe, skip_figures
 
-TEST_SPEC = {"source": "sklearn_digits", "split": "test", "classes": [0, 1, 2]}
+TEST_SPEC = DIGITS_012
 OOD_SPEC = {"source": "sklearn_digits", "split": "test", "classes": [7], "limit": 20}
 COVERAGE = 0.9
 MAX_P_GAP = 1e-4  # the parity bound on probabilities
@@ -52,17 +52,9 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from fseb_ft.recipe import recipe_from_dict
 
     out = tmp_path_factory.mktemp("run") / "digits"
-    recipe = {
-        "model": {"name": "fseb_cnn", "pretrained": False},
-        "data": {"train": {**TEST_SPEC, "split": "train"}, "test": TEST_SPEC, "channels": 1,
-                 "val_fraction": 0.3, "batch_size": 32, "num_workers": 0},
-        "fseb": {"reg_scale": 0.0},
-        "optim": {"lr": 0.05},
-        "train": {"epochs": 1, "cpu": True},
-        "eval": {"ood_scores": ["entropy", "mahalanobis", "vim"], "temperature_scaling": True,
-                 "batch_size": 256},
-        "output": {"dir": str(out)},
-    }  # fmt: skip
+    recipe = digits_recipe(
+        out, temperature_scaling=True, ood_scores=["entropy", "mahalanobis", "vim"]
+    )
     with pytest.MonkeyPatch.context() as patch:
         skip_figures(patch)
         run_with_predictions(recipe_from_dict(recipe))

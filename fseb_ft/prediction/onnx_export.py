@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from fseb_ft.errors import FsebError, first_line
+from fseb_ft.errors import FsebError
 from fseb_ft.evaluation.abstention import AbstentionRule, out_of_range
 from fseb_ft.evaluation.feature_ood import FeatureOodFit
 from fseb_ft.prediction.feature_fit import load_feature_fit
@@ -41,7 +41,7 @@ from fseb_ft.prediction.loading import LoadedModel, load_model
 from fseb_ft.prediction.onnx_graph import DeployedModel, output_definitions
 from fseb_ft.prediction.requests import RuleRequest
 from fseb_ft.prediction.thresholds import choose_rule
-from fseb_ft.prediction.validation import validation_fetch
+from fseb_ft.prediction.validation import os_reason, validation_fetch
 from fseb_ft.recipe import ConfigError
 from fseb_ft.runs.atomic import write_bytes
 from fseb_ft.runs.published import scrub
@@ -384,6 +384,6 @@ def _write(path: Path, model: onnx.ModelProto) -> None:
         if isinstance(err, FsebError):  # a full disk: already one line naming the folder
             raise
         raise FsebError(
-            f"--onnx {path} cannot be written ({err.strerror or first_line(err)}): give a path "
+            f"--onnx {path} cannot be written ({os_reason(err)}): give a path "
             "you can write to"
         ) from err

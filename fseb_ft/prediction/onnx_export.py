@@ -384,6 +384,5 @@ def _write(path: Path, model: onnx.ModelProto) -> None:
         if isinstance(err, FsebError):  # a full disk: already one line naming the folder
             raise
         raise FsebError(
-            f"--onnx {path} cannot be written ({os_reason(err)}): give a path "
-            "you can write to"
+            f"--onnx {path} cannot be written ({os_reason(err)}): give a path you can write to"
         ) from err

@@ -182,7 +182,7 @@ def test_parameter_term_of_bf16_parameters_sums_in_float32() -> None:
     params = [torch.full((300,), 1.0 + 2**-7, dtype=torch.bfloat16, requires_grad=True)]
     out = parameter_term(params, 0.5)  # 300 · (1 + 2⁻⁷)² exactly, which bf16 cannot hold
     assert out.dtype == torch.float32
-    assert float(out) == pytest.approx(300 * (1 + 2**-7) ** 2, rel=1e-6)
+    assert float(out.detach()) == pytest.approx(300 * (1 + 2**-7) ** 2, rel=1e-6)
     out.backward()
     assert params[0].grad.dtype == torch.bfloat16
     assert torch.equal(params[0].grad, 2 * params[0].detach())

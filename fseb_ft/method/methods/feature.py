@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from fseb_ft.method.likelihood import likelihood_term
-from fseb_ft.method.methods.fseb import check_anchors, parameter_prior
+from fseb_ft.method.methods.fseb import check_parameter_anchor, parameter_prior
 from fseb_ft.method.methods.registry import Objective, TrainingMethod, register_method
 from fseb_ft.method.parts import ModelPartsError, head_names, unwrap_model
 from fseb_ft.recipe import FSEBConfig, Recipe
@@ -80,8 +80,7 @@ class FeatureSP(TrainingMethod):
         )
 
     def check_prior(self, model: nn.Module, prior: nn.Module) -> None:
-        if self.config.param_anchor == "init":
-            check_anchors(model, prior, "param_anchor='init'")
+        check_parameter_anchor(self.config, model, prior)  # PS-MAP's parameter prior
 
     def terms(
         self,

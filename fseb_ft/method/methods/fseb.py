@@ -24,7 +24,7 @@ from fseb_ft.method.parts import unwrap_model
 from fseb_ft.method.regularizer import function_space_term, parameter_term
 from fseb_ft.recipe import FSEBConfig, Recipe
 
-__all__ = ["FSEB", "check_anchors", "parameter_prior"]
+__all__ = ["FSEB", "check_anchors", "check_parameter_anchor", "parameter_prior"]
 
 
 @register_method("fseb")
@@ -64,8 +64,7 @@ class FSEB(TrainingMethod):
         )
 
     def check_prior(self, model: nn.Module, prior: nn.Module) -> None:
-        if self.config.param_anchor == "init":
-            check_anchors(model, prior, "param_anchor='init'")
+        check_parameter_anchor(self.config, model, prior)
 
     def terms(
         self,
@@ -96,6 +95,13 @@ class FSEB(TrainingMethod):
             "param_reg": param_reg,
             "logits": logits,
         }
+
+
+def check_parameter_anchor(config: FSEBConfig, model: nn.Module, prior: nn.Module) -> None:
+    """The check :func:`parameter_prior` needs of φ0: anchored at the starting weights
+    (``param_anchor: init``), φ0 must have each of ``model``'s parameters."""
+    if config.param_anchor == "init":
+        check_anchors(model, prior, "param_anchor='init'")
 
 
 def parameter_prior(objective: Objective, anchor: str, at_zero: Collection[str] = ()) -> Tensor:

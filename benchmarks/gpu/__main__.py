@@ -1,7 +1,7 @@
 """fseb_ft on one GPU in one call: the CUDA tests, step throughput, a real fine-tune (issue 35).
 
-    bash benchmarks/gpu/run.sh [--dry-run] [--out DIR] [--parts tests eager finetune compile]
-        [--budget 420]
+    bash benchmarks/gpu/run.sh [--dry-run] [--out DIR]
+        [--parts tests eager finetune profile compile] [--budget 420]
 
 (``run.sh`` installs the carried wheels, then runs ``python -m benchmarks.gpu``.) The parts run
 in this order, each in its own process with its own time limit (:data:`PART_LIMITS`, within
@@ -10,6 +10,7 @@ what is left of ``--budget`` seconds), so a hang or a crash in one loses only th
 - ``tests``: ``pytest -m cuda`` over the suite (the two-process test is not CUDA-marked: one GPU);
 - ``eager``: :mod:`benchmarks.gpu.throughput`, eager, for ResNet-50 and ViT-B/16;
 - ``finetune``: :mod:`benchmarks.gpu.finetune` on the carried CIFAR-10 JPEGs and weights;
+- ``profile``: :mod:`benchmarks.gpu.profile`, ``torch.profiler`` over timm's and PS-MAP's steps;
 - ``compile``: :mod:`benchmarks.gpu.throughput` under ``model.compile()``.
 
 Under ``--out`` (default ``$OUT``, else ``gpu-out``) go each part's log, ``gpu.json`` (every
@@ -29,18 +30,20 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
 from PIL import Image
 
+from benchmarks.gpu import profile
 from benchmarks.gpu.throughput import ROW_PREFIX, Row, ratios, table
 
 ROOT = Path(__file__).resolve().parents[2]
-PARTS = ("tests", "eager", "finetune", "compile")
-PART_LIMITS = {"tests": 120, "eager": 120, "finetune": 180}
-"""Seconds a part may take at most (an H100 took 40, 43 and 90): a hang costs one part, and
-``compile`` gets the rest of the budget."""
+PARTS = ("tests", "eager", "finetune", "profile", "compile")
+PART_LIMITS = {"tests": 120, "eager": 120, "finetune": 180, "profile": 90}
+"""Seconds a part may take at most (an H100 took 41, 47 and 114 for the first three): a hang
+costs one part, and ``compile`` gets the rest of the budget."""
 CARRIED_DATA = ROOT / ".gpu-carry" / "cifar10"
 CARRIED_WEIGHTS = ROOT / ".gpu-carry" / "efficientnet_lite0.in1k"
 THROUGHPUT_DRY = ["--models", "test_resnet", "test_vit", "--batch", "8", "--size", "32", "--steps",
@@ -59,6 +62,7 @@ def commands(args: argparse.Namespace) -> dict[str, list[str]]:
             "eager": [*throughput, "--variants", "eager"],
             "finetune": [*finetune, "--data", str(CARRIED_DATA),
                          "--model", f"local-dir:{CARRIED_WEIGHTS}"],
+            "profile": [*py, "-m", "benchmarks.gpu.profile"],
             "compile": [*throughput, "--variants", "compile"],
         }  # fmt: skip
     data = write_image_folder(Path(args.work) / "images", classes=3, train=8, test=4)
@@ -68,6 +72,9 @@ def commands(args: argparse.Namespace) -> dict[str, list[str]]:
         "finetune": [*finetune, "--data", str(data), "--model", "test_efficientnet",
                      "--no-pretrained", "--size", "32", "--batch", "8", "--workers", "0",
                      "--pool", "8", "--precision", "no"],
+        "profile": [*py, "-m", "benchmarks.gpu.profile", "--model", "test_resnet", "--batch", "8",
+                    "--size", "32", "--steps", "1", "--warmup", "0", "--precision", "no",
+                    "--device", "cpu"],
         # One model: tracing is the dry run's slowest part, and it is the same code for both.
         "compile": [*throughput, *THROUGHPUT_DRY, "--models", "test_resnet",
                     "--variants", "compile", "--compile-backend", "eager"],
@@ -135,13 +142,15 @@ def environment() -> dict[str, object]:
 
 
 def summary(results: dict[str, dict[str, object]]) -> str:
-    """The Markdown of the throughput tables and the fine-tunes."""
+    """The Markdown of the throughput tables, the profile and the fine-tunes."""
     lines = [f"`{json.dumps(results['environment'])}`", ""]
     for part in ("eager", "compile"):
         figures = results.get(part, {}).get("figures")
         if figures:
             rows = [Row(**r) for r in figures["rows"]]
             lines += [table(rows, ratios(rows)), ""]
+    if found := results.get("profile", {}).get("figures"):
+        lines += [profile.report(cast(dict[str, object], found)), ""]
     for method, fig in (results.get("finetune", {}).get("figures") or {}).items():
         lines.append(f"- fine-tune {method}: {json.dumps(fig)}")
     for part in (p for p in PARTS if p in results):

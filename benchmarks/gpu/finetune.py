@@ -18,8 +18,9 @@ previous step's kernels, so the figures are a bound on what an unobserved run do
 exact rate. The training phase's images/s counts every step and every wait; the step-only
 rate is ``B /`` the median step. Steps over five times the median pay one-time work (on an
 H100, the first step and the first step of the partial last batch: a new input shape), summed
-as ``one_time_s``. A run whose wait exceeds its steps less that one-time work is bounded by its
-input pipeline. The last line printed is a JSON object of every figure.
+as ``one_time_s``; the wait for each epoch's first batch (the loader's workers starting) is
+``loader_start_s``. A run whose other waits exceed its steps less their one-time work is bounded
+by its input pipeline. The last line printed is a JSON object of every figure.
 """
 
 from __future__ import annotations
@@ -50,15 +51,19 @@ class StepTimer(Callback):
 
     def __init__(self) -> None:
         self.waits: list[float] = []
+        self.starts: list[float] = []
+        """Each epoch's wait for its first batch."""
         self.steps: list[float] = []
         self._mark = self._start = 0.0
+        self._first = False
 
     def on_epoch_begin(self, trainer: TrainerView, epoch: int) -> None:
-        self._mark = time.perf_counter()
+        self._mark, self._first = time.perf_counter(), True
 
     def on_batch_begin(self, trainer: TrainerView, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         self._start = time.perf_counter()
-        self.waits.append(self._start - self._mark)
+        (self.starts if self._first else self.waits).append(self._start - self._mark)
+        self._first = False
         return x, y
 
     def on_step_end(self, trainer: TrainerView, terms: Mapping[str, Tensor]) -> None:
@@ -69,17 +74,18 @@ class StepTimer(Callback):
 
     def figures(self, batch: int, images: int, epochs: int) -> dict[str, float | str]:
         """The rates and the verdict of ``epochs`` epochs of ``images`` training images."""
-        wait, step = sum(self.waits), sum(self.steps)
+        wait, start, step = sum(self.waits), sum(self.starts), sum(self.steps)
         median = statistics.median(self.steps)
         # Steps far above the median pay one-time work (a new input shape's first use).
         one_time = sum(t - median for t in self.steps if t > ONE_TIME_FACTOR * median)
         return {
-            "train_images_per_s": round(images * epochs / (wait + step), 1),
+            "train_images_per_s": round(images * epochs / (start + wait + step), 1),
             "step_only_images_per_s": round(batch / median, 1),
+            "loader_start_s": round(start, 3),
             "wait_s": round(wait, 3),
             "step_s": round(step, 3),
             "one_time_s": round(one_time, 3),
-            "wait_fraction": round(wait / (wait + step), 3),
+            "wait_fraction": round(wait / (wait + step - one_time), 3),
             "bound_by": "input pipeline" if wait > step - one_time else "accelerator",
             "steps": len(self.steps),
         }

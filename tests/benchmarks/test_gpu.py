@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.gpu.__main__ import commands, parse
+from benchmarks.gpu.finetune import StepTimer
 from benchmarks.gpu.throughput import METHODS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,12 +24,12 @@ def test_the_dry_run_leaves_every_figure(tmp_path: Path) -> None:
     out, work = tmp_path / "out", tmp_path / "work"
     env = os.environ | {"PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
     cmd = ["bash", "benchmarks/gpu/run.sh", "--dry-run", "--out", str(out), "--work", str(work),
-           "--parts", "eager", "finetune", "compile"]  # fmt: skip
+           "--parts", "eager", "finetune", "profile", "compile"]  # fmt: skip
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     results = json.loads((out / "gpu.json").read_text())
     assert json.loads(done.stdout.splitlines()[-1]) == results
-    for part in ("eager", "finetune", "compile"):
+    for part in ("eager", "finetune", "profile", "compile"):
         assert results[part]["status"] == "ok", (out / f"{part}.log").read_text()
     for variant, models in (("eager", ("test_resnet", "test_vit")), ("compile", ("test_resnet",))):
         rows = results[variant]["figures"]["rows"]
@@ -42,8 +43,13 @@ def test_the_dry_run_leaves_every_figure(tmp_path: Path) -> None:
         figures = results["finetune"]["figures"][method]
         assert figures["steps"] == 3 and figures["bound_by"] in ("input pipeline", "accelerator")
         assert 0 <= figures["wait_fraction"] <= 1
+    profiled = results["profile"]["figures"]
+    assert profiled["timm"]["wall_ms"] > 0 and profiled["PS-MAP"]["wall_ms"] > 0
+    # R_θ's own autograd function is among what PS-MAP runs and timm's step does not.
+    assert any(row[0] == "_SquaredDistance" and row[3] == 0 for row in profiled["differences"])
     summary = (out / "summary.md").read_text()
     assert "| test_vit | eager | FS-EB M=B | 8 |" in summary
+    assert "| `_SquaredDistance` |" in summary
     assert "- compile: ok" in summary and "- tests:" not in summary  # not asked for
 
 
@@ -52,3 +58,17 @@ def test_the_gpu_run_selects_the_cuda_tests_and_carried_inputs() -> None:
     assert cmds["tests"][-5:] == ["-m", "cuda", "-p", "no:cacheprovider", "tests"]
     assert any(a.startswith("local-dir:") and a.endswith(".gpu-carry/efficientnet_lite0.in1k")
                for a in cmds["finetune"])  # fmt: skip
+
+
+def test_the_fine_tunes_verdict_leaves_out_one_time_work_and_the_loaders_start() -> None:
+    """A 5 s wait for the first batch (workers starting) and a 10 s first step (a new shape's
+    first use) do not make a run whose other waits are under a quarter of its steps input-bound."""
+    timer = StepTimer()
+    timer.starts, timer.waits, timer.steps = [5.0], [0.1, 0.1], [10.0, 0.3, 0.3]
+    figures = timer.figures(batch=3, images=9, epochs=1)
+    assert figures["bound_by"] == "accelerator"
+    assert figures["loader_start_s"] == 5.0 and figures["one_time_s"] == 9.7
+    assert figures["wait_fraction"] == round(0.2 / (0.2 + 3 * 0.3), 3)  # three steps at the median
+    assert figures["train_images_per_s"] == round(9 / 15.8, 1)
+    timer.waits = [0.5, 0.5]  # over the 0.9 s of steps at the median
+    assert timer.figures(batch=3, images=9, epochs=1)["bound_by"] == "input pipeline"

@@ -1,0 +1,142 @@
+"""Where PS-MAP's step spends the time timm's plain step does not: ``torch.profiler`` over both
+steps of :mod:`benchmarks.gpu.throughput` (docs/performance.md, "GPU": PS-MAP at 1.13× timm on
+ResNet-50 against a goal of 1.05×).
+
+    python -m benchmarks.gpu.profile [--model resnet50] [--batch 128] [--size 224] [--steps 5]
+
+Each step is built as the throughput part builds it (bf16 autocast, ``channels_last``,
+synthetic tensors on the device), warmed up, then profiled for ``--steps`` steps, each
+synchronised. Per step and method it reports the wall time, the summed time of the device's
+kernels and their number (a step whose kernels fill its wall time is bound by the device, not by
+launching them), and per operator the device time and calls; then the operators whose figures
+differ between the two methods, largest difference first. The last line is a JSON object of
+the totals and that table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import cast
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+from benchmarks.gpu.throughput import Setup, Step, _sync, fseb_step, timm_step
+
+METHODS = ("timm", "PS-MAP")
+SHOWN = 25
+"""Operators listed in the difference table."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One method's profiled steps, per step."""
+
+    wall_ms: float
+    kernel_ms: float
+    """The summed durations of the device's kernels (on the CPU: 0)."""
+    kernels: float
+    """Kernels launched (on the CPU: 0)."""
+    ops: dict[str, tuple[float, float]]
+    """Operator name → (its own device ms, its calls); on the CPU, its own host ms."""
+
+
+def profile_step(step: Step, device: torch.device, steps: int) -> Profile:
+    """``steps`` synchronised steps of ``step`` under the profiler."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        _sync(device)
+        started = time.perf_counter()
+        for _ in range(steps):
+            step()
+            _sync(device)
+        wall = time.perf_counter() - started
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    kernel_us = sum(e.time_range.elapsed_us() for e in kernels)
+    on_device = device.type == "cuda"
+    ops = {
+        e.key: (
+            (e.self_device_time_total if on_device else e.self_cpu_time_total) / 1e3 / steps,
+            e.count / steps,
+        )
+        for e in prof.key_averages()
+        if e.device_type == DeviceType.CPU
+    }
+    return Profile(wall * 1e3 / steps, kernel_us / 1e3 / steps, len(kernels) / steps, ops)
+
+
+def differences(a: Profile, b: Profile, shown: int) -> list[tuple[str, float, float, float, float]]:
+    """(operator, a's ms, b's ms, a's calls, b's calls) per step of the operators whose time or
+    calls differ, the largest difference in time first."""
+    rows = []
+    for name in set(a.ops) | set(b.ops):
+        (ta, ca), (tb, cb) = a.ops.get(name, (0.0, 0.0)), b.ops.get(name, (0.0, 0.0))
+        if ca != cb or abs(tb - ta) > 0.01:
+            rows.append((name, ta, tb, ca, cb))
+    rows.sort(key=lambda r: -abs(r[2] - r[1]))
+    return rows[:shown]
+
+
+def figures(found: dict[str, Profile]) -> dict[str, object]:
+    """Each method's per-step totals, and under ``"differences"`` the operators' table."""
+    totals = {m: {k: v for k, v in asdict(p).items() if k != "ops"} for m, p in found.items()}
+    return {**totals, "differences": differences(found[METHODS[0]], found[METHODS[1]], SHOWN)}
+
+
+def report(result: dict[str, object]) -> str:
+    """The Markdown of :func:`figures`: the per-step totals and the difference table."""
+    lines = ["| method | wall ms | kernel ms | kernels |", "|---|---|---|---|"]
+    for method in METHODS:
+        p = cast(dict[str, float], result[method])
+        lines.append(
+            f"| {method} | {p['wall_ms']:.1f} | {p['kernel_ms']:.1f} | {p['kernels']:.0f} |"
+        )
+    lines += ["", f"| operator | {METHODS[0]} ms | {METHODS[1]} ms | calls | calls |",
+              "|---|---|---|---|---|"]  # fmt: skip
+    for name, ta, tb, ca, cb in cast(list[tuple[str, float, float, float, float]],
+                                     result["differences"]):  # fmt: skip
+        lines.append(f"| `{name}` | {ta:.3f} | {tb:.3f} | {ca:.0f} | {cb:.0f} |")
+    return "\n".join(lines)
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="resnet50")
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--steps", type=int, default=5, help="profiled steps per method")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--precision", choices=("bf16", "no"), default="bf16")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, object]:
+    """Profile both methods, print the tables, then one JSON line of every figure."""
+    args = parse(argv)
+    setup = Setup(
+        torch.device(args.device), args.batch, args.size,
+        torch.bfloat16 if args.precision == "bf16" else None, "inductor",
+    )  # fmt: skip
+    steps = {
+        "timm": timm_step(args.model, setup, compiled=False),
+        "PS-MAP": fseb_step(args.model, setup, compiled=False, M=0),
+    }
+    for _ in range(args.warmup + 1):
+        for step in steps.values():
+            step()
+    found = {m: profile_step(steps[m], setup.device, args.steps) for m in METHODS}
+    result = figures(found)
+    print(report(result))
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

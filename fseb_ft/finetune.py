@@ -23,33 +23,73 @@ import sys
 import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
-
-from accelerate import PartialState
+from typing import TYPE_CHECKING, Any, cast
 
 from fseb_ft.cli import run_entry
-from fseb_ft.engine.callbacks import Callback, TrainingDivergedError
-from fseb_ft.engine.in_memory import in_memory_splits, resolve_recipe
-from fseb_ft.engine.loop import NonFiniteLossError
-from fseb_ft.engine.resume import RecipeMismatchError
-from fseb_ft.engine.run import run, run_with_predictions
+from fseb_ft.lazy import lazy_attributes
 from fseb_ft.logs import configure_logging
-from fseb_ft.method.methods import find_method
 from fseb_ft.recipe import ConfigError, Recipe, load_recipe
 from fseb_ft.recipe.options import Method
-from fseb_ft.runs.atomic import DiskFullError
-from fseb_ft.runs.comparison import write_comparison
-from fseb_ft.runs.report import EvalResults
-from fseb_ft.runs.rundir import (
-    MODEL_DIR,
-    RESULTS_JSON,
-    RESULTS_MD,
-    check_output_dir,
-    read_class_names,
-    read_json,
-)
-from fseb_ft.runs.tables import markdown_table, method_title
-from fseb_ft.runs.upload import HubPushError
+
+if TYPE_CHECKING:  # the training stack's names, for type checkers: the same names as _LAZY's
+    from accelerate import PartialState
+
+    from fseb_ft.engine.callbacks import Callback, TrainingDivergedError
+    from fseb_ft.engine.in_memory import in_memory_splits, resolve_recipe
+    from fseb_ft.engine.loop import NonFiniteLossError
+    from fseb_ft.engine.resume import RecipeMismatchError
+    from fseb_ft.engine.run import run, run_with_predictions
+    from fseb_ft.method.methods import find_method
+    from fseb_ft.runs.atomic import DiskFullError
+    from fseb_ft.runs.comparison import write_comparison
+    from fseb_ft.runs.report import EvalResults
+    from fseb_ft.runs.rundir import (
+        MODEL_DIR,
+        RESULTS_JSON,
+        RESULTS_MD,
+        check_output_dir,
+        read_class_names,
+        read_json,
+    )
+    from fseb_ft.runs.tables import markdown_table, method_title
+    from fseb_ft.runs.upload import HubPushError
+
+_LAZY = {
+    "PartialState": "accelerate",
+    "TrainingDivergedError": "fseb_ft.engine.callbacks",
+    "in_memory_splits": "fseb_ft.engine.in_memory",
+    "resolve_recipe": "fseb_ft.engine.in_memory",
+    "NonFiniteLossError": "fseb_ft.engine.loop",
+    "RecipeMismatchError": "fseb_ft.engine.resume",
+    "run": "fseb_ft.engine.run",
+    "run_with_predictions": "fseb_ft.engine.run",
+    "find_method": "fseb_ft.method.methods",
+    "DiskFullError": "fseb_ft.runs.atomic",
+    "write_comparison": "fseb_ft.runs.comparison",
+    "MODEL_DIR": "fseb_ft.runs.rundir",
+    "RESULTS_JSON": "fseb_ft.runs.rundir",
+    "RESULTS_MD": "fseb_ft.runs.rundir",
+    "check_output_dir": "fseb_ft.runs.rundir",
+    "read_class_names": "fseb_ft.runs.rundir",
+    "read_json": "fseb_ft.runs.rundir",
+    "markdown_table": "fseb_ft.runs.tables",
+    "method_title": "fseb_ft.runs.tables",
+    "HubPushError": "fseb_ft.runs.upload",
+}
+"""The training stack, imported on first use: ``python -m fseb_ft.finetune --help`` and a
+recipe's error answer in a fraction of a second instead of the ~5 s torch, timm and accelerate
+take to import."""
+
+__getattr__ = lazy_attributes(__name__, _LAZY)
+
+
+def _load() -> None:
+    """Bind :data:`_LAZY`'s names in this module, once; a name already bound (a test's
+    ``monkeypatch.setattr(fseb_ft.finetune, "run", ...)``) stays as it is."""
+    for name in _LAZY:
+        if name not in globals():
+            globals()[name] = __getattr__(name)
+
 
 __all__ = ["RecipeMismatchError", "compare", "finetune", "main", "resolve_recipe", "run"]
 
@@ -83,6 +123,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "fseb-ft") -> dict[str, 
     configure_logging(args.verbose)
     try:
         recipe = load_recipe(args.recipe, args.overrides)
+    except ConfigError as err:
+        parser.exit(2, f"{prog}: error: {err}\n")
+    _load()
+    try:
         if args.compare:
             return compare(recipe)
         results = run(recipe)
@@ -128,6 +172,7 @@ def compare(recipe: Recipe | str | Path, overrides: Sequence[str] = ()) -> dict[
     Raises:
         ConfigError: the recipe's ``fseb.reg_scale`` is 0, so it has no FS-EB setting.
     """
+    _load()
     if not isinstance(recipe, Recipe):
         recipe = load_recipe(recipe, overrides)
     if recipe.fseb.is_ps_map:
@@ -209,6 +254,7 @@ def finetune(
     """
     if train is None:
         raise TypeError("finetune() needs train=: the training dataset")
+    _load()
     resolved = resolve_recipe(
         recipe, overrides, has_val=val is not None, ood_names=ood or {}, has_test=test is not None
     )

@@ -20,15 +20,15 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import cast
 
 import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
+from benchmarks.gpu.tables import PROFILED as METHODS
+from benchmarks.gpu.tables import report
 from benchmarks.gpu.throughput import Setup, Step, _sync, fseb_step, timm_step
 
-METHODS = ("timm", "PS-MAP")
 SHOWN = 25
 """Operators listed in the difference table."""
 
@@ -86,22 +86,6 @@ def figures(found: dict[str, Profile]) -> dict[str, object]:
     """Each method's per-step totals, and under ``"differences"`` the operators' table."""
     totals = {m: {k: v for k, v in asdict(p).items() if k != "ops"} for m, p in found.items()}
     return {**totals, "differences": differences(found[METHODS[0]], found[METHODS[1]], SHOWN)}
-
-
-def report(result: dict[str, object]) -> str:
-    """The Markdown of :func:`figures`: the per-step totals and the difference table."""
-    lines = ["| method | wall ms | kernel ms | kernels |", "|---|---|---|---|"]
-    for method in METHODS:
-        p = cast(dict[str, float], result[method])
-        lines.append(
-            f"| {method} | {p['wall_ms']:.1f} | {p['kernel_ms']:.1f} | {p['kernels']:.0f} |"
-        )
-    lines += ["", f"| operator | {METHODS[0]} ms | {METHODS[1]} ms | calls | calls |",
-              "|---|---|---|---|---|"]  # fmt: skip
-    for name, ta, tb, ca, cb in cast(list[tuple[str, float, float, float, float]],
-                                     result["differences"]):  # fmt: skip
-        lines.append(f"| `{name}` | {ta:.3f} | {tb:.3f} | {ca:.0f} | {cb:.0f} |")
-    return "\n".join(lines)
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from benchmarks.gpu.tables import ROW_PREFIX, Row, ratios, table
 from fseb_ft.engine.speed import apply_speed_keys
 from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.recipe import ModelConfig, TrainConfig
@@ -50,8 +51,6 @@ NUM_TRAIN = 50_000
 POOL_FACTOR = 2
 """The fixed context pool holds this many × B images."""
 METHODS = ("timm", "PS-MAP", "FS-EB M=B/4", "FS-EB M=B")
-ROW_PREFIX = "row: "
-"""Each row is printed as it is measured, so a part stopped at its time limit keeps its rows."""
 
 Step = Callable[[], None]
 
@@ -67,26 +66,6 @@ class Setup:
     """Autocast dtype; ``None``: float32 without autocast."""
     compile_backend: str
     """``torch.compile``'s backend for the ``compile`` variant."""
-
-
-@dataclass(frozen=True)
-class Row:
-    """One (model, variant, method) measurement."""
-
-    model: str
-    variant: str
-    method: str
-    batch: int
-    """B, training images per step."""
-    M: int
-    ms: float
-    """Median step time, milliseconds."""
-    images_per_s: float
-    """B / median step time (the context points are not counted)."""
-    peak_mib: float | None
-    """Peak allocated device memory from the method's build on; ``None`` on CPU."""
-    first_s: float
-    """The first step's seconds (under ``compile``, compilation included)."""
 
 
 def _create(name: str, setup: Setup) -> nn.Module:
@@ -231,50 +210,6 @@ def measure_model(name: str, variant: str, setup: Setup, steps: int, warmup: int
                 setup.batch / median, peak if setup.device.type == "cuda" else None, first[method])
         )  # fmt: skip
     return rows
-
-
-def ratios(rows: Sequence[Row]) -> dict[str, float]:
-    """PS-MAP / timm and FS-EB / PS-MAP step-time ratios, and each FS-EB ratio's floor
-    ``(B + M) / B``, keyed ``"<model>/<variant>/<what>"``."""
-    by = {(r.model, r.variant, r.method): r for r in rows}
-    out: dict[str, float] = {}
-    for model, variant, method in by:
-        row = by[model, variant, method]
-        base = by.get((model, variant, "PS-MAP"))
-        key = f"{model}/{variant}"
-        if method == "PS-MAP" and (ref := by.get((model, variant, "timm"))):
-            out[f"{key}/PS-MAP÷timm"] = round(row.ms / ref.ms, 3)
-        if method.startswith("FS-EB") and base:
-            out[f"{key}/{method}÷PS-MAP"] = round(row.ms / base.ms, 3)
-            out[f"{key}/{method} floor"] = round((row.batch + row.M) / row.batch, 3)
-    return out
-
-
-def table(rows: Sequence[Row], found: dict[str, float]) -> str:
-    """The Markdown table of the rows, with each row's ratio and its goal."""
-    lines = [
-        "| model | variant | method | M | step ms | img/s | peak MiB | first step s | ratio "
-        "| goal |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        key = f"{r.model}/{r.variant}"
-        if r.method == "PS-MAP":
-            ratio, goal = found.get(f"{key}/PS-MAP÷timm"), 1.05
-            ratio_cell = "—" if ratio is None else f"{ratio:.2f} × timm"
-        elif r.method.startswith("FS-EB"):
-            ratio = found.get(f"{key}/{r.method}÷PS-MAP")
-            goal = 1.1 * found[f"{key}/{r.method} floor"] if ratio is not None else None
-            ratio_cell = "—" if ratio is None else f"{ratio:.2f} × PS-MAP"
-        else:
-            ratio_cell, goal = "1 (reference)", None
-        peak = "n/a" if r.peak_mib is None else f"{r.peak_mib:.0f}"
-        goal_cell = "" if goal is None else f"≤ {goal:.2f}"
-        lines.append(
-            f"| {r.model} | {r.variant} | {r.method} | {r.M} | {r.ms:.1f} | "
-            f"{r.images_per_s:.0f} | {peak} | {r.first_s:.1f} | {ratio_cell} | {goal_cell} |"
-        )
-    return "\n".join(lines)
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -4,15 +4,18 @@ Its ``tests`` part (``pytest -m cuda``) is left out here: a suite inside the sui
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
-from benchmarks.gpu.__main__ import commands, parse
+from benchmarks.gpu.__main__ import commands, environment, parse
+from benchmarks.gpu.__main__ import summary as gpu_summary
 from benchmarks.gpu.finetune import StepTimer
 from benchmarks.gpu.throughput import METHODS
 
@@ -20,37 +23,56 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.no_figures
 
 
-def test_the_dry_run_leaves_every_figure(tmp_path: Path) -> None:
+def test_the_script_runs_a_part_in_its_own_process_and_writes_its_figures(
+    tmp_path: Path,
+) -> None:
+    """``run.sh`` end to end on its cheapest part; the others run in-process below, with the
+    same command lines (a process each would add ~15 s of imports to the suite)."""
     out, work = tmp_path / "out", tmp_path / "work"
     env = os.environ | {"PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
     cmd = ["bash", "benchmarks/gpu/run.sh", "--dry-run", "--out", str(out), "--work", str(work),
-           "--parts", "eager", "finetune", "profile", "compile"]  # fmt: skip
+           "--parts", "profile"]  # fmt: skip
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     results = json.loads((out / "gpu.json").read_text())
     assert json.loads(done.stdout.splitlines()[-1]) == results
-    for part in ("eager", "finetune", "profile", "compile"):
-        assert results[part]["status"] == "ok", (out / f"{part}.log").read_text()
-    for variant, models in (("eager", ("test_resnet", "test_vit")), ("compile", ("test_resnet",))):
-        rows = results[variant]["figures"]["rows"]
-        assert [(r["model"], r["method"]) for r in rows] == [
-            (model, method) for model in models for method in METHODS
-        ]
-        assert all(r["variant"] == variant and r["ms"] > 0 for r in rows)
-        ratios = results[variant]["figures"]["ratios"]
-        assert ratios["test_resnet/" + variant + "/FS-EB M=B floor"] == 2.0
-    for method in ("PS-MAP", "FS-EB"):
-        figures = results["finetune"]["figures"][method]
-        assert figures["steps"] == 3 and figures["bound_by"] in ("input pipeline", "accelerator")
-        assert 0 <= figures["wait_fraction"] <= 1
+    assert results["profile"]["status"] == "ok", (out / "profile.log").read_text()
     profiled = results["profile"]["figures"]
     assert profiled["timm"]["wall_ms"] > 0 and profiled["PS-MAP"]["wall_ms"] > 0
     # R_θ's own autograd function is among what PS-MAP runs and timm's step does not.
     assert any(row[0] == "_SquaredDistance" and row[3] == 0 for row in profiled["differences"])
     summary = (out / "summary.md").read_text()
-    assert "| test_vit | eager | FS-EB M=B | 8 |" in summary
     assert "| `_SquaredDistance` |" in summary
-    assert "- compile: ok" in summary and "- tests:" not in summary  # not asked for
+    assert "- profile: ok" in summary and "- tests:" not in summary  # not asked for
+
+
+def _in_process(cmd: list[str]) -> dict[str, object]:
+    """A part's command line (``python -m MODULE ARGS``) run in this process: its figures."""
+    assert cmd[1] == "-m"
+    return importlib.import_module(cmd[2]).main(cmd[3:])
+
+
+def test_the_benchmark_parts_leave_every_figure(tmp_path: Path) -> None:
+    cmds = commands(parse(["--dry-run", "--work", str(tmp_path)]))
+    results: dict[str, dict[str, object]] = {"environment": environment()}
+    for part in ("eager", "finetune", "compile"):
+        results[part] = {"status": "ok", "seconds": 0, "figures": _in_process(cmds[part])}
+    for variant, models in (("eager", ("test_resnet", "test_vit")), ("compile", ("test_resnet",))):
+        figures = cast(dict[str, Any], results[variant]["figures"])
+        rows = figures["rows"]
+        assert [(r["model"], r["method"]) for r in rows] == [
+            (model, method) for model in models for method in METHODS
+        ]
+        assert all(r["variant"] == variant and r["ms"] > 0 for r in rows)
+        assert figures["ratios"]["test_resnet/" + variant + "/FS-EB M=B floor"] == 2.0
+    for method in ("PS-MAP", "FS-EB"):
+        found = cast(dict[str, Any], results["finetune"]["figures"])[method]
+        assert found["steps"] == 3 and found["bound_by"] in ("input pipeline", "accelerator")
+        assert 0 <= found["wait_fraction"] <= 1
+    summary = gpu_summary(json.loads(json.dumps(results)))  # as gpu.json gives it back
+    assert "| test_vit | eager | FS-EB M=B | 8 |" in summary
+    assert "| test_resnet | compile | PS-MAP | 0 |" in summary
+    assert "- fine-tune FS-EB: {" in summary and "- compile: ok" in summary
 
 
 def test_the_gpu_run_selects_the_cuda_tests_and_carried_inputs() -> None:

@@ -16,13 +16,17 @@ SGD step) alternate after a warm-up, and the median step times are compared:
 - ``fsvi``: FS-VI (``method="fsvi"``, variance on the classifier head) on the cached pool: one
   sampled forward over x, an eval-mode forward over x̂ and K Cholesky factors of M × M; its
   row's "FS-EB ms" column is the FS-VI step and the floor is the cached one.
+- ``l2sp`` and ``feature`` (rows ``M=0``: no context): the other regularisers of
+  ``benchmarks.regularisers``. L2-SP's norm is PS-MAP's centred on θ0, so its floor is 1;
+  Feature-SP runs φ0 forward over the training batch each step (its features change with every
+  batch), so its floor adds that measured forward. Their "FS-EB ms" column is their step.
 
 On CPU the process first asks glibc to keep freed memory (:mod:`fseb_ft.engine.allocator`, as
 ``fseb_ft.finetune`` does); ``--no-mallopt`` measures the allocator's defaults.
 
 The inputs are synthetic tensors already on the device: the step's cost does not depend on
 pixel values, and data loading is not part of the step. The last line printed is a JSON object
-of FS-EB (and FS-VI)/PS-MAP step-time ratios keyed ``"<model>/<context>/M=<M>"``.
+of each method's step time over PS-MAP's keyed ``"<model>/<context>/M=<M>"``.
 """
 
 from __future__ import annotations
@@ -174,6 +178,10 @@ def run_model(
             "augmented": _step_fn(fs, fs_opt, x, y, pool, None, M, True),
             "fsvi": _step_fn(fv, fv_opt, x, y, pool, cache, M, False),
         }
+        if M == B:  # neither uses a context: one row each
+            for method in ("l2sp", "feature"):
+                obj, opt = _objective(arch, shape, 1.0, device, method=method)
+                fns[method] = _step_fn(obj, opt, x, y, None, None, M, False)
         if naive:
             slow, slow_opt = _objective(arch, shape, 1.0, device, forward_mode="separate")
             fns["naive"] = _step_fn(slow, slow_opt, x, y, pool, None, M, False)
@@ -181,17 +189,26 @@ def run_model(
         phi0_ms = _phi0_forward_ms(fs, pool[:M], steps, device)
         base = med["psmap"] * 1e3
         for context in (c for c in fns if c != "psmap"):
-            floor = (B + M) / B
-            if context not in ("cached", "fsvi"):
-                floor += phi0_ms / base
+            floor, m = _floor(context, M, phi0_ms / base)
             rows.append(
                 Case(
-                    model=name, context=context, M=M, psmap_ms=base, fseb_ms=med[context] * 1e3,
+                    model=name, context=context, M=m, psmap_ms=base, fseb_ms=med[context] * 1e3,
                     floor=floor, psmap_ips=B / med["psmap"], fseb_ips=B / med[context],
                     psmap_mem_mb=peak["psmap"], fseb_mem_mb=peak[context],
                 )
             )  # fmt: skip
     return rows
+
+
+def _floor(context: str, M: int, phi0: float) -> tuple[float, int]:
+    """A row's floor over the PS-MAP step and its number of context points, given φ0's forward
+    over M points as a fraction ``phi0`` of the PS-MAP step (M = B for the context-free rows)."""
+    if context == "l2sp":
+        return 1.0, 0
+    if context == "feature":
+        return 1.0 + phi0, 0
+    floor = (B + M) / B
+    return (floor, M) if context in ("cached", "fsvi") else (floor + phi0, M)
 
 
 def _device_name(device: torch.device) -> str:

@@ -411,10 +411,12 @@ def claims_section(path: Path = NUMBERS) -> str:
     return "\n".join(lines) + "\n"
 
 
-# The paper's runtime rows → our case in benchmarks.overhead's JSON (FS-EB / PS-MAP step ratio).
+# The paper's runtime rows → our case in benchmarks.overhead's JSON (the method / PS-MAP step ratio).
 OUR_RUNTIMES = {
     ("FashionMNIST", "FS-EB"): ("cnn/cached/M=128", "`fseb_cnn`, M = B = 128, cached φ0"),
     ("CIFAR-10", "FS-EB"): ("resnet18/cached/M=128", "ResNet-18 at 32×32, M = B = 128, cached φ0"),
+    ("FashionMNIST", "FS-VI"): ("cnn/fsvi/M=128", "`fseb_cnn`, M = B = 128, variance on the head"),
+    ("CIFAR-10", "FS-VI"): ("resnet18/fsvi/M=128", "ResNet-18 at 32×32, M = B = 128, head"),
 }
 
 
@@ -422,7 +424,7 @@ def runtimes_section(ratios: Mapping[str, float], path: Path = NUMBERS) -> str:
     """The paper's step and epoch times, its ratios to PS-MAP, and our step ratio beside them."""
     table = load(path).tables["runtimes"]
     lines = [
-        f"The paper's runtimes ({table.cite}, hardware not stated) and the FS-EB / PS-MAP ratios "
+        f"The paper's runtimes ({table.cite}, hardware not stated) and the ratios to PS-MAP "
         "they give, beside this page's step-time ratio from the JSON above; from "
         f"`benchmarks/paper_numbers.yaml` (`{COMMAND}`).",
         "",

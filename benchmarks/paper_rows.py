@@ -411,7 +411,7 @@ def claims_section(path: Path = NUMBERS) -> str:
     return "\n".join(lines) + "\n"
 
 
-# The paper's runtime rows → our case in benchmarks.overhead's JSON (the method / PS-MAP step ratio).
+# The paper's runtime rows → our case in benchmarks.overhead's JSON (method / PS-MAP step ratio).
 OUR_RUNTIMES = {
     ("FashionMNIST", "FS-EB"): ("cnn/cached/M=128", "`fseb_cnn`, M = B = 128, cached φ0"),
     ("CIFAR-10", "FS-EB"): ("resnet18/cached/M=128", "ResNet-18 at 32×32, M = B = 128, cached φ0"),

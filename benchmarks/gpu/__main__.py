@@ -185,7 +185,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, object]]:
         if left < 10:
             results[name] = {"status": "not run: the budget was spent"}
             continue
-        results[name] = run_part(name, cmds[name], out, min(left, PART_LIMITS.get(name, left)))
+        # A dry run's parts have only the budget: on a loaded CPU (a test suite beside it) a
+        # part can outlast a GPU part's limit without hanging.
+        limit = left if args.dry_run else min(left, PART_LIMITS.get(name, left))
+        results[name] = run_part(name, cmds[name], out, limit)
     (out / "gpu.json").write_text(json.dumps(results) + "\n")
     (out / "summary.md").write_text(summary(results))
     print((out / "summary.md").read_text())

@@ -94,3 +94,17 @@ def test_the_fine_tunes_verdict_leaves_out_one_time_work_and_the_loaders_start()
     assert figures["train_images_per_s"] == round(9 / 15.8, 1)
     timer.waits = [0.5, 0.5]  # over the 0.9 s of steps at the median
     assert timer.figures(batch=3, images=9, epochs=1)["bound_by"] == "input pipeline"
+
+
+def test_the_profiles_table_keeps_every_operator_one_step_alone_calls() -> None:
+    """Noise in the times of operators both steps call (a busy machine) pushes none of those
+    only one step calls out of the table, however small its time."""
+    from benchmarks.gpu.profile import Profile, differences
+
+    noisy = {f"op{i}": (1.0 + i, 1.0) for i in range(30)}
+    a = Profile(10.0, 0.0, 0.0, noisy)
+    b = Profile(11.0, 0.0, 0.0, {**{k: (t * 1.5, c) for k, (t, c) in noisy.items()},
+                                 "_SquaredDistance": (0.001, 1.0)})  # fmt: skip
+    rows = differences(a, b, shown=3)
+    assert [r[0] for r in rows] == ["op29", "op28", "op27", "_SquaredDistance"]
+    assert rows[-1] == ("_SquaredDistance", 0.0, 0.001, 0.0, 1.0)

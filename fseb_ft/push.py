@@ -16,8 +16,6 @@ from pathlib import Path
 from fseb_ft.cli import run_entry
 from fseb_ft.logs import configure_logging
 from fseb_ft.recipe import ConfigError, OutputConfig, load_recipe
-from fseb_ft.runs.rundir import MODEL_DIR, RECIPE_FILE, runs_in
-from fseb_ft.runs.upload import push_run, retry_command
 
 __all__ = ["main"]
 
@@ -32,6 +30,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "fseb-ft push") -> str:
     parser = _parser(prog)
     args = parser.parse_args(argv)
     configure_logging()
+    # Here, not at the top: the export behind an upload imports torch and timm (~5 s), which
+    # --help and a mistyped folder do not need.
+    from fseb_ft.runs.rundir import MODEL_DIR, RECIPE_FILE
+    from fseb_ft.runs.upload import push_run
+
     if not (args.run_dir / RECIPE_FILE).is_file():
         parser.error(_not_a_run(args.run_dir, args.repo_id, args.private, args.revision))
     out = _saved_output(args.run_dir)
@@ -87,6 +90,9 @@ def _not_a_run(
     folder: Path, repo_id: str | None, private: bool | None, revision: str | None
 ) -> str:
     """Why ``folder`` cannot be pushed; for a ``--compare`` folder, the command for each run."""
+    from fseb_ft.runs.rundir import runs_in
+    from fseb_ft.runs.upload import retry_command
+
     runs = runs_in(folder)
     if not runs:
         return (
@@ -105,6 +111,8 @@ def _not_a_run(
 
 def _saved_output(run_dir: Path) -> OutputConfig:
     """The run's ``output`` section (push defaults), or the defaults if it cannot be read."""
+    from fseb_ft.runs.rundir import RECIPE_FILE
+
     try:
         return load_recipe(run_dir / RECIPE_FILE).output
     except (OSError, ValueError):

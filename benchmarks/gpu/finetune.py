@@ -157,11 +157,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
         found[method] = finetune(args, method)
         print(f"{method}: {json.dumps(found[method])}", flush=True)
     print(json.dumps(found), flush=True)
-    # On an H100 this process once outlived its last line by minutes (the runs' DataLoader
-    # workers, pinned memory?): if it is still here in 20 s, every thread's stack goes to the log.
-    faulthandler.dump_traceback_later(20)
     return found
 
 
 if __name__ == "__main__":
     main()
+    # On an H100 this process once outlived its last line by minutes (the runs' DataLoader
+    # workers, pinned memory?): if it is still here in 20 s, every thread's stack goes to the
+    # log. Armed here, not in main(), which the test suite calls in its own process.
+    faulthandler.dump_traceback_later(20)

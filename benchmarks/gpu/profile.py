@@ -27,7 +27,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.gpu.tables import PROFILED as METHODS
 from benchmarks.gpu.tables import report
-from benchmarks.gpu.throughput import Setup, Step, _sync, fseb_step, timm_step
+from benchmarks.gpu.throughput import Step, _sync, fseb_step, setup_of, timm_step
 
 SHOWN = 15
 """Operators called as often by both steps that the difference table lists."""
@@ -106,10 +106,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> dict[str, object]:
     """Profile both methods, print the tables, then one JSON line of every figure."""
     args = parse(argv)
-    setup = Setup(
-        torch.device(args.device), args.batch, args.size,
-        torch.bfloat16 if args.precision == "bf16" else None, "inductor",
-    )  # fmt: skip
+    setup = setup_of(args)
     steps = {
         "timm": timm_step(args.model, setup, compiled=False),
         "PS-MAP": fseb_step(args.model, setup, compiled=False, M=0),

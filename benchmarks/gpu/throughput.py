@@ -68,6 +68,14 @@ class Setup:
     """``torch.compile``'s backend for the ``compile`` variant."""
 
 
+def setup_of(args: argparse.Namespace) -> Setup:
+    """The :class:`Setup` of a command line's ``--device``, ``--batch``, ``--size``,
+    ``--precision`` and ``--compile-backend`` (inductor where it has none)."""
+    precision = torch.bfloat16 if args.precision == "bf16" else None
+    backend = getattr(args, "compile_backend", "inductor")
+    return Setup(torch.device(args.device), args.batch, args.size, precision, backend)
+
+
 def _create(name: str, setup: Setup) -> nn.Module:
     torch.manual_seed(0)
     kw = {"img_size": setup.size} if "vit" in name else {}
@@ -230,10 +238,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> dict[str, object]:
     """Measure, print the table, then one JSON line of every figure; return that object."""
     args = parse(argv)
-    setup = Setup(
-        torch.device(args.device), args.batch, args.size,
-        torch.bfloat16 if args.precision == "bf16" else None, args.compile_backend,
-    )  # fmt: skip
+    setup = setup_of(args)
     rows = []
     for name in args.models:
         for variant in args.variants:

@@ -197,6 +197,16 @@ def protocol_overrides(
     ]
 
 
+def add_output_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    """The flags the context-protocol benchmarks share: ``--out`` (default ``runs/<name>``),
+    ``--results``, ``--tables-only`` and the repeatable ``--override``."""
+    parser.add_argument("--out", type=Path, default=REPO / "runs" / name)
+    parser.add_argument("--results", type=Path, default=REPO / "docs" / "results.md")
+    parser.add_argument("--tables-only", action="store_true")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra recipe override for every run (repeatable)")  # fmt: skip
+
+
 def context_defaults(cache: Path) -> list[str]:
     """The context protocol at this driver's defaults, as overrides without a method: the
     ImageNet-pretrained EfficientNet-Lite0 of ``../shared`` on 9,000 CIFAR-10 training images

@@ -39,7 +39,6 @@ from benchmarks import paper_cifar10
 from benchmarks.paper_fmnist import write_section
 from benchmarks.seeds import cell, row
 
-REPO = Path(__file__).resolve().parents[1]
 ARMS = {"psmap": "PS-MAP", "fseb": "FS-EB"}
 CONTEXT_METHOD = "FS-EB (cifar100, d=1)"  # the context protocol's validation-chosen prior
 OOD_SETS = {"mnist": "MNIST", "fmnist": "FMNIST", "tiny_imagenet": "Tiny-ImageNet"}
@@ -231,11 +230,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                                      description=__doc__.split("\n\n")[0])  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=REPO / "runs" / "posthoc")
-    parser.add_argument("--results", type=Path, default=REPO / "docs" / "results.md")
-    parser.add_argument("--tables-only", action="store_true")
-    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra recipe override for every run (repeatable)")  # fmt: skip
+    paper_cifar10.add_output_arguments(parser, "posthoc")
     args = parser.parse_args(argv)
     if not paper_cifar10.WEIGHTS.is_dir():
         raise SystemExit(f"{paper_cifar10.WEIGHTS} not found: this benchmark needs ../shared")

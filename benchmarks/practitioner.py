@@ -41,7 +41,6 @@ from benchmarks import paper_cifar10
 from benchmarks.paper_fmnist import write_section
 from benchmarks.seeds import cell, row
 
-REPO = Path(__file__).resolve().parents[1]
 ARMS = {"psmap": "PS-MAP", "fseb": "FS-EB"}
 CONTEXT_METHOD = "FS-EB (cifar100, d=1)"  # the context protocol's validation-chosen prior
 KNOBS = (
@@ -196,11 +195,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--trials", type=int, default=4, help="sweep trials per arm")
     parser.add_argument("--seeds", type=int, nargs="*", default=[1, 2], help="besides seed 0")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
-    parser.add_argument("--out", type=Path, default=REPO / "runs" / "practitioner")
-    parser.add_argument("--results", type=Path, default=REPO / "docs" / "results.md")
-    parser.add_argument("--tables-only", action="store_true")
-    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra recipe override for every run (repeatable)")  # fmt: skip
+    paper_cifar10.add_output_arguments(parser, "practitioner")
     args = parser.parse_args(argv)
     if not args.tables_only:
         sweep(args.out, args.trials, args.jobs, args.override)

@@ -42,7 +42,6 @@ from benchmarks import paper_cifar10, posthoc
 from benchmarks.paper_fmnist import write_section
 from benchmarks.seeds import cell, row
 
-REPO = Path(__file__).resolve().parents[1]
 CONTEXT_METHOD = "FS-EB (cifar100, d=1)"  # the context protocol's validation-chosen prior
 
 
@@ -250,11 +249,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--corruption-limit", type=int, default=1000)
-    parser.add_argument("--out", type=Path, default=REPO / "runs" / "regularisers")
-    parser.add_argument("--results", type=Path, default=REPO / "docs" / "results.md")
-    parser.add_argument("--tables-only", action="store_true")
-    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra recipe override for every run (repeatable)")  # fmt: skip
+    paper_cifar10.add_output_arguments(parser, "regularisers")
     args = parser.parse_args(argv)
     if not paper_cifar10.WEIGHTS.is_dir():
         raise SystemExit(f"{paper_cifar10.WEIGHTS} not found: this benchmark needs ../shared")

@@ -10,7 +10,8 @@ what is left of ``--budget`` seconds), so a hang or a crash in one loses only th
 - ``tests``: ``pytest -m cuda`` over the suite (the two-process test is not CUDA-marked: one GPU);
 - ``eager``: :mod:`benchmarks.gpu.throughput`, eager, for ResNet-50 and ViT-B/16;
 - ``finetune``: :mod:`benchmarks.gpu.finetune` on the carried CIFAR-10 JPEGs and weights;
-- ``profile``: :mod:`benchmarks.gpu.profile`, ``torch.profiler`` over timm's and PS-MAP's steps;
+- ``profile``: :mod:`benchmarks.gpu.profile`, ``torch.profiler`` over timm's and PS-MAP's steps,
+  eager and compiled;
 - ``compile``: :mod:`benchmarks.gpu.throughput` under ``model.compile()``.
 
 Under ``--out`` (default ``$OUT``, else ``gpu-out``) go each part's log, ``gpu.json`` (every
@@ -36,11 +37,11 @@ from typing import cast
 import numpy as np
 from PIL import Image
 
-from benchmarks.gpu.tables import ROW_PREFIX, Row, ratios, report, table
+from benchmarks.gpu.tables import ROW_PREFIX, Row, ratios, reports, table
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTS = ("tests", "eager", "finetune", "profile", "compile")
-PART_LIMITS = {"tests": 120, "eager": 120, "finetune": 180, "profile": 90}
+PART_LIMITS = {"tests": 120, "eager": 120, "finetune": 180, "profile": 150}
 """Seconds a part may take at most (an H100 took 41, 47 and 114 for the first three): a hang
 costs one part, and ``compile`` gets the rest of the budget."""
 CARRIED_DATA = ROOT / ".gpu-carry" / "cifar10"
@@ -73,7 +74,7 @@ def commands(args: argparse.Namespace) -> dict[str, list[str]]:
                      "--pool", "8", "--precision", "no"],
         "profile": [*py, "-m", "benchmarks.gpu.profile", "--model", "test_resnet", "--batch", "8",
                     "--size", "32", "--steps", "1", "--warmup", "0", "--precision", "no",
-                    "--device", "cpu"],
+                    "--device", "cpu", "--variants", "eager"],
         # One model: tracing is the dry run's slowest part, and it is the same code for both.
         "compile": [*throughput, *THROUGHPUT_DRY, "--models", "test_resnet",
                     "--variants", "compile", "--compile-backend", "eager"],
@@ -150,7 +151,7 @@ def summary(results: dict[str, dict[str, object]]) -> str:
             rows = [Row(**r) for r in figures["rows"]]
             lines += [table(rows, ratios(rows)), ""]
     if found := results.get("profile", {}).get("figures"):
-        lines += [report(cast(dict[str, object], found)), ""]
+        lines += [reports(cast(dict[str, object], found)), ""]
     for method, fig in (results.get("finetune", {}).get("figures") or {}).items():
         lines.append(f"- fine-tune {method}: {json.dumps(fig)}")
     for part in (p for p in PARTS if p in results):

@@ -18,9 +18,10 @@ previous step's kernels, so the figures are a bound on what an unobserved run do
 exact rate. The training phase's images/s counts every step and every wait; the step-only
 rate is ``B /`` the median step. Steps over five times the median pay one-time work (on an
 H100, the first step and the first step of the partial last batch: a new input shape), summed
-as ``one_time_s``; the wait for each epoch's first batch (the loader's workers starting) is
-``loader_start_s``. A run whose other waits exceed its steps less their one-time work is bounded
-by its input pipeline. The last line printed is a JSON object of every figure.
+as ``one_time_s`` and listed as ``slow_steps`` (step, batch size, seconds); the wait for each
+epoch's first batch (the loader's workers starting) is ``loader_start_s``. A run whose other
+waits exceed its steps less their one-time work is bounded by its input pipeline. The last
+line printed is a JSON object of every figure.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ class StepTimer(Callback):
         self.starts: list[float] = []
         """Each epoch's wait for its first batch."""
         self.steps: list[float] = []
+        self.sizes: list[int] = []
+        """Each step's batch size (the last, partial batch is a new input shape)."""
         self._mark = self._start = 0.0
         self._first = False
 
@@ -64,6 +67,7 @@ class StepTimer(Callback):
         self._start = time.perf_counter()
         (self.starts if self._first else self.waits).append(self._start - self._mark)
         self._first = False
+        self.sizes.append(x.shape[0])
         return x, y
 
     def on_step_end(self, trainer: TrainerView, terms: Mapping[str, Tensor]) -> None:
@@ -77,7 +81,9 @@ class StepTimer(Callback):
         wait, start, step = sum(self.waits), sum(self.starts), sum(self.steps)
         median = statistics.median(self.steps)
         # Steps far above the median pay one-time work (a new input shape's first use).
-        one_time = sum(t - median for t in self.steps if t > ONE_TIME_FACTOR * median)
+        slow = [(i, n, t) for i, (n, t) in enumerate(zip(self.sizes, self.steps, strict=True))
+                if t > ONE_TIME_FACTOR * median]  # fmt: skip
+        one_time = sum(t - median for _, _, t in slow)
         return {
             "train_images_per_s": round(images * epochs / (start + wait + step), 1),
             "step_only_images_per_s": round(batch / median, 1),
@@ -88,6 +94,7 @@ class StepTimer(Callback):
             "wait_fraction": round(wait / (wait + step - one_time), 3),
             "bound_by": "input pipeline" if wait > step - one_time else "accelerator",
             "steps": len(self.steps),
+            "slow_steps": [[i, n, round(t, 3)] for i, n, t in slow],
         }
 
 

@@ -3,14 +3,16 @@ steps of :mod:`benchmarks.gpu.throughput` (docs/performance.md, "GPU": PS-MAP at
 ResNet-50 against a goal of 1.05×).
 
     python -m benchmarks.gpu.profile [--model resnet50] [--batch 128] [--size 224] [--steps 5]
+        [--variants eager compile]
 
 Each step is built as the throughput part builds it (bf16 autocast, ``channels_last``,
-synthetic tensors on the device), warmed up, then profiled for ``--steps`` steps, each
-synchronised. Per step and method it reports the wall time, the summed time of the device's
-kernels and their number (a step whose kernels fill its wall time is bound by the device, not by
-launching them), and per operator the device time and calls; then the operators whose figures
+synthetic tensors on the device; under ``compile``, ``model.compile()``, which leaves the loss
+and ``R_θ`` eager), warmed up, then profiled for ``--steps`` steps, each synchronised. Per
+step and method it reports the wall time, the summed time of the device's kernels and their
+number (a step whose kernels fill its wall time is bound by the device, not by launching
+them), and per operator the device time and calls; then the operators whose figures
 differ between the two methods, largest difference first. The last line is a JSON object of
-the totals and that table.
+the totals and that table per variant.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import cast
 
 import torch
 from torch.autograd import DeviceType
@@ -29,6 +32,7 @@ from benchmarks.gpu.tables import PROFILED as METHODS
 from benchmarks.gpu.tables import report
 from benchmarks.gpu.throughput import Step, _sync, fseb_step, setup_of, timm_step
 
+VARIANTS = ("eager", "compile")
 SHOWN = 15
 """Operators called as often by both steps that the difference table lists."""
 
@@ -100,23 +104,32 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--precision", choices=("bf16", "no"), default="bf16")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    parser.add_argument("--compile-backend", default="inductor")
     return parser.parse_args(argv)
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, object]:
-    """Profile both methods, print the tables, then one JSON line of every figure."""
-    args = parse(argv)
+def profile_variant(args: argparse.Namespace, compiled: bool) -> dict[str, object]:
+    """Both methods' steps built, warmed up and profiled; their :func:`figures`."""
     setup = setup_of(args)
     steps = {
-        "timm": timm_step(args.model, setup, compiled=False),
-        "PS-MAP": fseb_step(args.model, setup, compiled=False, M=0),
+        "timm": timm_step(args.model, setup, compiled=compiled),
+        "PS-MAP": fseb_step(args.model, setup, compiled=compiled, M=0),
     }
     for _ in range(args.warmup + 1):
         for step in steps.values():
             step()
-    found = {m: profile_step(steps[m], setup.device, args.steps) for m in METHODS}
-    result = figures(found)
-    print(report(result))
+    return figures({m: profile_step(steps[m], setup.device, args.steps) for m in METHODS})
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, object]:
+    """Profile both methods per variant, print the tables, then one JSON line of every figure
+    (keyed by variant)."""
+    args = parse(argv)
+    result: dict[str, object] = {}
+    for variant in args.variants:
+        result[variant] = profile_variant(args, compiled=variant == "compile")
+        print(f"{variant}:\n{report(cast(dict[str, object], result[variant]))}\n", flush=True)
     print(json.dumps(result))
     return result
 

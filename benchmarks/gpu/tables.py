@@ -79,7 +79,8 @@ def table(rows: Sequence[Row], found: dict[str, float]) -> str:
 
 
 def report(result: dict[str, object]) -> str:
-    """The Markdown of :func:`figures`: the per-step totals and the difference table."""
+    """The Markdown of one variant's profile (``benchmarks.gpu.profile.figures``): the per-step
+    totals and the difference table."""
     lines = ["| method | wall ms | kernel ms | kernels |", "|---|---|---|---|"]
     for method in PROFILED:
         p = cast(dict[str, float], result[method])
@@ -92,3 +93,11 @@ def report(result: dict[str, object]) -> str:
                                      result["differences"]):  # fmt: skip
         lines.append(f"| `{name}` | {ta:.3f} | {tb:.3f} | {ca:.0f} | {cb:.0f} |")
     return "\n".join(lines)
+
+
+def reports(result: dict[str, object]) -> str:
+    """The Markdown of every variant's profile, each under its name."""
+    return "\n\n".join(
+        f"Profile, {variant}:\n\n{report(cast(dict[str, object], found))}"
+        for variant, found in result.items()
+    )

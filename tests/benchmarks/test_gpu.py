@@ -37,7 +37,7 @@ def test_the_script_runs_a_part_in_its_own_process_and_writes_its_figures(
     results = json.loads((out / "gpu.json").read_text())
     assert json.loads(done.stdout.splitlines()[-1]) == results
     assert results["profile"]["status"] == "ok", (out / "profile.log").read_text()
-    profiled = results["profile"]["figures"]
+    profiled = results["profile"]["figures"]["eager"]
     assert profiled["timm"]["wall_ms"] > 0 and profiled["PS-MAP"]["wall_ms"] > 0
     # R_θ's own autograd function is among what PS-MAP runs and timm's step does not.
     assert any(row[0] == "_SquaredDistance" and row[3] == 0 for row in profiled["differences"])
@@ -87,9 +87,11 @@ def test_the_fine_tunes_verdict_leaves_out_one_time_work_and_the_loaders_start()
     first use) do not make a run whose other waits are under a quarter of its steps input-bound."""
     timer = StepTimer()
     timer.starts, timer.waits, timer.steps = [5.0], [0.1, 0.1], [10.0, 0.3, 0.3]
+    timer.sizes = [3, 3, 3]
     figures = timer.figures(batch=3, images=9, epochs=1)
     assert figures["bound_by"] == "accelerator"
     assert figures["loader_start_s"] == 5.0 and figures["one_time_s"] == 9.7
+    assert figures["slow_steps"] == [[0, 3, 10.0]]
     assert figures["wait_fraction"] == round(0.2 / (0.2 + 3 * 0.3), 3)  # three steps at the median
     assert figures["train_images_per_s"] == round(9 / 15.8, 1)
     timer.waits = [0.5, 0.5]  # over the 0.9 s of steps at the median

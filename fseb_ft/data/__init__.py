@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
     from fseb_ft.data.splits import stratified_split as stratified_split
     from fseb_ft.data.transforms import TransformedImages as TransformedImages
     from fseb_ft.data.transforms import check_transform_channels as check_transform_channels
+    from fseb_ft.data.transforms import close_workers as close_workers
     from fseb_ft.data.transforms import epoch_seed as epoch_seed
     from fseb_ft.data.transforms import eval_transform as eval_transform
     from fseb_ft.data.transforms import is_deterministic as is_deterministic
@@ -94,6 +95,7 @@ _LAZY = {
     "stratified_split": "fseb_ft.data.splits",
     "TransformedImages": "fseb_ft.data.transforms",
     "check_transform_channels": "fseb_ft.data.transforms",
+    "close_workers": "fseb_ft.data.transforms",
     "epoch_seed": "fseb_ft.data.transforms",
     "eval_transform": "fseb_ft.data.transforms",
     "is_deterministic": "fseb_ft.data.transforms",

@@ -415,13 +415,17 @@ def make_loader(
     seed: int = 0,
     drop_last: bool = False,
     sampler: Sampler | None = None,
+    persistent: bool = False,
 ) -> DataLoader:
     """A reproducible DataLoader: seeded shuffling, seeded workers and transforms.
 
     With ``num_workers == 0`` the dataset's transform is reseeded here from ``seed`` (the main
     process does the augmenting); with workers, :func:`seed_worker` reseeds each worker.
     ``sampler`` (e.g. :class:`fseb_ft.data.sampling.BalancedSampler`) draws the indices instead
-    of the shuffle, and ``shuffle`` must then be false.
+    of the shuffle, and ``shuffle`` must then be false. ``persistent`` keeps the workers between
+    passes, for a loader read every epoch; its owner ends them with :func:`close_workers`. A
+    one-pass loader's workers end with its pass: kept, they would outlive it until the loader is
+    garbage collected (an evaluation of 70 corrupted sets with 8 workers held 560 processes).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
@@ -437,10 +441,28 @@ def make_loader(
         num_workers=num_workers,
         generator=torch.Generator().manual_seed(seed),
         worker_init_fn=seed_worker,
-        persistent_workers=num_workers > 0,
+        persistent_workers=persistent and num_workers > 0,
         pin_memory=torch.cuda.is_available(),
         drop_last=drop_last,
     )
+
+
+def close_workers(*loaders: DataLoader) -> None:
+    """End the worker processes of ``loaders``' persistent iterators now (a loader, or one
+    Accelerate prepared); a later pass starts new ones.
+
+    torch has no public call for it: a persistent loader's workers otherwise live until the
+    loader is garbage collected, and at interpreter exit torch 2.11 waits up to 5 s for each
+    still alive before terminating it (a GPU run with 12 workers per loader stayed minutes after
+    its last line, docs/performance.md "GPU"). tests/data/test_loaders.py pins this use of
+    DataLoader's ``_iterator`` to the installed torch.
+    """
+    for loader in loaders:
+        base = vars(loader).get("base_dataloader", loader)  # Accelerate's wrapper forwards reads
+        iterator = getattr(base, "_iterator", None)
+        if iterator is not None:
+            base._iterator = None
+            iterator._shutdown_workers()
 
 
 def compose_seeded(steps: list[Any], seed: int | None) -> A.Compose:

@@ -32,7 +32,12 @@ from fseb_ft.data.sampling import BalancedSampler
 from fseb_ft.data.screening import screen, screen_splits
 from fseb_ft.data.sources import build_splits, load_split
 from fseb_ft.data.splits import Splits
-from fseb_ft.data.transforms import TransformedImages, make_loader, train_transform
+from fseb_ft.data.transforms import (
+    TransformedImages,
+    close_workers,
+    make_loader,
+    train_transform,
+)
 from fseb_ft.engine.allocator import keep_freed_memory
 from fseb_ft.engine.callbacks import Callback, TrainState
 from fseb_ft.engine.loop import (
@@ -176,7 +181,10 @@ def _train(recipe: Recipe, splits: Splits | None, callbacks: Sequence[Callback])
     parts, spec, val_ood_loaders = _model_and_objective(recipe, data, accelerator)
     parts, prior = _context(recipe, data, spec, parts)
     run_info = _record_start(recipe, data, spec, parts, prior, warned)
-    state = _fit(recipe, parts, val_ood_loaders, data, callbacks)
+    try:
+        state = _fit(recipe, parts, val_ood_loaders, data, callbacks)
+    finally:  # the training's loaders end their workers with it, a failed training's too
+        close_workers(parts.train_loader, parts.val_loader, *val_ood_loaders.values())
     _load_best(parts, run_dir)
     return _Trained(parts, data.splits, spec, run_info, _training(recipe, state, warned))
 
@@ -258,13 +266,15 @@ def _model_and_objective(
     sampler = None
     if recipe.train.sampler == "balanced":
         sampler = BalancedSampler(data.splits.train.labels, recipe.train.seed)
+    # Read every epoch: their workers persist, until _train closes them.
     train_loader = make_loader(
-        train_set, recipe.data.batch_size, shuffle=sampler is None, sampler=sampler, **kw
-    )
-    val_loader = eval_loader(data.splits.val, spec, size, **kw)
+        train_set, recipe.data.batch_size, shuffle=sampler is None, sampler=sampler,
+        persistent=True, **kw,
+    )  # fmt: skip
+    val_loader = eval_loader(data.splits.val, spec, size, persistent=True, **kw)
     # Prepared first, as they always were: Accelerate's checkpoints number loaders in this order.
     val_ood_loaders = {
-        name: accelerator.prepare(eval_loader(images, spec, size, **kw))
+        name: accelerator.prepare(eval_loader(images, spec, size, persistent=True, **kw))
         for name, images in data.val_ood.items()
     }
     objective = FSEBObjective.from_config(model, len(data.splits.train), recipe.fseb)

@@ -481,8 +481,17 @@ def corruption_subset(
 
 
 def eval_loader(
-    data: Any, spec: InputSpec, batch_size: int, num_workers: int, seed: int
+    data: Any,
+    spec: InputSpec,
+    batch_size: int,
+    num_workers: int,
+    seed: int,
+    persistent: bool = False,
 ) -> DataLoader:
-    """Un-augmented, un-shuffled loader (resize + normalise) for evaluation."""
+    """Un-augmented, un-shuffled loader (resize + normalise) for evaluation; ``persistent``
+    for one read every epoch (:func:`~fseb_ft.data.transforms.make_loader`)."""
     dataset = TransformedImages(data, eval_transform(spec.size, spec.mean, spec.std))
-    return make_loader(dataset, batch_size, shuffle=False, num_workers=num_workers, seed=seed)
+    return make_loader(
+        dataset, batch_size, shuffle=False, num_workers=num_workers, seed=seed,
+        persistent=persistent,
+    )  # fmt: skip

@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader
 
 from fseb_ft.data.inputs import InputSpec
 from fseb_ft.data.splits import Splits
+from fseb_ft.data.transforms import close_workers
 from fseb_ft.evaluation.predictions import (
     Predictions,
     eval_loader,
@@ -145,9 +146,15 @@ def with_wise(
     """
     tuned = unwrap_model(tuned)
     network = copy.deepcopy(tuned).to(accelerator.device)
-    train = eval_loader(splits.train, spec, cfg.batch_size, num_workers, seed)
-    val = accelerator.prepare(eval_loader(splits.val, spec, cfg.batch_size, num_workers, seed))
-    fit = fit_alpha(network, start, tuned, cfg.wise_ft_alphas, train, val, accelerator)
+    # Read once per α: their workers persist until the fit ends.
+    train = eval_loader(splits.train, spec, cfg.batch_size, num_workers, seed, persistent=True)
+    val = accelerator.prepare(
+        eval_loader(splits.val, spec, cfg.batch_size, num_workers, seed, persistent=True)
+    )
+    try:
+        fit = fit_alpha(network, start, tuned, cfg.wise_ft_alphas, train, val, accelerator)
+    finally:
+        close_workers(train, val)
     # The interpolated network's own predictions: no post-hoc step on top of it.
     plain = dataclasses.replace(cfg, temperature_scaling=False, laplace=False, wise_ft=False)
     wise = predict_splits(network, splits, spec, plain, accelerator, num_workers, seed)

@@ -6,6 +6,7 @@ The first run and the two processes draw their figures, as every run does; the o
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shlex
 import shutil
@@ -89,7 +90,11 @@ def test_temperature_scaling_and_ood_scores_end_to_end(
     recipe = tiny_recipe(folders, out, epochs=1)
     recipe["eval"] |= {"temperature_scaling": True, "ood_scores": ["entropy", "energy"]}
     recipe["fseb"]["reg_scale"] = 0.0  # PS-MAP: no context pool, a faster run
+    recipe["data"]["num_workers"] = 1
+    before = set(multiprocessing.active_children())
     results = run(recipe_from_dict(recipe))
+    # No loader's worker outlives the run (persistent ones closed, one-pass ones ended).
+    assert not set(multiprocessing.active_children()) - before
 
     ts = results["temperature_scaled"]
     # A validation split predicted perfectly leaves T at 1, with the fitted value and a note.

@@ -35,13 +35,13 @@ from benchmarks.fingerprint_fixtures import fixture_images, write_sources
 from fseb_ft.data.corruptions import corrupt_images
 from fseb_ft.data.images import LabeledImages
 from fseb_ft.data.inputs import InputSpec
+from fseb_ft.data.loaders import make_loader
 from fseb_ft.data.sources import load_spec
 from fseb_ft.data.transforms import (
     AUGMENTATIONS,
     TransformedImages,
     epoch_seed,
     eval_transform,
-    make_loader,
     seed_transform,
     train_transform,
 )

@@ -30,6 +30,9 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
     from fseb_ft.data.images import LabeledImages as LabeledImages
     from fseb_ft.data.inputs import EVAL_RESIZE as EVAL_RESIZE
     from fseb_ft.data.inputs import InputSpec as InputSpec
+    from fseb_ft.data.loaders import close_workers as close_workers
+    from fseb_ft.data.loaders import make_loader as make_loader
+    from fseb_ft.data.loaders import seed_worker as seed_worker
     from fseb_ft.data.pixels import set_max_image_pixels as set_max_image_pixels
     from fseb_ft.data.sampling import BalancedSampler as BalancedSampler
     from fseb_ft.data.screening import BadImage as BadImage
@@ -48,14 +51,11 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
     from fseb_ft.data.splits import stratified_split as stratified_split
     from fseb_ft.data.transforms import TransformedImages as TransformedImages
     from fseb_ft.data.transforms import check_transform_channels as check_transform_channels
-    from fseb_ft.data.transforms import close_workers as close_workers
     from fseb_ft.data.transforms import epoch_seed as epoch_seed
     from fseb_ft.data.transforms import eval_transform as eval_transform
     from fseb_ft.data.transforms import is_deterministic as is_deterministic
-    from fseb_ft.data.transforms import make_loader as make_loader
     from fseb_ft.data.transforms import perturbation_transform as perturbation_transform
     from fseb_ft.data.transforms import seed_transform as seed_transform
-    from fseb_ft.data.transforms import seed_worker as seed_worker
     from fseb_ft.data.transforms import train_transform as train_transform
     from fseb_ft.data.user_datasets import as_labeled_images as as_labeled_images
 
@@ -95,14 +95,14 @@ _LAZY = {
     "stratified_split": "fseb_ft.data.splits",
     "TransformedImages": "fseb_ft.data.transforms",
     "check_transform_channels": "fseb_ft.data.transforms",
-    "close_workers": "fseb_ft.data.transforms",
+    "close_workers": "fseb_ft.data.loaders",
     "epoch_seed": "fseb_ft.data.transforms",
     "eval_transform": "fseb_ft.data.transforms",
     "is_deterministic": "fseb_ft.data.transforms",
-    "make_loader": "fseb_ft.data.transforms",
+    "make_loader": "fseb_ft.data.loaders",
     "perturbation_transform": "fseb_ft.data.transforms",
     "seed_transform": "fseb_ft.data.transforms",
-    "seed_worker": "fseb_ft.data.transforms",
+    "seed_worker": "fseb_ft.data.loaders",
     "train_transform": "fseb_ft.data.transforms",
     "as_labeled_images": "fseb_ft.data.user_datasets",
 }

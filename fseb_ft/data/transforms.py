@@ -1,4 +1,4 @@
-"""Image → tensor transforms, their seeding, and reproducible DataLoaders.
+"""Image → tensor transforms and their seeding (the DataLoaders: :mod:`fseb_ft.data.loaders`).
 
 Transforms turn :class:`~fseb_ft.data.images.LabeledImages` samples into normalised float32 CHW
 tensors for timm backbones: evaluation with timm's own eval transform (the preprocessing an
@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, cast
+from typing import Any
 
 import albumentations as A
 import cv2
@@ -29,7 +29,7 @@ import PIL.Image
 import timm.data
 import torch
 from albumentations.pytorch import ToTensorV2
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import Dataset
 
 from fseb_ft.data.decode_size import min_decode_size
 from fseb_ft.data.images import LabeledImages
@@ -48,11 +48,9 @@ __all__ = [
     "epoch_seed",
     "eval_transform",
     "is_deterministic",
-    "make_loader",
     "normalize_to_tensor",
     "perturbation_transform",
     "seed_transform",
-    "seed_worker",
     "train_transform",
 ]
 
@@ -389,80 +387,6 @@ class TransformedImages(Dataset):
     def reseed(self, seed: int) -> None:
         """Reseed the transform's random stream (called per DataLoader worker)."""
         seed_transform(self.transform, seed)
-
-
-def seed_worker(worker_id: int) -> None:
-    """DataLoader ``worker_init_fn``: seed numpy, random and the dataset's transform.
-
-    torch gives each worker the seed ``base_seed + worker_id`` with ``base_seed`` drawn from the
-    loader's generator, so workers differ from each other yet a run is reproducible. Without the
-    transform reseed, every worker would replay the same copied albumentations stream.
-    """
-    seed = torch.initial_seed() % 2**32
-    np.random.seed(seed)
-    random.seed(seed)
-    info = torch.utils.data.get_worker_info()
-    reseed = getattr(info.dataset, "reseed", None) if info is not None else None
-    if callable(reseed):
-        reseed(seed)
-
-
-def make_loader(
-    dataset: Dataset,
-    batch_size: int,
-    shuffle: bool,
-    num_workers: int = 0,
-    seed: int = 0,
-    drop_last: bool = False,
-    sampler: Sampler | None = None,
-    persistent: bool = False,
-) -> DataLoader:
-    """A reproducible DataLoader: seeded shuffling, seeded workers and transforms.
-
-    With ``num_workers == 0`` the dataset's transform is reseeded here from ``seed`` (the main
-    process does the augmenting); with workers, :func:`seed_worker` reseeds each worker.
-    ``sampler`` (e.g. :class:`fseb_ft.data.sampling.BalancedSampler`) draws the indices instead
-    of the shuffle, and ``shuffle`` must then be false. ``persistent`` keeps the workers between
-    passes, for a loader read every epoch; its owner ends them with :func:`close_workers`. A
-    one-pass loader's workers end with its pass: kept, they would outlive it until the loader is
-    garbage collected (an evaluation of 70 corrupted sets with 8 workers held 560 processes).
-    """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-    if num_workers < 0:
-        raise ValueError(f"num_workers must be non-negative, got {num_workers}")
-    if num_workers == 0 and callable(getattr(dataset, "reseed", None)):
-        cast(Any, dataset).reseed(seed)  # a dataset of ours that has one (checked above)
-    return DataLoader(
-        dataset,
-        batch_size=batch_size,
-        shuffle=shuffle,
-        sampler=sampler,
-        num_workers=num_workers,
-        generator=torch.Generator().manual_seed(seed),
-        worker_init_fn=seed_worker,
-        persistent_workers=persistent and num_workers > 0,
-        pin_memory=torch.cuda.is_available(),
-        drop_last=drop_last,
-    )
-
-
-def close_workers(*loaders: DataLoader) -> None:
-    """End the worker processes of ``loaders``' persistent iterators now (a loader, or one
-    Accelerate prepared); a later pass starts new ones.
-
-    torch has no public call for it: a persistent loader's workers otherwise live until the
-    loader is garbage collected, and at interpreter exit torch 2.11 waits up to 5 s for each
-    still alive before terminating it (a GPU run with 12 workers per loader stayed minutes after
-    its last line, docs/performance.md "GPU"). tests/data/test_loaders.py pins this use of
-    DataLoader's ``_iterator`` to the installed torch.
-    """
-    for loader in loaders:
-        base = vars(loader).get("base_dataloader", loader)  # Accelerate's wrapper forwards reads
-        iterator = getattr(base, "_iterator", None)
-        if iterator is not None:
-            base._iterator = None
-            iterator._shutdown_workers()
 
 
 def compose_seeded(steps: list[Any], seed: int | None) -> A.Compose:

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from accelerate import Accelerator
 from accelerate.utils import set_seed
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_model
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
@@ -28,16 +28,12 @@ from fseb_ft.data.holdout import split_records
 from fseb_ft.data.image_cache import check_cache_size
 from fseb_ft.data.images import LabeledImages
 from fseb_ft.data.inputs import InputSpec
+from fseb_ft.data.loaders import close_workers, make_loader
 from fseb_ft.data.sampling import BalancedSampler
 from fseb_ft.data.screening import screen, screen_splits
 from fseb_ft.data.sources import build_splits, load_split
 from fseb_ft.data.splits import Splits
-from fseb_ft.data.transforms import (
-    TransformedImages,
-    close_workers,
-    make_loader,
-    train_transform,
-)
+from fseb_ft.data.transforms import TransformedImages, train_transform
 from fseb_ft.engine.allocator import keep_freed_memory
 from fseb_ft.engine.callbacks import Callback, TrainState
 from fseb_ft.engine.loop import (
@@ -62,7 +58,7 @@ from fseb_ft.method.methods import find_method
 from fseb_ft.method.models import create_model, input_spec, planned_input_size
 from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.recipe import ConfigError, Recipe, dump_recipe
-from fseb_ft.runs.atomic import cleaned_on_failure, publish, remove_orphans, write_text
+from fseb_ft.runs.atomic import remove_orphans, write_text
 from fseb_ft.runs.code_record import code_record
 from fseb_ft.runs.feature_fit import write_feature_fit
 from fseb_ft.runs.lock import run_lock
@@ -75,6 +71,7 @@ from fseb_ft.runs.rundir import (
     RunInfo,
     clear_run,
     read_method_state,
+    write_best_weights,
     write_json,
     write_method_state,
     write_wise_weights,
@@ -494,17 +491,7 @@ def _warn(accelerator: Accelerator, messages: list[str]) -> list[str]:
 
 def _save_best(model: nn.Module, objective: FSEBObjective, run_dir: Path) -> None:
     """The best weights, and the method's state beside them (:meth:`FSEBObjective.method_state`)."""
-    _save_weights(model, run_dir / MODEL_WEIGHTS)
+    write_best_weights(model, run_dir / MODEL_WEIGHTS)
     name = objective.method_state_file
     if name is not None:
         write_method_state(run_dir, objective.method_state(), name, objective.method_state_name)
-
-
-def _save_weights(model: nn.Module, path: Path) -> None:
-    """Atomically replace the best weights (a killed run never leaves a half-written file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    hint = f"the best weights so far stay in {path}" if path.exists() else ""
-    with cleaned_on_failure(tmp, what="the best weights", hint=hint):
-        save_model(model, str(tmp))
-    publish(tmp, path)

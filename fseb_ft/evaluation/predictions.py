@@ -18,8 +18,9 @@ from torch.utils.data import DataLoader
 
 from fseb_ft.data.images import IndexedImages, LabeledImages
 from fseb_ft.data.inputs import InputSpec
+from fseb_ft.data.loaders import make_loader
 from fseb_ft.data.splits import TEST_SPLIT, VALIDATION_SPLIT, Splits, stratified_split
-from fseb_ft.data.transforms import TransformedImages, eval_transform, make_loader
+from fseb_ft.data.transforms import TransformedImages, eval_transform
 from fseb_ft.evaluation.feature_ood import FeatureOodFit
 from fseb_ft.evaluation.features import (
     LaplaceLogits,
@@ -489,7 +490,7 @@ def eval_loader(
     persistent: bool = False,
 ) -> DataLoader:
     """Un-augmented, un-shuffled loader (resize + normalise) for evaluation; ``persistent``
-    for one read every epoch (:func:`~fseb_ft.data.transforms.make_loader`)."""
+    for one read every epoch (:func:`~fseb_ft.data.loaders.make_loader`)."""
     dataset = TransformedImages(data, eval_transform(spec.size, spec.mean, spec.std))
     return make_loader(
         dataset, batch_size, shuffle=False, num_workers=num_workers, seed=seed,

@@ -25,8 +25,8 @@ from torch.optim.swa_utils import update_bn
 from torch.utils.data import DataLoader
 
 from fseb_ft.data.inputs import InputSpec
+from fseb_ft.data.loaders import close_workers
 from fseb_ft.data.splits import Splits
-from fseb_ft.data.transforms import close_workers
 from fseb_ft.evaluation.predictions import (
     Predictions,
     eval_loader,

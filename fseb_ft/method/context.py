@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from fseb_ft.data.decode_size import min_decode_size
 from fseb_ft.data.images import LabeledImages
 from fseb_ft.data.inputs import InputSpec
+from fseb_ft.data.loaders import seed_worker
 from fseb_ft.data.sources import load_split
 from fseb_ft.data.splits import allocate
 from fseb_ft.data.transforms import (
@@ -31,7 +32,6 @@ from fseb_ft.data.transforms import (
     is_deterministic,
     perturbation_transform,
     seed_transform,
-    seed_worker,
 )
 from fseb_ft.logs import progress_bar
 from fseb_ft.method.regularizer import resolve_prior

@@ -16,9 +16,10 @@ from torch.utils.data import Dataset
 
 from fseb_ft.data.files import find_images, read_image
 from fseb_ft.data.images import LabeledImages
+from fseb_ft.data.loaders import make_loader
 from fseb_ft.data.pixels import set_max_image_pixels
 from fseb_ft.data.sources import load_split
-from fseb_ft.data.transforms import eval_transform, make_loader
+from fseb_ft.data.transforms import eval_transform
 from fseb_ft.errors import first_line
 from fseb_ft.logs import progress_bar
 from fseb_ft.prediction.loading import LoadedModel

@@ -74,6 +74,7 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
     from fseb_ft.runs.rundir import read_val_logits as read_val_logits
     from fseb_ft.runs.rundir import results_split as results_split
     from fseb_ft.runs.rundir import runs_in as runs_in
+    from fseb_ft.runs.rundir import write_best_weights as write_best_weights
     from fseb_ft.runs.rundir import write_json as write_json
     from fseb_ft.runs.rundir import write_method_state as write_method_state
     from fseb_ft.runs.rundir import write_val_logits as write_val_logits
@@ -152,6 +153,7 @@ _LAZY = {
     "results_split": "fseb_ft.runs.rundir",
     "runs_in": "fseb_ft.runs.rundir",
     "write_json": "fseb_ft.runs.rundir",
+    "write_best_weights": "fseb_ft.runs.rundir",
     "write_method_state": "fseb_ft.runs.rundir",
     "write_wise_weights": "fseb_ft.runs.rundir",
     "corruption_markdown": "fseb_ft.runs.tables",

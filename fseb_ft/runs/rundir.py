@@ -37,8 +37,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from safetensors.torch import load_file, save_file
-from torch import Tensor
+from safetensors.torch import load_file, save_file, save_model
+from torch import Tensor, nn
 
 from fseb_ft.data.inputs import InputSpec
 from fseb_ft.data.splits import TEST_SPLIT
@@ -93,6 +93,7 @@ __all__ = [
     "read_val_logits",
     "results_split",
     "runs_in",
+    "write_best_weights",
     "write_json",
     "write_method_state",
     "write_tensors",
@@ -331,6 +332,16 @@ def write_wise_weights(run_dir: Path, state: Mapping[str, Tensor] | None) -> Non
         remove(path)
     else:
         write_tensors(path, state, "the WiSE-FT weights")
+
+
+def write_best_weights(model: nn.Module, path: Path) -> None:
+    """Atomically replace the best weights (a killed run never leaves a half-written file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    hint = f"the best weights so far stay in {path}" if path.exists() else ""
+    with cleaned_on_failure(tmp, what="the best weights", hint=hint):
+        save_model(model, str(tmp))
+    publish(tmp, path)
 
 
 def method_state_file(name: str) -> Path:

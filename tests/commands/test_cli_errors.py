@@ -252,7 +252,7 @@ def test_a_full_disk_is_one_line_and_keeps_what_was_written(
     def full(*args, **kwargs):
         raise DiskFullError(f"no space left on device in {tmp_path}: could not write X")
 
-    monkeypatch.setattr(run_module, "_save_weights", full)
+    monkeypatch.setattr(run_module, "write_best_weights", full)  # the name run() calls
     line = _fails(_tiny(tmp_path), capsys, 1)
     assert "no space left on device" in line
     assert (tmp_path / "run" / "recipe.yaml").is_file()  # written before, still there

@@ -23,12 +23,12 @@ from fseb_ft.data.files import FileImages
 from fseb_ft.data.image_cache import CachedImages, cache_images, resize_shorter
 from fseb_ft.data.images import IndexedImages, content_hash
 from fseb_ft.data.inputs import InputSpec
+from fseb_ft.data.loaders import make_loader
 from fseb_ft.data.screening import BadImagesError, screen
 from fseb_ft.data.sources import build_splits
 from fseb_ft.data.transforms import (
     TransformedImages,
     eval_transform,
-    make_loader,
     train_transform,
 )
 from fseb_ft.engine.reevaluate import evaluate_run

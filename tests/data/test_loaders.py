@@ -1,4 +1,4 @@
-"""The loaders' worker processes (fseb_ft.data.transforms): a one-pass loader's end with its
+"""The loaders' worker processes (fseb_ft.data.loaders): a one-pass loader's end with its
 pass; a persistent loader's live between passes until ``close_workers``, which also reaches a
 loader Accelerate prepared (torch has no public call for it: this pins the use of its
 ``_iterator`` to the installed torch)."""
@@ -12,7 +12,7 @@ import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader, TensorDataset
 
-from fseb_ft.data.transforms import close_workers, make_loader
+from fseb_ft.data.loaders import close_workers, make_loader
 
 
 def _loader(persistent: bool) -> DataLoader:

@@ -23,6 +23,7 @@ from PIL import Image
 from fseb_ft.data import sources as fdata
 from fseb_ft.data.images import ArrayImages, HFImages, IndexedImages
 from fseb_ft.data.inputs import EVAL_RESIZE
+from fseb_ft.data.loaders import make_loader
 from fseb_ft.data.sources import hub as hub_source
 from fseb_ft.data.sources import load_spec
 from fseb_ft.data.sources.arrays import load_arrays
@@ -42,7 +43,6 @@ from fseb_ft.data.transforms import (
     TransformedImages,
     eval_transform,
     is_deterministic,
-    make_loader,
     train_transform,
 )
 from fseb_ft.data.user_datasets import as_labeled_images

@@ -46,7 +46,7 @@ WORKER_CHECK = """
 import ctypes, json, os
 import torch
 from fseb_ft.engine.allocator import keep_freed_memory
-from fseb_ft.data.transforms import make_loader
+from fseb_ft.data.loaders import make_loader
 
 MIB = 2**20
 libc = ctypes.CDLL("libc.so.6")

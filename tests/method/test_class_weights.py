@@ -18,8 +18,8 @@ from sklearn.utils.class_weight import compute_class_weight
 from timm.data.mixup import mixup_target
 from torch.utils.data import TensorDataset
 
+from fseb_ft.data.loaders import make_loader
 from fseb_ft.data.sampling import BalancedSampler
-from fseb_ft.data.transforms import make_loader
 from fseb_ft.engine.callbacks import Callback, ClassWeights, TrainerView
 from fseb_ft.finetune import run
 from fseb_ft.method.likelihood import class_weights, example_weights, likelihood_term

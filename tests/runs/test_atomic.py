@@ -19,6 +19,7 @@ from torch import nn
 import fseb_ft.engine.run as run_module
 import fseb_ft.finetune as finetune_module
 import fseb_ft.runs.atomic as atomic
+import fseb_ft.runs.rundir as rundir
 from fseb_ft.engine.callbacks import TrainState
 from fseb_ft.engine.loop import _save_checkpoint
 from fseb_ft.recipe import recipe_from_dict
@@ -91,12 +92,12 @@ def test_best_weights_on_a_full_disk_say_so_and_keep_the_previous_ones(
 ) -> None:
     path = tmp_path / "model" / "model.safetensors"
     model = nn.Linear(3, 2)
-    run_module._save_weights(model, path)
+    rundir.write_best_weights(model, path)
     before = path.read_bytes()
 
-    monkeypatch.setattr(run_module, "save_model", _fill_then_fail(DISK_FULL[kind]))
+    monkeypatch.setattr(rundir, "save_model", _fill_then_fail(DISK_FULL[kind]))
     with pytest.raises(DiskFullError, match="no space left on device") as err:
-        run_module._save_weights(model, path)
+        rundir.write_best_weights(model, path)
     assert f"in {path.parent}:" in str(err.value) and "best weights" in str(err.value)
     assert [p.name for p in path.parent.iterdir()] == ["model.safetensors"]
     assert path.read_bytes() == before
@@ -194,7 +195,7 @@ def test_published_files_get_the_mode_a_plain_open_gives(tmp_path: Path) -> None
     plain.write_text("x")
     assert default_file_mode() == plain.stat().st_mode & 0o777
     path = tmp_path / "model" / "model.safetensors"
-    run_module._save_weights(nn.Linear(3, 2), path)
+    rundir.write_best_weights(nn.Linear(3, 2), path)
     assert oct(path.stat().st_mode & 0o777) == oct(default_file_mode())
     assert os.listdir(path.parent) == ["model.safetensors"]
 

@@ -288,13 +288,21 @@ def write_section(
     path.write_text(text)
 
 
-def _subset(args: argparse.Namespace) -> str:
-    """The command-line tail that reproduces a method subset and its section."""
-    tail = "".join(f" '{m}'" for m in args.methods or ())
-    tail = f" --methods{tail}" if tail else ""
-    tail += "".join(f" --override {o}" for o in args.override)
-    tail += f" --curve {args.curve}" if args.curve else ""
-    return tail + (f" --section {args.section}" if args.section != "fmnist" else "")
+def command_line(args: argparse.Namespace) -> str:
+    """The command that reproduces a table: the epochs, seeds, method subset, overrides, curve,
+    section and, with ``--corruptions``, the corruptions and severities (one command writes
+    both the table and the covariate-shift table)."""
+    line = f"python -m benchmarks.paper_fmnist --epochs {args.epochs} --seeds "
+    line += " ".join(map(str, args.seeds))
+    subset = "".join(f" '{m}'" for m in args.methods or ())
+    line += f" --methods{subset}" if subset else ""
+    line += "".join(f" --override {o}" for o in args.override)
+    line += f" --curve {args.curve}" if args.curve else ""
+    line += f" --section {args.section}" if args.section != "fmnist" else ""
+    if args.corruptions:
+        line += f" --corruptions {' '.join(args.corruptions)}"
+        line += f" --severities {' '.join(map(str, args.severities))}"
+    return line
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -373,8 +381,7 @@ def main() -> None:
             curves.setdefault(name, []).append([record["val_nll"] for record in history])
     body = (
         f"FashionMNIST test (10,000) and MNIST test (10,000, semantic shift); {args.epochs} "
-        f"epochs (paper: 200), seeds {args.seeds}; `python -m benchmarks.paper_fmnist "
-        f"--epochs {args.epochs} --seeds {' '.join(map(str, args.seeds))}{_subset(args)}`.\n\n"
+        f"epochs (paper: 200), seeds {args.seeds}; `{command_line(args)}`.\n\n"
         + table(all_results, paper=paper_rows.SECTIONS.get(args.section))
     )
     if args.curve:
@@ -386,10 +393,7 @@ def main() -> None:
         shift = (
             f"FashionMNIST test under {', '.join(args.corruptions)} corruptions (CIFAR-10-C "
             f"parameters, `fseb_ft.data.corruptions`), accuracy / ECE averaged over corruptions; "
-            f"`python -m benchmarks.paper_fmnist --epochs {args.epochs} --seeds "
-            f"{' '.join(map(str, args.seeds))} --corruptions {' '.join(args.corruptions)} "
-            f"--severities {' '.join(map(str, args.severities))}`.\n\n"
-            + corruption_table(all_results, args.severities)
+            f"`{command_line(args)}`.\n\n" + corruption_table(all_results, args.severities)
         )
         print(shift)
         write_section(args.results, shift, SHIFT_MARKERS, runs=run_dirs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 from pathlib import Path
 
@@ -114,6 +115,21 @@ def test_tables_only_reads_saved_results_and_names_a_missing_run(tmp_path: Path)
     assert paper_fmnist.finished_results(tmp_path / "done") == {"test": {"accuracy": 0.5}}
     with pytest.raises(SystemExit, match=r"missing/results.json not found: run the benchmark"):
         paper_fmnist.finished_results(tmp_path / "missing")
+
+
+def test_the_printed_command_reproduces_the_method_subset_and_the_corruptions() -> None:
+    args = argparse.Namespace(
+        epochs=3, seeds=[0, 1], methods=["PS-MAP", "FS-EB (train-corr)"], override=[],
+        curve=None, section="fmnist", corruptions=["all"], severities=[1, 5],
+    )  # fmt: skip
+    assert paper_fmnist.command_line(args) == (
+        "python -m benchmarks.paper_fmnist --epochs 3 --seeds 0 1 --methods 'PS-MAP' "
+        "'FS-EB (train-corr)' --corruptions all --severities 1 5"
+    )
+    args.methods, args.corruptions, args.section = None, None, "fmnist-frac10"
+    assert paper_fmnist.command_line(args) == (
+        "python -m benchmarks.paper_fmnist --epochs 3 --seeds 0 1 --section fmnist-frac10"
+    )
 
 
 def test_write_section_replaces_only_its_marked_block(tmp_path: Path) -> None:

@@ -6,7 +6,8 @@ unreadable file is left out and named), the validation split is rebuilt from the
 predict's thresholds rebuild it, and both go through the pass that gives predict's feature
 scores their features: one ``forward_features`` for the logits and the features. Validation's
 logits are the run's cached ones when it has them (those the kept threshold was chosen on, and
-for FS-VI its Monte-Carlo predictive's), and are cached when it had none.
+for FS-VI its Monte-Carlo predictive's); the first monitor keeps the features beside them, and
+later ones read both instead of repeating the validation pass.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from fseb_ft.prediction.loading import LoadedModel
 from fseb_ft.prediction.shift_report import Outputs
 from fseb_ft.prediction.validation import validation_split
 from fseb_ft.recipe import Recipe
-from fseb_ft.runs.rundir import read_val_logits, write_val_logits
+from fseb_ft.runs.rundir import read_val_features, read_val_logits, write_val_logits
 
 __all__ = ["Batch", "batch_outputs", "check_has_validation", "validation_outputs"]
 
@@ -85,7 +86,9 @@ def batch_outputs(
 def validation_outputs(
     loaded: LoadedModel, device: torch.device, loader_kw: dict[str, Any]
 ) -> Outputs:
-    """The features, logits and labels of the validation split of ``loaded``'s run.
+    """The features, logits and labels of the validation split of ``loaded``'s run: those the
+    run keeps (:data:`~fseb_ft.runs.rundir.VAL_LOGITS`, as new as its weights) when it keeps
+    features, else one pass over the split, kept with the run for the next call.
 
     Raises:
         FsebError: the split cannot be rebuilt (in-memory data, data changed since training).
@@ -93,6 +96,10 @@ def validation_outputs(
     """
     check_has_validation(loaded)
     run_dir = cast(Path, loaded.run_dir)
+    cached = read_val_logits(run_dir)
+    kept = read_val_features(run_dir) if cached is not None else None
+    if cached is not None and kept is not None and len(kept) == len(cached[1]):
+        return Outputs(kept, *cached)  # (N_v, D), (N_v, K), (N_v,)
     try:
         val = validation_split(cast(Recipe, loaded.recipe), loaded.info)
     except FsebError as err:  # its advice (--threshold) is predict's: the monitor needs the split
@@ -105,14 +112,12 @@ def validation_outputs(
     if bad:
         raise ValueError(f"{len(bad)} validation image(s) cannot be read: {bad[0]}")
     labels = torch.as_tensor(val.labels, dtype=torch.long)  # (N_v,)
-    cached = read_val_logits(run_dir)
     if cached is not None and len(cached[1]) == len(labels):
         logits = cached[0]  # what the kept threshold was chosen on
-    else:
-        try:
-            write_val_logits(run_dir, logits, labels)
-        except OSError as err:  # a cache: a read-only run folder is only read
-            logger.info("validation logits not cached in %s: %s", run_dir, err)
+    try:
+        write_val_logits(run_dir, logits, labels, features)
+    except OSError as err:  # a cache: a read-only run folder is only read
+        logger.info("validation outputs not cached in %s: %s", run_dir, err)
     return Outputs(features, logits, labels)
 
 

@@ -71,6 +71,7 @@ if TYPE_CHECKING:  # the names' types, for type checkers: the same names as _LAZ
     from fseb_ft.runs.rundir import read_json as read_json
     from fseb_ft.runs.rundir import read_method_state as read_method_state
     from fseb_ft.runs.rundir import read_run as read_run
+    from fseb_ft.runs.rundir import read_val_features as read_val_features
     from fseb_ft.runs.rundir import read_val_logits as read_val_logits
     from fseb_ft.runs.rundir import results_split as results_split
     from fseb_ft.runs.rundir import runs_in as runs_in
@@ -124,6 +125,7 @@ _LAZY = {
     "write_results": "fseb_ft.runs.report",
     "write_val_logits": "fseb_ft.runs.rundir",
     "read_val_logits": "fseb_ft.runs.rundir",
+    "read_val_features": "fseb_ft.runs.rundir",
     "ABSTENTION_FILE": "fseb_ft.runs.rundir",
     "CHECKPOINTS": "fseb_ft.runs.rundir",
     "CHECKPOINT_PREFIX": "fseb_ft.runs.rundir",

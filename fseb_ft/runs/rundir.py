@@ -22,7 +22,8 @@ A run directory (``output.dir``) holds::
     abstention.json                 ABSTENTION_FILE: the threshold `fseb-ft predict --keep`
                                     stored (:func:`read_abstention`)
     val_logits.safetensors          VAL_LOGITS: `fseb-ft predict`'s cache of the validation
-                                    logits thresholds are chosen from (:func:`read_val_logits`)
+                                    logits thresholds are chosen from (:func:`read_val_logits`),
+                                    with `fseb-ft monitor`'s features (:func:`read_val_features`)
 
 Every writer here is atomic (:mod:`fseb_ft.runs.atomic`): a reader sees the old file or the new one.
 """
@@ -37,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file, save_model
 from torch import Tensor, nn
 
@@ -90,6 +92,7 @@ __all__ = [
     "read_json",
     "read_method_state",
     "read_run",
+    "read_val_features",
     "read_val_logits",
     "results_split",
     "runs_in",
@@ -162,8 +165,10 @@ ABSTENTION_FILE = "abstention.json"
 validation split (``fseb_ft.predict``); the model folder's ``fseb.json`` and card repeat it."""
 VAL_LOGITS = "val_logits.safetensors"
 """A cache of the validation split's logits and labels as ``fseb-ft predict`` computed them to
-choose a threshold: a later ``--coverage`` or ``--max-risk`` (any temperature) reuses them. Only
-written where the run folder can be written to; it changes no prediction."""
+choose a threshold: a later ``--coverage`` or ``--max-risk`` (any temperature) reuses them; and,
+once ``fseb-ft monitor`` has run, the split's penultimate features, so later monitors skip the
+validation pass. Only written where the run folder can be written to; it changes no
+prediction."""
 
 NOT_A_RUN = "{run_dir} is not a finished run: {missing} is missing"
 """The message of a run folder that lacks a file (formatted with ``run_dir`` and ``missing``)."""
@@ -308,6 +313,16 @@ def read_val_logits(run_dir: Path) -> tuple[Tensor, Tensor] | None:
     return tensors["logits"], tensors["labels"]
 
 
+def read_val_features(run_dir: Path) -> Tensor | None:
+    """The penultimate features (N_v, D) kept in the run's :data:`VAL_LOGITS` beside its logits,
+    or ``None`` when it has none (written by ``fseb-ft predict``, or older than the weights)."""
+    path = run_dir / VAL_LOGITS
+    if not _current(path, run_dir):
+        return None
+    with safe_open(str(path), "pt") as tensors:
+        return tensors.get_tensor("features") if "features" in tensors.keys() else None  # noqa: SIM118
+
+
 def write_tensors(path: Path, tensors: Mapping[str, Tensor], what: str) -> None:
     """Write named tensors to a safetensors file atomically (``what`` names them in errors)."""
     tmp = temp_beside(path)
@@ -316,11 +331,15 @@ def write_tensors(path: Path, tensors: Mapping[str, Tensor], what: str) -> None:
     publish(tmp, path)
 
 
-def write_val_logits(run_dir: Path, logits: Tensor, labels: Tensor) -> None:
-    """Keep the validation logits ``(N_v, K)`` and labels ``(N_v,)`` with the run, atomically."""
-    write_tensors(
-        run_dir / VAL_LOGITS, {"logits": logits, "labels": labels}, "the validation logits"
-    )
+def write_val_logits(
+    run_dir: Path, logits: Tensor, labels: Tensor, features: Tensor | None = None
+) -> None:
+    """Keep the validation logits ``(N_v, K)`` and labels ``(N_v,)`` with the run, atomically;
+    and the penultimate ``features`` ``(N_v, D)`` when given."""
+    tensors = {"logits": logits, "labels": labels}
+    if features is not None:
+        tensors["features"] = features
+    write_tensors(run_dir / VAL_LOGITS, tensors, "the validation logits")
 
 
 def write_wise_weights(run_dir: Path, state: Mapping[str, Tensor] | None) -> None:

@@ -15,7 +15,9 @@ from fseb_ft import cli
 from fseb_ft.data.sources.sklearn_digits import load_sklearn_digits
 from fseb_ft.finetune import run
 from fseb_ft.monitor import ALARM_EXIT
+from fseb_ft.prediction import monitor_data
 from fseb_ft.recipe import recipe_from_dict
+from fseb_ft.runs.rundir import VAL_LOGITS, read_val_features, read_val_logits
 from tests.helpers import digits_recipe
 
 pytestmark = pytest.mark.no_figures  # the figure is written, not checked pixel by pixel
@@ -95,6 +97,31 @@ def test_inverted_images_raise_the_alarm_and_the_unreadable_one_is_left_out(
     assert record["alarm"] is True and record["images"] == N_SHIFTED
     assert record["checks"]["features"]["alarm"] is True
     assert record["unreadable"][0].startswith(str(inverted / "broken.png"))
+
+
+def test_a_second_monitor_reads_validation_from_the_run_and_reports_the_same(
+    run_dir: Path,
+    inverted: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (run_dir / VAL_LOGITS).unlink(missing_ok=True)  # the first monitor of this run
+    argv = [str(run_dir), str(inverted), "--out"]
+    code, _ = monitor([*argv, str(tmp_path / "first")], capsys)
+    features = read_val_features(run_dir)
+    logits, labels = read_val_logits(run_dir) or (None, None)
+    assert features is not None and logits is not None and labels is not None
+    assert features.ndim == 2 and len(features) == len(logits) == len(labels)
+
+    def no_pass(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the validation split was rebuilt")
+
+    monkeypatch.setattr(monitor_data, "validation_split", no_pass)
+    again, _ = monitor([*argv, str(tmp_path / "second")], capsys)
+    first, second = (json.loads((tmp_path / d / "monitor.json").read_text())
+                     for d in ("first", "second"))  # fmt: skip
+    assert again == code == ALARM_EXIT and first == second
 
 
 def test_a_batch_below_the_minimum_is_one_error_that_says_why(

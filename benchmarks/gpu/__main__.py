@@ -1,7 +1,7 @@
 """fseb_ft on one GPU in one call: the CUDA tests, step throughput, a real fine-tune (issue 35).
 
     bash benchmarks/gpu/run.sh [--dry-run] [--out DIR]
-        [--parts tests eager finetune profile compile] [--budget 420]
+        [--parts tests eager finetune profile firststep compile] [--budget 420]
 
 (``run.sh`` installs the carried wheels, then runs ``python -m benchmarks.gpu``.) The parts run
 in this order, each in its own process with its own time limit (:data:`PART_LIMITS`, within
@@ -12,6 +12,8 @@ what is left of ``--budget`` seconds), so a hang or a crash in one loses only th
 - ``finetune``: :mod:`benchmarks.gpu.finetune` on the carried CIFAR-10 JPEGs and weights;
 - ``profile``: :mod:`benchmarks.gpu.profile`, ``torch.profiler`` over timm's and PS-MAP's steps,
   eager and compiled;
+- ``firststep``: :mod:`benchmarks.gpu.firststep`, what a step's first use of an input shape
+  costs, and whether cuDNN spends it;
 - ``compile``: :mod:`benchmarks.gpu.throughput` under ``model.compile()``.
 
 Under ``--out`` (default ``$OUT``, else ``gpu-out``) go each part's log, ``gpu.json`` (every
@@ -37,11 +39,11 @@ from typing import cast
 import numpy as np
 from PIL import Image
 
-from benchmarks.gpu.tables import ROW_PREFIX, Row, ratios, reports, table
+from benchmarks.gpu.tables import ROW_PREFIX, Row, first_steps, ratios, reports, table
 
 ROOT = Path(__file__).resolve().parents[2]
-PARTS = ("tests", "eager", "finetune", "profile", "compile")
-PART_LIMITS = {"tests": 120, "eager": 120, "finetune": 180, "profile": 150}
+PARTS = ("tests", "eager", "finetune", "profile", "firststep", "compile")
+PART_LIMITS = {"tests": 120, "eager": 120, "finetune": 180, "profile": 150, "firststep": 120}
 """Seconds a part may take at most (an H100 took 41, 47 and 114 for the first three): a hang
 costs one part, and ``compile`` gets the rest of the budget."""
 CARRIED_DATA = ROOT / ".gpu-carry" / "cifar10"
@@ -63,6 +65,7 @@ def commands(args: argparse.Namespace) -> dict[str, list[str]]:
             "finetune": [*finetune, "--data", str(CARRIED_DATA),
                          "--model", f"local-dir:{CARRIED_WEIGHTS}"],
             "profile": [*py, "-m", "benchmarks.gpu.profile"],
+            "firststep": [*py, "-m", "benchmarks.gpu.firststep"],
             "compile": [*throughput, "--variants", "compile"],
         }  # fmt: skip
     data = write_image_folder(Path(args.work) / "images", classes=3, train=8, test=4)
@@ -75,6 +78,9 @@ def commands(args: argparse.Namespace) -> dict[str, list[str]]:
         "profile": [*py, "-m", "benchmarks.gpu.profile", "--model", "test_resnet", "--batch", "8",
                     "--size", "32", "--steps", "1", "--warmup", "0", "--precision", "no",
                     "--device", "cpu", "--variants", "eager"],
+        "firststep": [*py, "-m", "benchmarks.gpu.firststep", "--models", "test_resnet",
+                      "--batch", "8", "--new", "2", "4", "6", "--size", "32", "--precision",
+                      "no", "--device", "cpu"],
         # One model: tracing is the dry run's slowest part, and it is the same code for both.
         "compile": [*throughput, *THROUGHPUT_DRY, "--models", "test_resnet",
                     "--variants", "compile", "--compile-backend", "eager"],
@@ -152,6 +158,8 @@ def summary(results: dict[str, dict[str, object]]) -> str:
             lines += [table(rows, ratios(rows)), ""]
     if found := results.get("profile", {}).get("figures"):
         lines += [reports(cast(dict[str, object], found)), ""]
+    if found := results.get("firststep", {}).get("figures"):
+        lines += [first_steps(cast(dict[str, object], found)), ""]
     for method, fig in (results.get("finetune", {}).get("figures") or {}).items():
         lines.append(f"- fine-tune {method}: {json.dumps(fig)}")
     for part in (p for p in PARTS if p in results):

@@ -101,3 +101,22 @@ def reports(result: dict[str, object]) -> str:
         f"Profile, {variant}:\n\n{report(cast(dict[str, object], found))}"
         for variant, found in result.items()
     )
+
+
+def first_steps(result: dict[str, object]) -> str:
+    """The Markdown of :mod:`benchmarks.gpu.firststep`'s figures: per model, one row per case,
+    then the operators of its profiled first step."""
+    out = []
+    for model, found in result.items():
+        if not isinstance(found, dict):
+            continue  # cuDNN's version
+        lines = [f"{model}:", "", "| case | batch | cuDNN | first step s | second step ms "
+                 "| one-time s |", "|---|---|---|---|---|---|"]  # fmt: skip
+        for c in found["cases"]:
+            cudnn = "on" if c["cudnn"] else "off"
+            lines.append(f"| {c['case']} | {c['batch']} | {cudnn} | {c['first_s']:.2f} | "
+                         f"{c['second_ms']:.1f} | {c['one_time_s']:.2f} |")  # fmt: skip
+        lines += ["", "| operator (profiled first step) | own host ms | calls |", "|---|---|---|"]
+        lines += [f"| `{name}` | {ms:.1f} | {calls} |" for name, ms, calls in found["profiled_top"]]
+        out.append("\n".join(lines))
+    return "\n\n".join(out)

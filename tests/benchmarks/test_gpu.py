@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+import torch
 
 from benchmarks.gpu.__main__ import commands, environment, parse
 from benchmarks.gpu.__main__ import summary as gpu_summary
@@ -55,7 +56,7 @@ def _in_process(cmd: list[str]) -> dict[str, object]:
 def test_the_benchmark_parts_leave_every_figure(tmp_path: Path) -> None:
     cmds = commands(parse(["--dry-run", "--work", str(tmp_path)]))
     results: dict[str, dict[str, object]] = {"environment": environment()}
-    for part in ("eager", "finetune", "compile"):
+    for part in ("eager", "finetune", "firststep", "compile"):
         results[part] = {"status": "ok", "seconds": 0, "figures": _in_process(cmds[part])}
     for variant, models in (("eager", ("test_resnet", "test_vit")), ("compile", ("test_resnet",))):
         figures = cast(dict[str, Any], results[variant]["figures"])
@@ -69,7 +70,17 @@ def test_the_benchmark_parts_leave_every_figure(tmp_path: Path) -> None:
         found = cast(dict[str, Any], results["finetune"]["figures"])[method]
         assert found["steps"] == 3 and found["bound_by"] in ("input pipeline", "accelerator")
         assert 0 <= found["wait_fraction"] <= 1
+    first = cast(dict[str, Any], results["firststep"]["figures"])["test_resnet"]
+    assert [(c["case"], c["batch"], c["cudnn"]) for c in first["cases"]] == [
+        ("first", 8, True), ("new shape", 2, True), ("seen shape", 8, True),
+        ("new shape, cuDNN off", 4, False), ("new shape, profiled", 6, True),
+    ]  # fmt: skip
+    assert all(c["first_s"] > 0 and c["second_ms"] > 0 for c in first["cases"])
+    assert torch.backends.cudnn.enabled  # the cuDNN-off case turned it back on
+    ops = [name for name, _, _ in first["profiled_top"]]
+    assert "aten::convolution_backward" in ops and len(ops) == 10
     summary = gpu_summary(json.loads(json.dumps(results)))  # as gpu.json gives it back
+    assert "| new shape, cuDNN off | 4 | off |" in summary
     assert "| test_vit | eager | FS-EB M=B | 8 |" in summary
     assert "| test_resnet | compile | PS-MAP | 0 |" in summary
     assert "- fine-tune FS-EB: {" in summary and "- compile: ok" in summary

@@ -309,8 +309,8 @@ def read_val_logits(run_dir: Path) -> tuple[Tensor, Tensor] | None:
     path = run_dir / VAL_LOGITS
     if not _current(path, run_dir):
         return None
-    tensors = load_file(str(path))
-    return tensors["logits"], tensors["labels"]
+    with safe_open(str(path), "pt") as tensors:  # not the monitor's features
+        return tensors.get_tensor("logits"), tensors.get_tensor("labels")
 
 
 def read_val_features(run_dir: Path) -> Tensor | None:
@@ -320,7 +320,8 @@ def read_val_features(run_dir: Path) -> Tensor | None:
     if not _current(path, run_dir):
         return None
     with safe_open(str(path), "pt") as tensors:
-        return tensors.get_tensor("features") if "features" in tensors.keys() else None  # noqa: SIM118
+        names = tensors.keys()  # safe_open has keys() but no `in`
+        return tensors.get_tensor("features") if "features" in names else None
 
 
 def write_tensors(path: Path, tensors: Mapping[str, Tensor], what: str) -> None:

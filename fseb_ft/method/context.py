@@ -11,6 +11,7 @@ saved with the run. :class:`ContextStream` feeds the training loop one context b
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -129,11 +130,14 @@ class ContextPool(Dataset):
         seed_transform(self.transform, seed)
 
     def __repr__(self) -> str:
-        """Short summary for logs."""
+        """Short summary for logs. Its ``fingerprint`` hashes the whole :attr:`identity` (the
+        sources, the members, the seed and the transform): two pools of equal size and seed
+        drawn from different datasets print different ones."""
         ident = self.identity
+        whole = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
         return (
             f"ContextPool(kind={ident['kind']}, size={ident['size']}, counts={ident['counts']}, "
-            f"fixed={self.is_fixed}, fingerprint={ident['fingerprint'][:12]})"
+            f"fixed={self.is_fixed}, fingerprint={whole[:12]})"
         )
 
 

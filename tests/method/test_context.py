@@ -53,6 +53,15 @@ def test_pool_is_deterministic_under_a_seed() -> None:
     assert a.identity["seed"] == 1 and "eval(" in a.identity["transform"]
 
 
+def test_the_log_line_tells_pools_of_other_datasets_apart() -> None:
+    """Same size, seed and so the same members' indices, other images: the identities' member
+    fingerprints agree, the log lines' fingerprints do not."""
+    a, b = _pool(datasets=[_distinct(50, name="kmnist")]), _pool(datasets=[_distinct(50, 1, "c")])
+    assert a.identity["fingerprint"] == b.identity["fingerprint"]  # the members alone
+    assert repr(a) != repr(b) and repr(a) == repr(_pool(datasets=[_distinct(50, name="kmnist")]))
+    assert repr(a).startswith("ContextPool(kind=dataset, size=20, counts=[20], fixed=True, ")
+
+
 def test_pool_uses_whole_source_when_smaller() -> None:
     pool = _pool(size=10_000)
     assert len(pool) == 50 and sorted(pool.pairs[:, 1].tolist()) == list(range(50))

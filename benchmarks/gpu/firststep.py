@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import time
 from collections.abc import Sequence
 
 import torch
@@ -36,7 +35,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.gpu.tables import first_steps
-from benchmarks.gpu.throughput import Setup, Step, _free, _sync, fseb_step, setup_of
+from benchmarks.gpu.throughput import Setup, _free, _run, fseb_step, setup_of
 
 TOP = 10
 """Operators listed from the profiled first step."""
@@ -55,14 +54,6 @@ class Case:
     """``first_s`` less the second step: what the first use cost once."""
 
 
-def _timed(step: Step, device: torch.device) -> float:
-    _sync(device)
-    started = time.perf_counter()
-    step()
-    _sync(device)
-    return time.perf_counter() - started
-
-
 def measure(
     name: str, label: str, setup: Setup, cudnn: bool = True, profiled: bool = False
 ) -> tuple[Case, list[tuple[str, float, int]]]:
@@ -78,13 +69,13 @@ def measure(
             activities = [ProfilerActivity.CPU]
             activities += [ProfilerActivity.CUDA] if setup.device.type == "cuda" else []
             with profile(activities=activities) as prof:
-                first = _timed(step, setup.device)
+                first = _run(step, setup.device)[0]
             ops = [e for e in prof.key_averages() if e.device_type == DeviceType.CPU]
             ops.sort(key=lambda e: -e.self_cpu_time_total)
             top = [(e.key, round(e.self_cpu_time_total / 1e3, 1), e.count) for e in ops[:TOP]]
         else:
-            first = _timed(step, setup.device)
-        second = _timed(step, setup.device)
+            first = _run(step, setup.device)[0]
+        second = _run(step, setup.device)[0]
     finally:
         torch.backends.cudnn.enabled = enabled
     case = Case(label, setup.batch, cudnn, round(first, 3), round(second * 1e3, 2),

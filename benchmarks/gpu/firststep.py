@@ -2,7 +2,7 @@
 (docs/performance.md, "GPU": each new batch shape cost the H200's fine-tune ~10 s, its first
 step 13.7 s and the partial last batch's 10.5 s).
 
-    python -m benchmarks.gpu.firststep [--model efficientnet_lite0] [--batch 128]
+    python -m benchmarks.gpu.firststep [--models efficientnet_lite0 resnet50] [--batch 128]
         [--new 8 24 40] [--size 224] [--precision bf16]
 
 One process; PS-MAP's step as :mod:`benchmarks.gpu.throughput` builds it (bf16 autocast,

@@ -259,15 +259,7 @@ def _model_and_objective(
     check_cache_size(recipe.data.cache, spec.size, recipe.model.name)
     kw, size = _loader_kw(recipe), recipe.eval.batch_size
     transform = train_transform(spec.size, spec.mean, spec.std, recipe.data.augment, kw["seed"])
-    train_set = TransformedImages(data.splits.train, transform)
-    sampler = None
-    if recipe.train.sampler == "balanced":
-        sampler = BalancedSampler(data.splits.train.labels, recipe.train.seed)
-    # Read every epoch: their workers persist, until _train closes them.
-    train_loader = make_loader(
-        train_set, recipe.data.batch_size, shuffle=sampler is None, sampler=sampler,
-        persistent=True, **kw,
-    )  # fmt: skip
+    train_loader = _train_loader(recipe, data.splits.train, transform, accelerator)
     val_loader = eval_loader(data.splits.val, spec, size, persistent=True, **kw)
     # Prepared first, as they always were: Accelerate's checkpoints number loaders in this order.
     val_ood_loaders = {
@@ -291,6 +283,32 @@ def _model_and_objective(
         accelerator, objective, optimizer, scheduler, train_loader, val_loader, context=None
     )
     return parts, spec, val_ood_loaders
+
+
+def _train_loader(
+    recipe: Recipe, images: LabeledImages, transform: Any, accelerator: Accelerator
+) -> DataLoader:
+    """The training split's loader, shuffled or drawn by ``train.sampler``; read every epoch, so
+    its workers persist until ``_train`` closes them.
+
+    A last batch of one image is left out (a different image each epoch, with a notice): it
+    stops BatchNorm where a feature map is 1x1 (a ResNet at 32 px). Any other partial last
+    batch trains.
+    """
+    batch, train_set = recipe.data.batch_size, TransformedImages(images, transform)
+    sampler = None
+    if recipe.train.sampler == "balanced":
+        sampler = BalancedSampler(images.labels, recipe.train.seed)
+    lone = batch > 1 and len(train_set) % batch == 1
+    if lone:
+        accelerator.print(
+            f"train: {len(train_set)} images in batches of {batch}: each epoch's last batch, "
+            "a single image, is left out (BatchNorm cannot train on one)"
+        )
+    return make_loader(
+        train_set, batch, shuffle=sampler is None, sampler=sampler, persistent=True,
+        drop_last=lone, **_loader_kw(recipe),
+    )  # fmt: skip
 
 
 def _context(

@@ -288,7 +288,8 @@ class DataConfig:
     std: tuple[float, ...] | None = None
     """Normalisation std; ``null`` takes the model's data config."""
     batch_size: int = 128
-    """Training batch size B per process."""
+    """Training batch size B per process. An epoch's partial last batch trains, except a lone
+    image, which is left out (BatchNorm cannot train on one)."""
     num_workers: int = 2
     """DataLoader worker processes."""
     bad_images: BadImages = "stop"

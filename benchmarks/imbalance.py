@@ -39,7 +39,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from benchmarks.paper_fmnist import SHARED, cifar_folder, write_section
+from benchmarks.paper_fmnist import SHARED, cifar_folder
+from benchmarks.provenance import write_section
 from fseb_ft.engine.reevaluate import evaluate_run_with_predictions
 from fseb_ft.evaluation.metrics import classification_metrics
 from fseb_ft.finetune import compare

@@ -37,7 +37,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from benchmarks.paper_fmnist import write_section
+from benchmarks.provenance import write_section
 from fseb_ft.data.corruptions import corrupt_images
 from fseb_ft.data.images import ArrayImages, IndexedImages, LabeledImages
 from fseb_ft.data.sources import load_split

@@ -54,8 +54,8 @@ from benchmarks.paper_fmnist import (
     finished_results,
     shift_delta_table,
     training_record,
-    write_section,
 )
+from benchmarks.provenance import write_section
 from fseb_ft.engine.run import run
 from fseb_ft.recipe import load_recipe
 from fseb_ft.runs.plots import learning_curves

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks import paper_rows
-from benchmarks.provenance import made_by, run_codes, stamp
+from benchmarks.provenance import write_section
 from benchmarks.seeds import cell
 from fseb_ft.engine.run import run
 from fseb_ft.recipe import load_recipe
@@ -47,7 +47,6 @@ SHARED = REPO.parent / "shared"
 RECIPE = REPO / "recipes" / "fmnist.yaml"
 CIFAR_TAR = SHARED / "data" / "cifar10-jpeg" / "CIFAR-10-images.tar"
 KMNIST = SHARED / "data" / "kmnist"
-MARKERS = ("<!-- fmnist:begin -->", "<!-- fmnist:end -->")
 SHIFT_MARKERS = ("<!-- fmnist-shift:begin -->", "<!-- fmnist-shift:end -->")
 
 # (column title, results path, scale): percentages as in the paper's tables.
@@ -270,22 +269,6 @@ def finished_results(run_dir: Path) -> dict:
 def training_record(run_dir: Path) -> dict:
     """The ``training`` record of a run's ``run.json``: best epoch, validation NLL, history."""
     return json.loads((run_dir / "run.json").read_text())["training"]
-
-
-def write_section(
-    path: Path, body: str, markers: tuple[str, str] = MARKERS, *, runs: Sequence[Path]
-) -> None:
-    """Replace one marked section of ``docs/results.md`` (or append it), stamped with the code
-    that made the run folders in or under ``runs`` (:mod:`benchmarks.provenance`)."""
-    text = path.read_text() if path.exists() else "# Results\n"
-    body = body.rstrip("\n") + "\n\n" + stamp(made_by(run_codes(runs)))
-    block = f"{markers[0]}\n{body}{markers[1]}"
-    if markers[0] in text:
-        head, rest = text.split(markers[0], 1)
-        text = head + block + rest.split(markers[1], 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    path.write_text(text)
 
 
 def command_line(args: argparse.Namespace) -> str:

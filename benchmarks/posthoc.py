@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import paper_cifar10
-from benchmarks.paper_fmnist import write_section
+from benchmarks.provenance import write_section
 from benchmarks.seeds import cell, row
 
 ARMS = {"psmap": "PS-MAP", "fseb": "FS-EB"}

@@ -21,7 +21,7 @@ import hashlib
 import json
 import re
 import subprocess
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ __all__ = [
     "read_stamp",
     "run_codes",
     "stamp",
+    "write_section",
 ]
 
 REPO = Path(__file__).resolve().parents[1]
@@ -126,3 +127,26 @@ def read_stamp(section: str) -> dict[str, Any] | None:
     """The record of the stamp in one section's text, or ``None`` if it has none."""
     found = _STAMP.search(section)
     return None if found is None else json.loads(found.group(1))
+
+
+def write_section(
+    path: Path,
+    body: str,
+    markers: tuple[str, str],
+    *,
+    runs: Sequence[Path] = (),
+    codes: Sequence[dict[str, Any] | None] = (),
+) -> None:
+    """Replace one marked section of ``docs/results.md`` (or append it), stamped with the code
+    that made the run folders in or under ``runs`` (:mod:`benchmarks.provenance`), and with
+    ``codes``, the code records of work done in this process
+    (:func:`fseb_ft.runs.code_record.code_record`), for a table made without run folders."""
+    text = path.read_text() if path.exists() else "# Results\n"
+    body = body.rstrip("\n") + "\n\n" + stamp(made_by([*run_codes(runs), *codes]))
+    block = f"{markers[0]}\n{body}{markers[1]}"
+    if markers[0] in text:
+        head, rest = text.split(markers[0], 1)
+        text = head + block + rest.split(markers[1], 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    path.write_text(text)

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.paper_fmnist import write_section
+from benchmarks.provenance import write_section
 from benchmarks.seeds import cell
 
 REPO = Path(__file__).resolve().parents[1]

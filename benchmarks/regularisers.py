@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import paper_cifar10, posthoc
-from benchmarks.paper_fmnist import write_section
+from benchmarks.provenance import write_section
 from benchmarks.seeds import cell, row
 
 CONTEXT_METHOD = "FS-EB (cifar100, d=1)"  # the context protocol's validation-chosen prior

@@ -29,8 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import paper_rows
-from benchmarks.paper_fmnist import write_section
-from benchmarks.provenance import made_by, run_codes, stamp
+from benchmarks.provenance import made_by, run_codes, stamp, write_section
 from benchmarks.seeds import cell
 from fseb_ft.runs.rundir import RUN_INFO_FILE, TRAINER_STATE, latest_checkpoint
 

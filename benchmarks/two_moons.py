@@ -25,9 +25,10 @@ below 0.9; N = 1000 fits the moons (≥ 0.99) with the reference prior unchanged
 The far-field score is the mean predictive entropy (nats; ln 2 ≈ 0.693 is the maximum) on a ring of
 256 points at 3× the largest norm of a standardised training point.
 
-Run: ``python -m benchmarks.two_moons [--steps N] [--seed S] [--out PNG] [--no-plot]``; the last
-stdout line is a JSON object with ``far_entropy_psmap``, ``far_entropy_fseb``, ``train_acc_psmap``
-and ``train_acc_fseb``.
+Run: ``python -m benchmarks.two_moons [--steps N] [--seed S] [--out PNG] [--no-plot] [--results
+PAGE]``; the last stdout line is a JSON object with ``far_entropy_psmap``, ``far_entropy_fseb``,
+``train_acc_psmap`` and ``train_acc_fseb``. ``--results`` also writes the table between
+``<!-- two-moons:begin/end -->`` of PAGE, stamped with this process's code.
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ import torch
 from sklearn.datasets import make_moons
 from torch import Tensor, nn
 
+from benchmarks.provenance import write_section
 from fseb_ft.method.objective import FSEBObjective
+from fseb_ft.runs.code_record import code_record
 
 N_SAMPLES = 1000
 NOISE = 0.1
@@ -61,6 +64,8 @@ GRID_SIZE = 200
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "docs" / "figures" / "two_moons.png"
 METHODS = {"psmap": 0.0, "fseb": 1.0}
 """Method name → ``reg_scale``: the only difference between the two runs."""
+LABELS = {"psmap": "PS-MAP", "fseb": "FS-EB"}
+MARKERS = ("<!-- two-moons:begin -->", "<!-- two-moons:end -->")
 
 
 class MoonsMLP(nn.Module):
@@ -236,6 +241,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0, help="data, init and context seed")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="entropy-map PNG path")
     parser.add_argument("--no-plot", action="store_true", help="skip writing the figure")
+    parser.add_argument(
+        "--results", type=Path, help="also write the table into this page's two-moons section"
+    )
     args = parser.parse_args(argv)
     # 128-wide matmuls gain nothing from intra-op threads; on a shared 2-core box a second thread
     # spin-waits on busy cores and was measured 20-80x slower per step.
@@ -244,11 +252,28 @@ def main(argv: list[str] | None = None) -> None:
     results = run(args.steps, args.seed, None if args.no_plot else args.out)
     elapsed = time.perf_counter() - start
     print(f"{'method':<8} {'far entropy (nats)':>19} {'train acc':>10}")
-    for name, label in (("psmap", "PS-MAP"), ("fseb", "FS-EB")):
+    for name, label in LABELS.items():
         far, acc = results[f"far_entropy_{name}"], results[f"train_acc_{name}"]
         print(f"{label:<8} {far:>19.3f} {acc:>10.3f}")
     print(f"({args.steps} steps, seed {args.seed}, {elapsed:.1f} s)")
+    if args.results is not None:
+        text = section(results, args.steps, args.seed)
+        write_section(args.results, text, MARKERS, codes=[code_record()])
     print(json.dumps(results))
+
+
+def section(results: dict[str, float], steps: int, seed: int) -> str:
+    """The results page's table of one call, under the command that reproduces it."""
+    options = (f" --steps {steps}" if steps != STEPS else "") + (f" --seed {seed}" if seed else "")
+    rows = "".join(
+        f"| {label} | {results[f'far_entropy_{name}']:.3f} | {results[f'train_acc_{name}']:.3f} |\n"
+        for name, label in LABELS.items()
+    )
+    return (
+        f"`python -m benchmarks.two_moons{options} --results docs/results.md`; {steps} steps, "
+        f"seed {seed}, one thread:\n\n| method | mean predictive entropy far from the data "
+        f"(nats) | train accuracy |\n|---|---|---|\n{rows}"
+    )
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import paper_cifar10, paper_fmnist
+from benchmarks import paper_cifar10, paper_fmnist, provenance
 from fseb_ft.recipe import load_recipe
 
 pytestmark = pytest.mark.no_figures  # figures: runs/test_plots.py, engine/test_pipeline.py
@@ -136,14 +136,14 @@ def test_write_section_replaces_only_its_marked_block(tmp_path: Path) -> None:
     path = tmp_path / "results.md"
     path.write_text("# Results\n\nintro\n")
     markers = ("<!-- x:begin -->", "<!-- x:end -->")
-    paper_fmnist.write_section(path, "first\n", markers, runs=[])
-    paper_fmnist.write_section(path, "second\n", markers, runs=[])
+    provenance.write_section(path, "first\n", markers, runs=[])
+    provenance.write_section(path, "second\n", markers, runs=[])
     text = path.read_text()
     head, block = text.split("<!-- x:begin -->\n")
     assert head == "# Results\n\nintro\n\n"
     assert block.startswith("second\n\n<!-- made-by: ") and block.endswith("<!-- x:end -->\n")
     assert "first" not in text
-    paper_fmnist.write_section(path, "other\n", ("<!-- y:begin -->", "<!-- y:end -->"), runs=[])
+    provenance.write_section(path, "other\n", ("<!-- y:begin -->", "<!-- y:end -->"), runs=[])
     assert "second" in path.read_text() and "other" in path.read_text()
 
 

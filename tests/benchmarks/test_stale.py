@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import paper_fmnist, stale
+from benchmarks import provenance, stale
 from benchmarks.provenance import fingerprint_id, made_by, read_stamp, run_codes, stamp
 
 REPO = Path(__file__).resolve().parents[2]
@@ -158,7 +158,7 @@ def test_write_section_stamps_the_code_of_its_runs(tmp_path: Path) -> None:
     head = git(REPO, "rev-parse", "HEAD")
     (run / "run.json").write_text(json.dumps({"code": code(head)}))
     path = tmp_path / "results.md"
-    paper_fmnist.write_section(path, "| a |\n", ("<!-- t:begin -->", "<!-- t:end -->"),
+    provenance.write_section(path, "| a |\n", ("<!-- t:begin -->", "<!-- t:end -->"),
                                runs=[tmp_path / "runs"])  # fmt: skip
     [table] = stale.tables([path])
     assert table.made_by["commits"] == [head[:7]]

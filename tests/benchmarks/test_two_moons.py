@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.provenance import read_stamp
 from benchmarks.two_moons import main, run
 
 KEYS = {"far_entropy_psmap", "far_entropy_fseb", "train_acc_psmap", "train_acc_fseb"}
@@ -45,3 +46,20 @@ def test_cli_prints_json_last_and_writes_png(
     assert set(results) == KEYS
     assert all(isinstance(v, float) for v in results.values())
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_cli_writes_its_table_stamped_with_this_code(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    page = tmp_path / "results.md"
+    page.write_text("# Results\n\n<!-- two-moons:begin -->\nold\n<!-- two-moons:end -->\n")
+    main(["--steps", "3", "--no-plot", "--results", str(page)])
+    results = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    text = page.read_text()
+    assert "old" not in text
+    assert "`python -m benchmarks.two_moons --steps 3 --results docs/results.md`" in text
+    far, acc = results["far_entropy_fseb"], results["train_acc_fseb"]
+    assert f"| FS-EB | {far:.3f} | {acc:.3f} |" in text
+    stamp = read_stamp(text)
+    assert stamp is not None and stamp["runs"] == 1  # this process's code, as one record

@@ -80,22 +80,31 @@ def table(per_seed: Mapping[int, Values]) -> str:
 
 
 def run_seed(seed: int, out: Path) -> dict[str, dict[str, Any]]:
-    """The two runs of ``seed`` (trained unless both finished), their ``results.json``."""
+    """The two runs of ``seed`` (trained unless both finished; a killed one resumes), their
+    ``results.json``."""
     from fseb_ft.finetune import compare
 
-    files = {slug: out / f"seed{seed}" / slug / "results.json" for slug in METHODS}
-    if not all(path.is_file() for path in files.values()):
+    if not all(path.is_file() for path in _results_files(seed, out).values()):
         compare(RECIPE, [f"train.seed={seed}", f"output.dir={out / f'seed{seed}'}"])
-    return {slug: json.loads(path.read_text()) for slug, path in files.items()}
+    return read_seed(seed, out)
 
 
 def read_seed(seed: int, out: Path) -> dict[str, dict[str, Any]]:
-    """The finished runs' ``results.json`` of ``seed``, for ``--tables-only``."""
-    files = {slug: out / f"seed{seed}" / slug / "results.json" for slug in METHODS}
+    """The finished runs' ``results.json`` of ``seed``.
+
+    Raises:
+        SystemExit: a run has none (``--tables-only`` before the runs).
+    """
+    files = _results_files(seed, out)
     missing = [str(path) for path in files.values() if not path.is_file()]
     if missing:
         raise SystemExit(f"{missing[0]} not found: run the benchmark without --tables-only first")
     return {slug: json.loads(path.read_text()) for slug, path in files.items()}
+
+
+def _results_files(seed: int, out: Path) -> dict[str, Path]:
+    """Each method's ``results.json`` of ``seed`` under ``out``, by method slug."""
+    return {slug: out / f"seed{seed}" / slug / "results.json" for slug in METHODS}
 
 
 def main(argv: Sequence[str] | None = None) -> str:

@@ -14,26 +14,22 @@ import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from safetensors.torch import load_model
-from torch import Tensor, nn
+from torch import nn
 from torch.utils.data import DataLoader
 
 from fseb_ft.data.holdout import split_records
 from fseb_ft.data.image_cache import check_cache_size
-from fseb_ft.data.images import LabeledImages
 from fseb_ft.data.inputs import InputSpec
-from fseb_ft.data.loaders import close_workers, make_loader
-from fseb_ft.data.sampling import BalancedSampler
-from fseb_ft.data.screening import screen, screen_splits
-from fseb_ft.data.sources import build_splits, load_split
+from fseb_ft.data.loaders import close_workers
+from fseb_ft.data.sources import build_splits
 from fseb_ft.data.splits import Splits
-from fseb_ft.data.transforms import TransformedImages, train_transform
+from fseb_ft.data.transforms import train_transform
 from fseb_ft.engine.allocator import keep_freed_memory
 from fseb_ft.engine.callbacks import Callback, TrainState
 from fseb_ft.engine.loop import (
@@ -46,15 +42,20 @@ from fseb_ft.engine.loop import (
 from fseb_ft.engine.optimizers import build_optimizer, build_scheduler
 from fseb_ft.engine.resume import check_resumable, check_same_data, data_files, flat_keys
 from fseb_ft.engine.run_callbacks import builtin_callbacks
-from fseb_ft.engine.run_checks import check_data, class_count, reported_task_metrics
+from fseb_ft.engine.run_checks import check_data
+from fseb_ft.engine.run_data import (
+    RunData,
+    load_run_data,
+    loader_kw,
+    training_loader,
+    uses_context,
+)
 from fseb_ft.engine.speed import apply_speed_keys
 from fseb_ft.evaluation.bootstrap import Bootstrap
 from fseb_ft.evaluation.features import laplace_classifier
 from fseb_ft.evaluation.predictions import eval_loader, predict_splits
 from fseb_ft.evaluation.wise import with_wise
-from fseb_ft.method.context import context_sets, context_stream, resolve_prior_on_pool
-from fseb_ft.method.likelihood import class_weights
-from fseb_ft.method.methods import find_method
+from fseb_ft.method.context import context_stream, resolve_prior_on_pool
 from fseb_ft.method.models import create_model, input_spec, planned_input_size
 from fseb_ft.method.objective import FSEBObjective
 from fseb_ft.recipe import ConfigError, Recipe, dump_recipe
@@ -79,7 +80,7 @@ from fseb_ft.runs.rundir import (
 from fseb_ft.runs.tables import method_title
 from fseb_ft.runs.upload import share_run
 
-__all__ = ["RunData", "run", "run_with_predictions"]
+__all__ = ["run", "run_with_predictions"]
 
 logger = logging.getLogger("fseb_ft")
 
@@ -128,29 +129,6 @@ def run_with_predictions(
     return evaluated
 
 
-@dataclass(frozen=True)
-class RunData:
-    """A run's images once screened: what the model, the context and run.json are built from."""
-
-    splits: Splits
-    context_sets: list[LabeledImages]
-    """The datasets of ``context.datasets`` (none for PS-MAP, which draws no context)."""
-    val_ood: dict[str, LabeledImages]
-    """The ``data.val_ood`` sets, scored against validation each epoch."""
-    num_classes: int
-    """The head's class count K."""
-    dropped: dict[str, list[str]]
-    """Unreadable images left out (``data.bad_images: skip``), by recipe key."""
-    warnings: list[str]
-    """What the labels make doubtful (a class without images, …)."""
-    task_metrics: tuple[str, ...]
-    """The metrics of ``eval.metrics`` defined for ``num_classes`` classes."""
-    built: Splits
-    """The splits as built, before the screen: what ``run.json``'s split fingerprints name."""
-    class_weights: Tensor | None = None
-    """The per-class likelihood weights (K,) of ``train.class_weights``; ``None``: unweighted."""
-
-
 class _Trained(NamedTuple):
     """A run once trained, its best weights loaded: what its evaluation and export need."""
 
@@ -173,7 +151,7 @@ def _train(recipe: Recipe, splits: Splits | None, callbacks: Sequence[Callback])
         splits = build_splits(recipe.data, recipe.train.seed)
     check_data(recipe, splits)
     accelerator, warned = _start(recipe, run_dir)
-    data = _data(recipe, splits, accelerator)
+    data = load_run_data(recipe, splits, accelerator)
     warned += _warn(accelerator, data.warnings)
     parts, spec, val_ood_loaders = _model_and_objective(recipe, data, accelerator)
     parts, prior = _context(recipe, data, spec, parts)
@@ -206,47 +184,6 @@ def _start(recipe: Recipe, run_dir: Path) -> tuple[Accelerator, list[str]]:
     return accelerator, warned
 
 
-def _data(recipe: Recipe, splits: Splits, accelerator: Accelerator) -> RunData:
-    """Screen the splits and the context sets for unreadable images (serving them from the
-    resized-image cache with ``data.cache``), check the labels, weigh the classes
-    (``train.class_weights``), and load the validation OOD sets."""
-    seed, channels, cache = recipe.train.seed, recipe.data.channels, recipe.data.cache
-    with accelerator.main_process_first():  # the main process builds the cache, the others read it
-        screened, others, dropped = screen_splits(
-            splits,
-            # A method without context points (PS-MAP, L2-SP) draws none.
-            context_sets(recipe.context, channels, seed) if _uses_context(recipe) else [],
-            recipe.data.bad_images,
-            accelerator.is_main_process,
-            cache=cache,
-        )
-        val_ood, dropped_ood = _val_ood_sets(recipe, accelerator.is_main_process)
-    num_classes, warnings = class_count(recipe, screened)
-    weights = class_weights(recipe.train.class_weights, screened.train.labels, num_classes)
-    metrics = reported_task_metrics(recipe, num_classes, accelerator.is_main_process)
-    dropped |= dropped_ood
-    return RunData(
-        screened, others, val_ood, num_classes, dropped, warnings, metrics, splits, weights
-    )
-
-
-def _val_ood_sets(
-    recipe: Recipe, progress: bool
-) -> tuple[dict[str, LabeledImages], dict[str, list[str]]]:
-    """The ``data.val_ood`` sets by name; with ``data.cache``, served from it and their
-    unreadable images handled as the other sets' are (with the files left out, by key)."""
-    data = recipe.data
-    keys = {name: f"data.val_ood.{name}" for name in data.val_ood}
-    sets = {
-        keys[name]: load_split(keys[name], spec, data.channels, data.draw_seed(recipe.train.seed))
-        for name, spec in data.val_ood.items()
-    }
-    dropped: dict[str, list[str]] = {}
-    if data.cache is not None:
-        sets, dropped = screen(sets, data.bad_images, progress, data.cache)
-    return {name: sets[key] for name, key in keys.items()}, dropped
-
-
 def _model_and_objective(
     recipe: Recipe, data: RunData, accelerator: Accelerator
 ) -> tuple[Prepared, InputSpec, dict[str, DataLoader]]:
@@ -257,9 +194,9 @@ def _model_and_objective(
         laplace_classifier(model, recipe.eval)
     spec = input_spec(model, recipe.model, recipe.data)
     check_cache_size(recipe.data.cache, spec.size, recipe.model.name)
-    kw, size = _loader_kw(recipe), recipe.eval.batch_size
+    kw, size = loader_kw(recipe), recipe.eval.batch_size
     transform = train_transform(spec.size, spec.mean, spec.std, recipe.data.augment, kw["seed"])
-    train_loader = _train_loader(recipe, data.splits.train, transform, accelerator)
+    train_loader = training_loader(recipe, data.splits.train, transform, accelerator)
     val_loader = eval_loader(data.splits.val, spec, size, persistent=True, **kw)
     # Prepared first, as they always were: Accelerate's checkpoints number loaders in this order.
     val_ood_loaders = {
@@ -285,39 +222,13 @@ def _model_and_objective(
     return parts, spec, val_ood_loaders
 
 
-def _train_loader(
-    recipe: Recipe, images: LabeledImages, transform: Any, accelerator: Accelerator
-) -> DataLoader:
-    """The training split's loader, shuffled or drawn by ``train.sampler``; read every epoch, so
-    its workers persist until ``_train`` closes them.
-
-    A last batch of one image is left out (a different image each epoch, with a notice): it
-    stops BatchNorm where a feature map is 1x1 (a ResNet at 32 px). Any other partial last
-    batch trains.
-    """
-    batch, train_set = recipe.data.batch_size, TransformedImages(images, transform)
-    sampler = None
-    if recipe.train.sampler == "balanced":
-        sampler = BalancedSampler(images.labels, recipe.train.seed)
-    lone = batch > 1 and len(train_set) % batch == 1
-    if lone:
-        accelerator.print(
-            f"train: {len(train_set)} images in batches of {batch}: each epoch's last batch, "
-            "a single image, is left out (BatchNorm cannot train on one)"
-        )
-    return make_loader(
-        train_set, batch, shuffle=sampler is None, sampler=sampler, persistent=True,
-        drop_last=lone, **_loader_kw(recipe),
-    )  # fmt: skip
-
-
 def _context(
     recipe: Recipe, data: RunData, spec: InputSpec, parts: Prepared
 ) -> tuple[Prepared, dict[str, float] | None]:
     """The method's context stream (PS-MAP and L2-SP draw none) in ``parts``, and the prior
     resolved on its pool from ``fseb.prior_std`` (``None``: the recipe gives s and d)."""
     context = None
-    if _uses_context(recipe):
+    if uses_context(recipe):
         context = context_stream(
             recipe.context,
             recipe.train.seed,
@@ -417,14 +328,14 @@ def _evaluate(recipe: Recipe, splits: Splits, spec: InputSpec, parts: Prepared) 
         spec,
         recipe.eval,
         parts.accelerator,
-        **_loader_kw(recipe),
+        **loader_kw(recipe),
         network=parts.objective.model,
     )
     if recipe.eval.wise_ft:  # towards φ0, the frozen start the objective keeps
         objective = parts.objective
         predictions = with_wise(
             predictions, objective.prior, objective.model, splits, spec, recipe.eval,
-            parts.accelerator, **_loader_kw(recipe),
+            parts.accelerator, **loader_kw(recipe),
         )  # fmt: skip
     return EvalResults.of(predictions, recipe.eval, Bootstrap.of(recipe))
 
@@ -474,16 +385,6 @@ def _write_outputs(
             # error there is logged with its retry command, not raised: the results are written.
             model = accelerator.unwrap_model(trained.parts.objective.model)
             share_run(model, run_dir, recipe, trained.run_info, evaluated.results)
-
-
-def _loader_kw(recipe: Recipe) -> dict[str, Any]:
-    """The loaders' workers and seed."""
-    return {"num_workers": recipe.data.num_workers, "seed": recipe.train.seed}
-
-
-def _uses_context(recipe: Recipe) -> bool:
-    """Whether the recipe's method draws context points (FS-EB with ``reg_scale > 0``, FS-VI)."""
-    return find_method(recipe.fseb.method).uses_context(recipe.fseb)
 
 
 def _check_processes(objective: FSEBObjective, accelerator: Accelerator) -> None:

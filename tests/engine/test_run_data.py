@@ -1,4 +1,5 @@
-"""The training loader's last batch: one lone image is left out, any other partial batch trains."""
+"""engine.run_data: the training loader's last batch: one lone image is left out, any other partial
+batch trains."""
 
 from pathlib import Path
 

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 import fseb_ft.engine.run as run_module
+import fseb_ft.engine.run_data as run_data_module
 import fseb_ft.finetune as finetune_module
 import fseb_ft.runs.atomic as atomic
 import fseb_ft.runs.rundir as rundir
@@ -169,7 +170,7 @@ def test_a_run_removes_the_temporary_files_a_killed_run_left(
 
     monkeypatch.setattr(run_module, "build_splits", lambda *args: SimpleNamespace(train=None))
     monkeypatch.setattr(run_module, "check_data", lambda *args: None)
-    monkeypatch.setattr(run_module, "screen_splits", stop)
+    monkeypatch.setattr(run_data_module, "screen_splits", stop)  # the data phase's first step
     recipe = recipe_from_dict(
         {
             "model": {"name": "test_byobnet", "pretrained": False},

@@ -37,6 +37,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.seeds import value_at
+
 REPO = Path(__file__).resolve().parents[1]
 Result = dict[str, Any]
 """One commit's short run: method → metric → value."""
@@ -61,10 +63,7 @@ def digest(results: dict) -> dict[str, float]:
     """The compared numbers of one run: test metrics and every OOD set's entropy AUROC."""
     numbers = {}
     for path in METRIC_PATHS:
-        value = results
-        for key in path:
-            value = value[key]
-        numbers[".".join(path)] = float(value)
+        numbers[".".join(path)] = value_at(results, path)
     for name, scores in sorted(results.get("ood", {}).items()):
         numbers[f"ood.{name}.entropy_auroc"] = float(scores["entropy_auroc"])
     return numbers

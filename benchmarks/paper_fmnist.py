@@ -37,7 +37,7 @@ from pathlib import Path
 
 from benchmarks import paper_rows
 from benchmarks.provenance import write_section
-from benchmarks.seeds import cell
+from benchmarks.seeds import cell, value_at
 from fseb_ft.engine.run import run
 from fseb_ft.recipe import load_recipe
 from fseb_ft.runs.plots import learning_curves
@@ -110,12 +110,6 @@ KMNIST_CONTEXT = (
 )
 
 
-def _get(results: dict, path: Sequence[str]) -> float:
-    for key in path:
-        results = results[key]
-    return float(results)
-
-
 def _has(results: dict, path: Sequence[str]) -> bool:
     for key in path:
         if not isinstance(results, dict) or key not in results:
@@ -154,9 +148,10 @@ def table(
                 if not all(_has(r, path) for r in [*members, *(ref or [])]):
                     cells.append("—")  # e.g. an OOD set that is this method's context
                     continue
-                values = [_get(r, path) * scale for r in members]
+                values = [value_at(r, path) * scale for r in members]
                 if ref is not None:
-                    values = [v - _get(b, path) * scale for v, b in zip(values, ref, strict=True)]
+                    pairs = zip(values, ref, strict=True)
+                    values = [v - value_at(b, path) * scale for v, b in pairs]
                 cells.append(cell(values, 2 if scale != 1.0 else 4, signed=ref is not None))
             lines.append("| " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
@@ -244,7 +239,8 @@ def _delta(
 ) -> str:
     """Mean ± SE of the per-seed differences at ``path`` (paired by position: by seed), at
     ``digits`` decimals (0: 2 for percentages, 3 otherwise)."""
-    values = [(_get(r, path) - _get(b, path)) * scale for r, b in zip(runs, base, strict=True)]
+    pairs = zip(runs, base, strict=True)
+    values = [(value_at(r, path) - value_at(b, path)) * scale for r, b in pairs]
     return cell(values, digits or (2 if scale != 1.0 else 3), signed=True)
 
 
@@ -253,8 +249,8 @@ def _pair(members: list[dict], ref: list[dict] | None, path: Sequence[str]) -> s
     if ref is not None:
         acc, ece = (_delta(members, ref, (*path, key), 100.0, 1) for key in ("accuracy", "ece"))
         return f"{acc} / {ece}"
-    acc = cell([100 * _get(m, (*path, "accuracy")) for m in members], 1)
-    ece = cell([100 * _get(m, (*path, "ece")) for m in members], 1)
+    acc = cell([100 * value_at(m, (*path, "accuracy")) for m in members], 1)
+    ece = cell([100 * value_at(m, (*path, "ece")) for m in members], 1)
     return f"{acc} / {ece}"
 
 

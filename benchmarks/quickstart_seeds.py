@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.provenance import write_section
-from benchmarks.seeds import cell
+from benchmarks.seeds import cell, value_at
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "quickstart.yaml"
@@ -46,17 +46,9 @@ Values = dict[str, dict[str, float]]
 def seed_values(results: Mapping[str, Mapping[str, Any]]) -> Values:
     """Each method's column values from its ``results.json`` record (by method slug)."""
     return {
-        slug: {title: scale * _at(record, path) for title, path, scale, _ in COLUMNS}
+        slug: {title: scale * value_at(record, path) for title, path, scale, _ in COLUMNS}
         for slug, record in results.items()
     }
-
-
-def _at(record: Mapping[str, Any], path: Sequence[str]) -> float:
-    """The number at ``path`` (keys, outermost first) of a ``results.json`` record."""
-    found: Any = record
-    for key in path:
-        found = found[key]
-    return float(found)
 
 
 def table(per_seed: Mapping[int, Values]) -> str:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 
 def mean_se(values: Sequence[float]) -> tuple[float, float]:
@@ -26,3 +27,11 @@ def row(label: str, seeds: Sequence[int], cells: Sequence[str]) -> str:
     """A table row: ``label``, the seeds it averages, then ``cells``, each hyphen a minus sign."""
     numbers = [c.replace("-", "−") for c in cells]
     return "| " + " | ".join([label, ", ".join(map(str, seeds)), *numbers]) + " |"
+
+
+def value_at(record: Mapping[str, Any], path: Sequence[str]) -> float:
+    """The number at ``path`` (keys, outermost first) of a ``results.json`` record."""
+    found: Any = record
+    for key in path:
+        found = found[key]
+    return float(found)

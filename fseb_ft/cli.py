@@ -244,13 +244,12 @@ def fraction_argument(name: str) -> Callable[[str], float]:
 def dataset_argument(text: str) -> dict[str, Any]:
     """The argparse type of a command's ``--dataset``: a recipe dataset spec as a YAML mapping,
     or a usage error saying what it takes."""
-    import yaml
-
     from fseb_ft.errors import first_line
+    from fseb_ft.recipe import YAMLError, load_yaml
 
     try:
-        spec = yaml.safe_load(text)
-    except yaml.YAMLError as err:
+        spec = load_yaml(text)
+    except YAMLError as err:
         raise argparse.ArgumentTypeError(f"not a YAML mapping: {first_line(err)}") from None
     if not isinstance(spec, dict):
         raise argparse.ArgumentTypeError(

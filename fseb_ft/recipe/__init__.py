@@ -4,10 +4,10 @@
 :mod:`~fseb_ft.recipe.sections` (model, fseb and the whole recipe),
 :mod:`~fseb_ft.recipe.datasets` (data, context), :mod:`~fseb_ft.recipe.training` (optim, train),
 :mod:`~fseb_ft.recipe.reporting` (eval, output) and :mod:`~fseb_ft.recipe.sweep`, loading and the
-reference in :mod:`~fseb_ft.recipe.load`, the option lists in :mod:`~fseb_ft.recipe.options` and
-the YAML-to-dataclass machinery in :mod:`~fseb_ft.recipe.schema`. Nothing here imports another
-fseb_ft folder. ``__all__`` holds every name the other folders and the commands import from this
-one (a test checks).
+reference in :mod:`~fseb_ft.recipe.load`, YAML text in :mod:`~fseb_ft.recipe.yaml_text`, the
+option lists in :mod:`~fseb_ft.recipe.options` and the YAML-to-dataclass machinery in
+:mod:`~fseb_ft.recipe.schema`. Nothing here imports another fseb_ft folder. ``__all__`` holds
+every name the other folders and the commands import from this one (a test checks).
 """
 
 from fseb_ft.recipe.datasets import (
@@ -56,6 +56,7 @@ from fseb_ft.recipe.sections import (
 )
 from fseb_ft.recipe.sweep import SweepConfig, SweepParam, override_path
 from fseb_ft.recipe.training import OptimConfig, TrainConfig
+from fseb_ft.recipe.yaml_text import YAMLError, dump_yaml, load_yaml
 
 __all__ = [
     "ALL_CORRUPTIONS",
@@ -89,12 +90,15 @@ __all__ = [
     "SweepConfig",
     "SweepParam",
     "TrainConfig",
+    "YAMLError",
     "apply_overrides",
     "build",
     "check_cache_size",
     "dump_recipe",
+    "dump_yaml",
     "is_data_path_override",
     "load_recipe",
+    "load_yaml",
     "override_path",
     "parent_section",
     "plain_tree",

@@ -14,12 +14,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from fseb_ft.recipe import schema
 from fseb_ft.recipe.schema import ConfigError, plain_tree, set_key
 from fseb_ft.recipe.sections import Recipe
 from fseb_ft.recipe.sweep import override_path
+from fseb_ft.recipe.yaml_text import YAMLError, dump_yaml, load_yaml
 
 __all__ = [
     "apply_overrides",
@@ -70,8 +69,8 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[st
 def _parse_yaml(text: str, what: str) -> Any:
     """``text`` as YAML; a syntax error is one line naming ``what``, the line and the column."""
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as err:
+        return load_yaml(text)
+    except YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(err, "problem", None) or str(err).strip().splitlines()[0]
@@ -80,7 +79,7 @@ def _parse_yaml(text: str, what: str) -> Any:
 
 def dump_recipe(recipe: Recipe) -> str:
     """The resolved recipe as YAML (defaults filled in), loadable by :func:`load_recipe`."""
-    return yaml.safe_dump(plain_tree(dataclasses.asdict(recipe)), sort_keys=False)
+    return dump_yaml(plain_tree(dataclasses.asdict(recipe)))
 
 
 # The smallest valid recipe; the reference shows every default by resolving it.

@@ -21,9 +21,8 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, Union, cast, get_args, get_origin, get_type_hints
 
-import yaml
-
 from fseb_ft.errors import FsebError
+from fseb_ft.recipe.yaml_text import load_yaml
 
 __all__ = [
     "ConfigError",
@@ -368,7 +367,7 @@ def inline_yaml(value: Any) -> str:
         return "{" + ", ".join(f"{k}: {inline_yaml(v)}" for k, v in value.items()) + "}"
     if isinstance(value, list | tuple):
         return "[" + ", ".join(inline_yaml(v) for v in value) + "]"
-    if isinstance(value, str) and yaml.safe_load(value) != value:
+    if isinstance(value, str) and load_yaml(value) != value:
         return repr(value)  # "no" would read as false, "" as null: quote them
     return str(value)
 

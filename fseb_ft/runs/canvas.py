@@ -17,6 +17,7 @@ from typing import Any, cast
 
 import numpy as np
 import torch
+from matplotlib import rc_context
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.text import Text
@@ -109,7 +110,11 @@ def _fit_canvas(fig: Figure) -> None:
         over_x = max(-box.x0, box.x1 - width, 0.0)
         over_y = max(-box.y0, box.y1 - height, 0.0)
         if over_x < 0.01 and over_y < 0.01:
-            fig.set_layout_engine("none")  # this layout fits: saving need not compute it again
+            # This layout fits: freeze it. No engine at all (None, not "none"'s placeholder),
+            # so that savefig draws once instead of laying out again in a dry run first; None
+            # reads rcParams, which must not swap in another engine.
+            with rc_context({"figure.autolayout": False, "figure.constrained_layout.use": False}):
+                fig.set_layout_engine(None)
             return
         fig.set_size_inches(width + 2 * over_x + 0.05, height + 2 * over_y + 0.05)
 

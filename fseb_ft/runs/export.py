@@ -32,14 +32,13 @@ from typing import Any
 
 import timm
 import torch
-import yaml
 from timm.models import save_for_hf
 from torch import nn
 
 from fseb_ft.data.inputs import EVAL_RESIZE
 from fseb_ft.evaluation.abstention import AbstentionRule
 from fseb_ft.method.methods import find_method
-from fseb_ft.recipe import Recipe
+from fseb_ft.recipe import Recipe, YAMLError, load_yaml
 from fseb_ft.runs.atomic import cleaned_on_failure, publish, write_text
 from fseb_ft.runs.feature_fit import feature_scores_in
 from fseb_ft.runs.model_card import UNKNOWN_LICENSE, model_card, published_recipe, selection
@@ -312,10 +311,10 @@ def _sibling_baseline(run_dir: Path, recipe: Recipe) -> dict[str, Mapping[str, A
         return None
     try:
         results = read_json(sibling / RESULTS_JSON)
-        other = yaml.safe_load((sibling / RECIPE_FILE).read_text())
+        other = load_yaml((sibling / RECIPE_FILE).read_text())
         if other["fseb"]["reg_scale"] != 0 or other["model"]["name"] != recipe.model.name:
             return None
-    except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
+    except (OSError, ValueError, KeyError, TypeError, YAMLError):
         return None
     return {f"PS-MAP · {model_label(recipe.model.name)}": results}
 

@@ -13,13 +13,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from fseb_ft.data.splits import TEST_SPLIT, VALIDATION_SPLIT
 from fseb_ft.evaluation.abstention import AbstentionRule
 from fseb_ft.evaluation.metrics import METRIC_REGISTRY
 from fseb_ft.method.methods import find_method
-from fseb_ft.recipe import Recipe, dump_recipe
+from fseb_ft.recipe import Recipe, dump_recipe, dump_yaml, load_yaml
 from fseb_ft.runs.card_usage import predict_section, usage_section
 from fseb_ft.runs.model_index import card_data, local_name
 from fseb_ft.runs.posthoc import LAPLACE, TEMPERATURE, WISE
@@ -132,7 +130,7 @@ def model_card(
 
 def published_recipe(recipe: Recipe) -> str:
     """The resolved recipe as the model folder publishes it: local paths as placeholders."""
-    return yaml.safe_dump(placeholders(yaml.safe_load(dump_recipe(recipe))), sort_keys=False)
+    return dump_yaml(placeholders(load_yaml(dump_recipe(recipe))))
 
 
 def _recipe_section(recipe: Recipe) -> str:

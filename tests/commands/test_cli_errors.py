@@ -334,6 +334,7 @@ def test_an_unreachable_hub_is_one_line(
     assert not (tmp_path / "run" / "results.json").exists()
 
 
+@pytest.mark.no_figures  # the refusal is about the run's files; figures are drawn elsewhere
 def test_a_refused_rerun_leaves_the_finished_run_byte_identical(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

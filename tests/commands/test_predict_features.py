@@ -133,6 +133,7 @@ def test_a_predictor_around_the_network_is_scored_by_the_networks_features(
     )
 
 
+@pytest.mark.no_figures  # of the re-evaluation: it is about the feature fit
 def test_without_the_fit_predict_names_the_evaluate_command_which_writes_it(
     evaluated: tuple[Path, Predictions], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 import pytest
 import torch
@@ -251,3 +252,29 @@ def test_short_name_keeps_the_model_name_and_both_ends_of_a_long_one() -> None:
     assert first != second and first.endswith("-0\nECE 1 %") and first.startswith("FS-EB · aaa")
     assert len(first.split()[2]) == 40 and "…" in first
     assert canvas.short_name(long, width=11) == "aaaaa…bbbbb"
+
+
+def test_a_figure_that_fits_is_laid_out_once_and_drawn_once_more_to_save_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    draws: list[Figure] = []
+    draw = Figure.draw
+
+    def counted(self: Figure, renderer: RendererBase) -> None:
+        draws.append(self)
+        draw(self, renderer)
+
+    monkeypatch.setattr(Figure, "draw", counted)
+    saved = []
+    for autolayout in (False, True):  # a user's rcParams ask for tight layout: not applied
+        monkeypatch.setitem(matplotlib.rcParams, "figure.autolayout", autolayout)
+        fig = canvas.new_figure((5, 4))
+        fig.add_subplot().plot([0, 1], [1, 0], label="a line")
+        size = tuple(fig.get_size_inches())
+        draws.clear()
+        path = canvas.save_figure(fig, tmp_path / f"fits-{autolayout}.png")
+        _check_png(path, min_kb=1)
+        assert tuple(fig.get_size_inches()) == size  # it fitted at the first layout
+        assert len(draws) == 2  # the fitting layout, then savefig's one draw: no dry run between
+        saved.append(path.read_bytes())
+    assert saved[0] == saved[1]

@@ -195,8 +195,10 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 def skip_figures(monkeypatch: pytest.MonkeyPatch) -> None:
     """Draw no run figures (half of a tiny run's time), for tests about something else: every
     figure a run, an evaluation, an ensemble or --compare writes is drawn through
-    ``report._draw``. tests/runs/test_plots.py and the runs whose figures a test checks draw
-    them."""
+    ``report._draw``, a sweep's through ``leaderboard.sweep_plot``. tests/runs/test_plots.py and
+    the runs whose figures a test checks draw them."""
+    import fseb_ft.runs.leaderboard as leaderboard
     import fseb_ft.runs.report as report
 
     monkeypatch.setattr(report, "_draw", lambda jobs, strict: [])
+    monkeypatch.setattr(leaderboard, "sweep_plot", lambda *args, **kwargs: None)

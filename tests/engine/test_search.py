@@ -34,6 +34,7 @@ from fseb_ft.recipe import (
     options,
     recipe_from_dict,
 )
+from fseb_ft.runs.plots import sweep_plot
 from fseb_ft.sweep import main
 from tests.helpers import kill_after_checkpoint, tiny_recipe, write_image_folder
 
@@ -87,6 +88,7 @@ def test_sweep_writes_every_output_and_tests_only_the_winner(
 
     monkeypatch.setattr(run_module, "predict_splits", no_test_in_trials)
     monkeypatch.setattr(reevaluate_module, "predict_splits", count)
+    monkeypatch.setattr(leaderboard_module, "sweep_plot", sweep_plot)  # sweep.png is checked
     board = main([str(_recipe_file(folders, out)), "--trials", "2"])
 
     assert len(tested) == 1  # the winner's test split, once
@@ -188,7 +190,6 @@ def test_two_workers_on_one_study_run_its_budget_of_trials_together(
 
     monkeypatch.setattr(search_module, "run", train)
     monkeypatch.setattr(search_module, "WAIT_S", 0.05)
-    monkeypatch.setattr(leaderboard_module, "sweep_plot", lambda *args, **kwargs: None)
     with ThreadPoolExecutor(2) as workers:
         boards = list(workers.map(lambda _: sweep(recipe, trials=3), range(2)))
 

@@ -7,10 +7,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fseb_ft.recipe import dump_recipe, dump_yaml, load_yaml, read_recipe_file, recipe_from_dict
-from fseb_ft.recipe.load import apply_overrides
-from fseb_ft.recipe.schema import ConfigError
-from fseb_ft.recipe.yaml_text import YAMLError
+from fseb_ft.recipe import (
+    ConfigError,
+    YAMLError,
+    apply_overrides,
+    dump_recipe,
+    dump_yaml,
+    load_yaml,
+    read_recipe_file,
+    recipe_from_dict,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))

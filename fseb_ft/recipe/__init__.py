@@ -26,6 +26,7 @@ from fseb_ft.recipe.load import (
     load_recipe,
     read_recipe_file,
     recipe_from_dict,
+    recipe_tree,
     reference_markdown,
 )
 from fseb_ft.recipe.options import (
@@ -104,6 +105,7 @@ __all__ = [
     "plain_tree",
     "read_recipe_file",
     "recipe_from_dict",
+    "recipe_tree",
     "reference_markdown",
     "resolve_corruptions",
     "set_key",

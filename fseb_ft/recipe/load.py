@@ -27,6 +27,7 @@ __all__ = [
     "main",
     "read_recipe_file",
     "recipe_from_dict",
+    "recipe_tree",
     "reference_markdown",
 ]
 
@@ -77,9 +78,15 @@ def _parse_yaml(text: str, what: str) -> Any:
         raise ConfigError(f"{what} is not valid YAML{where}: {problem}") from err
 
 
+def recipe_tree(recipe: Recipe) -> dict[str, Any]:
+    """The resolved recipe as the plain nested mapping its YAML (:func:`dump_recipe`) loads to."""
+    tree: dict[str, Any] = plain_tree(dataclasses.asdict(recipe))
+    return tree
+
+
 def dump_recipe(recipe: Recipe) -> str:
     """The resolved recipe as YAML (defaults filled in), loadable by :func:`load_recipe`."""
-    return dump_yaml(plain_tree(dataclasses.asdict(recipe)))
+    return dump_yaml(recipe_tree(recipe))
 
 
 # The smallest valid recipe; the reference shows every default by resolving it.

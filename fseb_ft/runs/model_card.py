@@ -17,7 +17,7 @@ from fseb_ft.data.splits import TEST_SPLIT, VALIDATION_SPLIT
 from fseb_ft.evaluation.abstention import AbstentionRule
 from fseb_ft.evaluation.metrics import METRIC_REGISTRY
 from fseb_ft.method.methods import find_method
-from fseb_ft.recipe import Recipe, dump_recipe, dump_yaml, load_yaml
+from fseb_ft.recipe import Recipe, dump_yaml, recipe_tree
 from fseb_ft.runs.card_usage import predict_section, usage_section
 from fseb_ft.runs.model_index import card_data, local_name
 from fseb_ft.runs.posthoc import LAPLACE, TEMPERATURE, WISE
@@ -130,7 +130,7 @@ def model_card(
 
 def published_recipe(recipe: Recipe) -> str:
     """The resolved recipe as the model folder publishes it: local paths as placeholders."""
-    return dump_yaml(placeholders(load_yaml(dump_recipe(recipe))))
+    return dump_yaml(placeholders(recipe_tree(recipe)))
 
 
 def _recipe_section(recipe: Recipe) -> str:

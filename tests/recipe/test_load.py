@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,9 @@ from fseb_ft.recipe import (
     apply_overrides,
     dump_recipe,
     load_recipe,
+    load_yaml,
     recipe_from_dict,
+    recipe_tree,
 )
 from fseb_ft.recipe.schema import RenamedKeyWarning
 
@@ -33,6 +36,17 @@ def test_every_recipe_loads_and_round_trips(path: Path, tmp_path: Path) -> None:
     resolved = tmp_path / "resolved.yaml"
     resolved.write_text(dump_recipe(recipe))
     assert load_recipe(resolved) == recipe
+    tree = recipe_tree(recipe)
+    assert list(_walk(tree)) == list(_walk(load_yaml(resolved.read_text())))  # keys in order too
+
+
+def _walk(tree: object, where: str = "") -> Iterator[tuple[str, object]]:
+    """Each leaf of a nested mapping with its dotted key, in the mapping's order."""
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _walk(value, f"{where}.{key}")
+    else:
+        yield where, tree
 
 
 def test_overrides_reach_nested_keys_and_parse_yaml_values() -> None:

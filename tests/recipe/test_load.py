@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from fseb_ft.engine.loop import _trackers
+from fseb_ft.engine.resume import flat_keys
 from fseb_ft.method.methods import find_method
 from fseb_ft.recipe import (
     ConfigError,
@@ -36,17 +36,8 @@ def test_every_recipe_loads_and_round_trips(path: Path, tmp_path: Path) -> None:
     resolved = tmp_path / "resolved.yaml"
     resolved.write_text(dump_recipe(recipe))
     assert load_recipe(resolved) == recipe
-    tree = recipe_tree(recipe)
-    assert list(_walk(tree)) == list(_walk(load_yaml(resolved.read_text())))  # keys in order too
-
-
-def _walk(tree: object, where: str = "") -> Iterator[tuple[str, object]]:
-    """Each leaf of a nested mapping with its dotted key, in the mapping's order."""
-    if isinstance(tree, dict):
-        for key, value in tree.items():
-            yield from _walk(value, f"{where}.{key}")
-    else:
-        yield where, tree
+    tree, loaded = flat_keys(recipe_tree(recipe)), flat_keys(load_yaml(resolved.read_text()))
+    assert list(tree.items()) == list(loaded.items())  # keys in order too
 
 
 def test_overrides_reach_nested_keys_and_parse_yaml_values() -> None:

@@ -7,8 +7,9 @@ step 13.7 s and the partial last batch's 10.5 s).
 
 One process; PS-MAP's step as :mod:`benchmarks.gpu.throughput` builds it (bf16 autocast,
 ``channels_last``, synthetic tensors on the device). Each case builds a fresh step (model,
-optimiser, inputs) at its batch size and times its first and its second step, each
-synchronised; the first less the second is the case's one-time work:
+optimiser, inputs) at its batch size and times its first step and the median of the
+:data:`AFTER` steps that follow, each synchronised; the first less that median is the case's
+one-time work:
 
 - ``first``: the model's first step, batch B; for the first model also what a process pays
   once (CUDA's context, the cuBLAS and cuDNN handles, the caching allocator's first blocks);
@@ -17,6 +18,8 @@ synchronised; the first less the second is the case's one-time work:
   input shape (cuDNN's execution plans, per convolution and shape), not per model;
 - ``new shape, cuDNN off``: ``torch.backends.cudnn.enabled = False`` for this case: a new
   shape that costs no one-time work here is cuDNN's;
+- ``seen shape, cuDNN off``: batch B without cuDNN: against ``seen shape``, what a step pays
+  for avoiding that work;
 - ``new shape, profiled``: under ``torch.profiler``, the host operators with the largest own
   time in that first step (cuDNN's plan search runs on the host, inside the convolutions).
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 from collections.abc import Sequence
 
 import torch
@@ -40,6 +44,9 @@ from benchmarks.gpu.throughput import Setup, _free, _run, fseb_step, setup_of
 TOP = 10
 """Operators listed from the profiled first step."""
 
+AFTER = 5
+"""Steps timed after the first; their median is the case's steady step."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Case:
@@ -50,8 +57,9 @@ class Case:
     cudnn: bool
     first_s: float
     second_ms: float
+    """The median of the :data:`AFTER` steps after the first."""
     one_time_s: float
-    """``first_s`` less the second step: what the first use cost once."""
+    """``first_s`` less ``second_ms``: what the first use cost once."""
 
 
 def measure(
@@ -75,7 +83,7 @@ def measure(
             top = [(e.key, round(e.self_cpu_time_total / 1e3, 1), e.count) for e in ops[:TOP]]
         else:
             first = _run(step, setup.device)[0]
-        second = _run(step, setup.device)[0]
+        second = statistics.median(_run(step, setup.device)[0] for _ in range(AFTER))
     finally:
         torch.backends.cudnn.enabled = enabled
     case = Case(label, setup.batch, cudnn, round(first, 3), round(second * 1e3, 2),
@@ -102,6 +110,7 @@ def cases(name: str, setup: Setup, new: Sequence[int]) -> FirstSteps:
         measure(name, "new shape", at[0]),
         measure(name, "seen shape", setup),
         measure(name, "new shape, cuDNN off", at[1], cudnn=False),
+        measure(name, "seen shape, cuDNN off", setup, cudnn=False),
         measure(name, "new shape, profiled", at[2], profiled=True),
     ]
     return FirstSteps(name, [c for c, _ in found], found[-1][1])

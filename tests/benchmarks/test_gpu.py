@@ -73,7 +73,8 @@ def test_the_benchmark_parts_leave_every_figure(tmp_path: Path) -> None:
     first = cast(dict[str, Any], results["firststep"]["figures"])["test_resnet"]
     assert [(c["case"], c["batch"], c["cudnn"]) for c in first["cases"]] == [
         ("first", 8, True), ("new shape", 2, True), ("seen shape", 8, True),
-        ("new shape, cuDNN off", 4, False), ("new shape, profiled", 6, True),
+        ("new shape, cuDNN off", 4, False), ("seen shape, cuDNN off", 8, False),
+        ("new shape, profiled", 6, True),
     ]  # fmt: skip
     assert all(c["first_s"] > 0 and c["second_ms"] > 0 for c in first["cases"])
     assert torch.backends.cudnn.enabled  # the cuDNN-off case turned it back on

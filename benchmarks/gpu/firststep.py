@@ -50,16 +50,16 @@ AFTER = 5
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """One fresh step's first and second step."""
+    """One fresh step's first step and the steady step after it."""
 
     case: str
     batch: int
     cudnn: bool
     first_s: float
-    second_ms: float
+    steady_ms: float
     """The median of the :data:`AFTER` steps after the first."""
     one_time_s: float
-    """``first_s`` less ``second_ms``: what the first use cost once."""
+    """``first_s`` less ``steady_ms``: what the first use cost once."""
 
 
 def measure(
@@ -83,11 +83,11 @@ def measure(
             top = [(e.key, round(e.self_cpu_time_total / 1e3, 1), e.count) for e in ops[:TOP]]
         else:
             first = _run(step, setup.device)[0]
-        second = statistics.median(_run(step, setup.device)[0] for _ in range(AFTER))
+        steady = statistics.median(_run(step, setup.device)[0] for _ in range(AFTER))
     finally:
         torch.backends.cudnn.enabled = enabled
-    case = Case(label, setup.batch, cudnn, round(first, 3), round(second * 1e3, 2),
-                round(first - second, 3))  # fmt: skip
+    case = Case(label, setup.batch, cudnn, round(first, 3), round(steady * 1e3, 2),
+                round(first - steady, 3))  # fmt: skip
     return case, top
 
 

@@ -110,12 +110,12 @@ def first_steps(result: dict[str, object]) -> str:
     for model, found in result.items():
         if not isinstance(found, dict):
             continue  # cuDNN's version
-        lines = [f"{model}:", "", "| case | batch | cuDNN | first step s | second step ms "
+        lines = [f"{model}:", "", "| case | batch | cuDNN | first step s | steady ms "
                  "| one-time s |", "|---|---|---|---|---|---|"]  # fmt: skip
         for c in found["cases"]:
             cudnn = "on" if c["cudnn"] else "off"
             lines.append(f"| {c['case']} | {c['batch']} | {cudnn} | {c['first_s']:.2f} | "
-                         f"{c['second_ms']:.1f} | {c['one_time_s']:.2f} |")  # fmt: skip
+                         f"{c['steady_ms']:.1f} | {c['one_time_s']:.2f} |")  # fmt: skip
         lines += ["", "| operator (profiled first step) | own host ms | calls |", "|---|---|---|"]
         lines += [f"| `{name}` | {ms:.1f} | {calls} |" for name, ms, calls in found["profiled_top"]]
         out.append("\n".join(lines))
